@@ -1,0 +1,16 @@
+//! decision-router: parses three wire shapes into one decision IR, renders prompts with the model's
+//! chat template, batches reads across requests to the model shards, and turns label
+//! log-probabilities into probabilities in each response shape.
+
+pub mod api;
+pub mod config;
+pub mod decide;
+pub mod error;
+pub mod ir;
+pub mod json_text;
+pub mod limits;
+pub mod probability;
+pub mod prompt;
+pub mod queue;
+pub mod server;
+pub mod shard;

@@ -1,1 +1,12 @@
-fn main() {}
+use clap::Parser;
+use decision_router::{config::Config, server};
+
+#[tokio::main]
+async fn main() {
+    let config = Config::parse();
+    server::init_tracing(config.json_output);
+    if let Err(e) = server::run(config).await {
+        tracing::error!("{e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,526 @@
+//! `POST /v1/systemone`, TypeSafe's System One shape (spec/API.md §1): parsing and validation into
+//! the decision IR, response formatting, and this shape's error bodies.
+
+use serde_json::{json, Map, Value};
+
+use crate::error::{DecisionError, FieldError, Loc};
+use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind};
+use crate::limits::Limits;
+use crate::probability;
+
+/// Parses and validates a System One request; every problem found is reported, each naming its field.
+pub fn parse(body: &Value, limits: &Limits) -> Result<DecisionRequest, DecisionError> {
+    let mut errors = Vec::new();
+    let Some(obj) = body.as_object() else {
+        return Err(DecisionError::Invalid(vec![FieldError::new(
+            vec!["body".into()],
+            "model_attributes_type",
+            "the body must be a JSON object",
+        )]));
+    };
+    if let Some(model) = obj.get("model") {
+        match model {
+            Value::Null => {}
+            Value::String(name) => check_model_name(name)?,
+            _ => errors.push(FieldError::new(loc(&["model"]), "string_type", "model must be a string")),
+        }
+    }
+    let state = match obj.get("state") {
+        None => {
+            errors.push(FieldError::new(loc(&["state"]), "missing", "state is required"));
+            Value::Null
+        }
+        Some(v) => v.clone(),
+    };
+    let instructions = match obj.get("instructions") {
+        None | Some(Value::Null) => None,
+        Some(v) => text_field(v, loc(&["instructions"]), &mut errors),
+    };
+    let chat_template_kwargs = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => {
+            errors.push(FieldError::new(loc(&["chat_template_kwargs"]), "dict_type", "chat_template_kwargs must be an object"));
+            Map::new()
+        }
+    };
+    let cache_salt = match obj.get("cache_salt") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => {
+            errors.push(FieldError::new(loc(&["cache_salt"]), "string_type", "cache_salt must be a string"));
+            String::new()
+        }
+    };
+    let questions = match obj.get("questions") {
+        None => {
+            errors.push(FieldError::new(loc(&["questions"]), "missing", "questions is required"));
+            Vec::new()
+        }
+        Some(Value::Object(map)) => parse_questions(map, limits, &mut errors),
+        Some(_) => {
+            errors.push(FieldError::new(
+                loc(&["questions"]),
+                "dict_type",
+                "questions must be an object mapping question ids to questions",
+            ));
+            Vec::new()
+        }
+    };
+    if !errors.is_empty() {
+        return Err(DecisionError::Invalid(errors));
+    }
+    Ok(DecisionRequest { state, instructions, questions, chat_template_kwargs, cache_salt })
+}
+
+/// Any model name is accepted and answered as the served model, except the `base:adapter` form.
+pub fn check_model_name(name: &str) -> Result<(), DecisionError> {
+    if name.contains(':') {
+        return Err(DecisionError::BadRequest {
+            param: Some("model".into()),
+            message: format!("model '{name}': adapters ('base:adapter') are not supported by this server"),
+        });
+    }
+    Ok(())
+}
+
+fn loc(path: &[&str]) -> Vec<Loc> {
+    std::iter::once("body").chain(path.iter().copied()).map(Loc::from).collect()
+}
+
+fn at(base: &[Loc], more: impl Into<Loc>) -> Vec<Loc> {
+    let mut v = base.to_vec();
+    v.push(more.into());
+    v
+}
+
+/// A free-text field: a string as is; an object or array as its JSON text.
+fn text_field(value: &Value, loc: Vec<Loc>, errors: &mut Vec<FieldError>) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(_) | Value::Array(_) => Some(crate::json_text::dumps(value, crate::json_text::Separators::Default)),
+        _ => {
+            errors.push(FieldError::new(loc, "string_type", "must be a string, an object or an array"));
+            None
+        }
+    }
+}
+
+fn parse_questions(map: &Map<String, Value>, limits: &Limits, errors: &mut Vec<FieldError>) -> Vec<Question> {
+    let base = loc(&["questions"]);
+    if map.is_empty() {
+        errors.push(FieldError::new(base.clone(), "too_short", "questions must hold at least one question"));
+    }
+    if map.len() > limits.max_questions {
+        errors.push(FieldError::new(
+            base.clone(),
+            "too_long",
+            format!("at most {} questions per request (max_questions), got {}", limits.max_questions, map.len()),
+        ));
+        return Vec::new();
+    }
+    let mut questions = Vec::with_capacity(map.len());
+    for (id, spec) in map {
+        let qloc = at(&base, id.clone());
+        if id.trim().is_empty() {
+            errors.push(FieldError::new(qloc.clone(), "value_error", "question ids must be non-blank strings"));
+        }
+        if let Some(q) = parse_question(id, spec, &qloc, limits, errors) {
+            questions.push(q);
+        }
+    }
+    questions
+}
+
+fn parse_question(id: &str, spec: &Value, qloc: &[Loc], limits: &Limits, errors: &mut Vec<FieldError>) -> Option<Question> {
+    let Some(obj) = spec.as_object() else {
+        errors.push(FieldError::new(qloc.to_vec(), "model_attributes_type", "a question must be an object"));
+        return None;
+    };
+    let before = errors.len();
+    for key in obj.keys() {
+        if !matches!(key.as_str(), "type" | "instructions" | "criteria") {
+            errors.push(FieldError::new(
+                at(qloc, key.clone()),
+                "extra_forbidden",
+                format!("unknown field '{key}' (a question has type, instructions and criteria)"),
+            ));
+        }
+    }
+    let instructions = match obj.get("instructions") {
+        None | Some(Value::Null) => None,
+        Some(v) => text_field(v, at(qloc, "instructions"), errors),
+    };
+    let criteria = obj.get("criteria").unwrap_or(&Value::Null);
+    let cloc = at(qloc, "criteria");
+    let kind = match obj.get("type") {
+        None => {
+            errors.push(FieldError::new(at(qloc, "type"), "missing", "type is required (choice, noul or score)"));
+            None
+        }
+        Some(Value::String(t)) if t == "choice" => parse_choice(criteria, &cloc, limits, errors),
+        Some(Value::String(t)) if t == "noul" => parse_noul(criteria, instructions.as_deref(), qloc, errors),
+        Some(Value::String(t)) if t == "score" => parse_score(criteria, &cloc, limits, errors),
+        Some(other) => {
+            errors.push(FieldError::new(
+                at(qloc, "type"),
+                "literal_error",
+                format!("type must be one of 'choice', 'noul', 'score', got {other}"),
+            ));
+            None
+        }
+    };
+    if errors.len() > before {
+        return None;
+    }
+    kind.map(|kind| Question { id: id.to_owned(), instructions, kind })
+}
+
+fn parse_choice(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Vec<FieldError>) -> Option<QuestionKind> {
+    let Value::Object(map) = criteria else {
+        let msg = if criteria.is_null() { "a choice needs criteria: an object of option name -> description or null" } else { "choice criteria must be an object of option name -> description or null" };
+        errors.push(FieldError::new(cloc.to_vec(), if criteria.is_null() { "missing" } else { "dict_type" }, msg));
+        return None;
+    };
+    if map.is_empty() {
+        errors.push(FieldError::new(cloc.to_vec(), "too_short", "a choice needs at least one option"));
+        return None;
+    }
+    if map.len() > limits.max_choices {
+        errors.push(FieldError::new(
+            cloc.to_vec(),
+            "too_long",
+            format!("at most {} options per choice (max_choices), got {}", limits.max_choices, map.len()),
+        ));
+        return None;
+    }
+    let mut seen: Vec<String> = Vec::with_capacity(map.len());
+    let mut options = Vec::with_capacity(map.len());
+    for (name, description) in map {
+        let oloc = at(cloc, name.clone());
+        if name.trim().is_empty() {
+            errors.push(FieldError::new(oloc.clone(), "value_error", "option names must be non-blank"));
+        } else if name.chars().any(char::is_control) {
+            errors.push(FieldError::new(oloc.clone(), "value_error", "option names must not contain control or line-break characters"));
+        }
+        let folded = name.trim().to_lowercase();
+        if seen.contains(&folded) {
+            errors.push(FieldError::new(oloc.clone(), "value_error", format!("option '{name}' duplicates another option (names are compared trimmed and case-folded)")));
+        }
+        seen.push(folded);
+        let description = match description {
+            Value::Null => None,
+            v => text_field(v, oloc, errors),
+        };
+        options.push(ChoiceOption { name: name.clone(), description });
+    }
+    Some(QuestionKind::Choice { options })
+}
+
+fn parse_noul(criteria: &Value, instructions: Option<&str>, qloc: &[Loc], errors: &mut Vec<FieldError>) -> Option<QuestionKind> {
+    let cloc = at(qloc, "criteria");
+    let (mut yes, mut no) = (None, None);
+    match criteria {
+        Value::Null => {}
+        Value::Object(map) => {
+            for (key, value) in map {
+                let side = match key.as_str() {
+                    "true" => &mut yes,
+                    "false" => &mut no,
+                    _ => {
+                        errors.push(FieldError::new(
+                            at(&cloc, key.clone()),
+                            "extra_forbidden",
+                            format!("noul criteria may only describe 'true' and 'false', not '{key}'"),
+                        ));
+                        continue;
+                    }
+                };
+                *side = match value {
+                    Value::Null => None,
+                    v => text_field(v, at(&cloc, key.clone()), errors),
+                };
+            }
+        }
+        _ => {
+            errors.push(FieldError::new(cloc, "dict_type", "noul criteria must be null or an object with optional 'true' / 'false' descriptions"));
+            return None;
+        }
+    }
+    let has_instructions = instructions.is_some_and(|s| !s.trim().is_empty());
+    let described = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.trim().is_empty());
+    if !has_instructions && !described(&yes) && !described(&no) {
+        errors.push(FieldError::new(
+            qloc.to_vec(),
+            "value_error",
+            "a noul question needs instructions or a description of its 'true' or 'false' side",
+        ));
+        return None;
+    }
+    Some(QuestionKind::YesNo { yes, no })
+}
+
+fn parse_score(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Vec<FieldError>) -> Option<QuestionKind> {
+    let Value::Array(items) = criteria else {
+        let (kind, msg) = match criteria {
+            Value::Null => ("missing", "a score needs criteria: an ordered list of levels"),
+            Value::Object(_) => ("list_type", "score criteria must be an ordered list of levels, not a map"),
+            _ => ("list_type", "score criteria must be an ordered list of levels"),
+        };
+        errors.push(FieldError::new(cloc.to_vec(), kind, msg));
+        return None;
+    };
+    if items.is_empty() {
+        errors.push(FieldError::new(cloc.to_vec(), "too_short", "a score needs at least one level"));
+        return None;
+    }
+    if items.len() > limits.max_levels {
+        errors.push(FieldError::new(
+            cloc.to_vec(),
+            "too_long",
+            format!("at most {} levels per score (max_levels), got {}", limits.max_levels, items.len()),
+        ));
+        return None;
+    }
+    let mut levels = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let lloc = at(cloc, i);
+        match item {
+            Value::String(s) if s.trim().is_empty() => {
+                errors.push(FieldError::new(lloc, "value_error", "score levels must be non-blank"));
+            }
+            v => {
+                if let Some(text) = text_field(v, lloc, errors) {
+                    levels.push(text);
+                }
+            }
+        }
+    }
+    Some(QuestionKind::Score { levels })
+}
+
+/// Formats answers in the System One shape. `extras` go at the top level (each prefixed `x_`).
+pub fn format(request: &DecisionRequest, raw_criteria: &Value, decision: &Decision, model: &str) -> Value {
+    let mut answers = Map::new();
+    let mut diagnostics = Map::new();
+    for (question, answer) in request.questions.iter().zip(&decision.answers) {
+        let p = &answer.probabilities;
+        let value = match &question.kind {
+            QuestionKind::Choice { options } => {
+                let probabilities: Map<String, Value> =
+                    options.iter().zip(p).map(|(o, pi)| (o.name.clone(), json!(pi))).collect();
+                json!({
+                    "type": "choice",
+                    "choice": options[probability::argmax(p)].name,
+                    "probabilities": probabilities,
+                    "confidence": probability::choice_confidence(p),
+                })
+            }
+            QuestionKind::YesNo { .. } => json!({"type": "noul", "noul": p[0]}),
+            QuestionKind::Score { .. } => {
+                // The legend echoes the levels exactly as sent (objects stay objects).
+                let sent = raw_criteria.get(&question.id).and_then(|q| q.get("criteria")).and_then(|c| c.as_array());
+                let legend: Map<String, Value> = match sent {
+                    Some(levels) => levels.iter().enumerate().map(|(i, l)| (i.to_string(), l.clone())).collect(),
+                    None => Map::new(),
+                };
+                let probabilities: Map<String, Value> = p.iter().enumerate().map(|(i, pi)| (i.to_string(), json!(pi))).collect();
+                json!({
+                    "type": "score",
+                    "score": probability::expected_score(p),
+                    "legend": legend,
+                    "probabilities": probabilities,
+                    "confidence": probability::score_confidence(p),
+                })
+            }
+        };
+        answers.insert(question.id.clone(), value);
+        diagnostics.insert(
+            question.id.clone(),
+            json!({"label_mass": answer.label_mass, "argmax_is_label": answer.argmax_is_label}),
+        );
+    }
+    json!({
+        "model": model,
+        "answers": answers,
+        "usage": {"input_tokens": decision.usage.input_tokens, "output_tokens": 0},
+        "x_diagnostics": diagnostics,
+        "x_usage": {"cached_tokens": decision.usage.cached_tokens},
+    })
+}
+
+/// This shape's error body: a `detail` list for validation, a `detail` object otherwise.
+pub fn error_body(error: &DecisionError) -> Value {
+    match error {
+        DecisionError::Invalid(fields) => json!({
+            "detail": fields.iter().map(|f| json!({
+                "loc": f.loc.iter().map(Loc::to_json).collect::<Vec<_>>(),
+                "msg": f.msg,
+                "type": f.kind,
+            })).collect::<Vec<_>>()
+        }),
+        other => json!({"detail": {"error_type": other.error_type(), "message": other.to_string()}}),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits::default()
+    }
+
+    fn invalid(body: Value) -> Vec<FieldError> {
+        match parse(&body, &limits()) {
+            Err(DecisionError::Invalid(fields)) => fields,
+            other => panic!("expected a validation error, got {other:?}"),
+        }
+    }
+
+    fn locs(fields: &[FieldError]) -> Vec<String> {
+        fields.iter().map(FieldError::param).collect()
+    }
+
+    #[test]
+    fn parses_the_spec_example() {
+        let body = json!({
+            "model": "jev-latest",
+            "state": {"ticket": "Refund not received", "days": 12},
+            "instructions": "You route tickets.",
+            "questions": {
+                "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "payments", "tech": null}},
+                "urgent": {"type": "noul", "instructions": "Needs a reply within the hour?", "criteria": {"true": "money is moving"}},
+                "tone": {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "furious"]}
+            },
+            "chat_template_kwargs": {"enable_thinking": false},
+            "cache_salt": "s",
+            "unknown_top_level": 1
+        });
+        let r = parse(&body, &limits()).unwrap();
+        assert_eq!(r.questions.len(), 3);
+        assert_eq!(r.questions[0].id, "team");
+        assert_eq!(r.instructions.as_deref(), Some("You route tickets."));
+        assert_eq!(r.cache_salt, "s");
+        assert_eq!(
+            r.questions[0].kind,
+            QuestionKind::Choice {
+                options: vec![
+                    ChoiceOption { name: "billing".into(), description: Some("payments".into()) },
+                    ChoiceOption { name: "tech".into(), description: None }
+                ]
+            }
+        );
+        assert_eq!(r.questions[1].kind, QuestionKind::YesNo { yes: Some("money is moving".into()), no: None });
+        assert_eq!(r.questions[2].kind, QuestionKind::Score { levels: vec!["calm".into(), "annoyed".into(), "furious".into()] });
+    }
+
+    #[test]
+    fn object_descriptions_render_as_json() {
+        let body = json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": {"k": [1, 2]}}}}, "instructions": ["x"]});
+        let r = parse(&body, &limits()).unwrap();
+        assert_eq!(r.instructions.as_deref(), Some("[\"x\"]"));
+        assert_eq!(r.questions[0].kind, QuestionKind::Choice { options: vec![ChoiceOption { name: "a".into(), description: Some("{\"k\": [1, 2]}".into()) }] });
+    }
+
+    #[test]
+    fn every_validation_rule_names_its_field() {
+        let q = |spec: Value| json!({"state": "s", "questions": {"q": spec}});
+        let cases: Vec<(Value, &str)> = vec![
+            (json!([1]), ""),
+            (json!({"questions": {"q": {"type": "noul", "instructions": "x"}}}), "state"),
+            (json!({"state": "s"}), "questions"),
+            (json!({"state": "s", "questions": {}}), "questions"),
+            (json!({"state": "s", "questions": []}), "questions"),
+            (json!({"state": "s", "model": 3, "questions": {"q": {"type": "noul", "instructions": "x"}}}), "model"),
+            (json!({"state": "s", "questions": {" ": {"type": "noul", "instructions": "x"}}}), "questions. "),
+            (q(json!("text")), "questions.q"),
+            (q(json!({"instructions": "x"})), "questions.q.type"),
+            (q(json!({"type": "ranking", "instructions": "x"})), "questions.q.type"),
+            (q(json!({"type": "noul", "instructions": "x", "extra": 1})), "questions.q.extra"),
+            (q(json!({"type": "choice", "criteria": ["a", "b"]})), "questions.q.criteria"),
+            (q(json!({"type": "choice"})), "questions.q.criteria"),
+            (q(json!({"type": "choice", "criteria": {}})), "questions.q.criteria"),
+            (q(json!({"type": "choice", "criteria": {" ": null}})), "questions.q.criteria. "),
+            (q(json!({"type": "choice", "criteria": {"a\nb": null}})), "questions.q.criteria.a\nb"),
+            (q(json!({"type": "choice", "criteria": {"Yes": null, " yes ": null}})), "questions.q.criteria. yes "),
+            (q(json!({"type": "choice", "criteria": {"a": 5}})), "questions.q.criteria.a"),
+            (q(json!({"type": "noul"})), "questions.q"),
+            (q(json!({"type": "noul", "criteria": {"maybe": "x"}, "instructions": "x"})), "questions.q.criteria.maybe"),
+            (q(json!({"type": "noul", "criteria": ["x"], "instructions": "x"})), "questions.q.criteria"),
+            (q(json!({"type": "score", "criteria": {"0": "low"}})), "questions.q.criteria"),
+            (q(json!({"type": "score", "criteria": []})), "questions.q.criteria"),
+            (q(json!({"type": "score", "criteria": ["a", ""]})), "questions.q.criteria.1"),
+            (q(json!({"type": "score", "criteria": ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"]})), "questions.q.criteria"),
+            (q(json!({"type": "noul", "instructions": 7})), "questions.q.instructions"),
+            (json!({"state": "s", "instructions": 1, "questions": {"q": {"type": "noul", "instructions": "x"}}}), "instructions"),
+            (json!({"state": "s", "chat_template_kwargs": [], "questions": {"q": {"type": "noul", "instructions": "x"}}}), "chat_template_kwargs"),
+        ];
+        for (body, field) in cases {
+            let fields = invalid(body.clone());
+            assert!(locs(&fields).iter().any(|l| l == field), "{body} -> {:?}, expected {field:?}", locs(&fields));
+            assert!(fields.iter().all(|f| matches!(f.loc.first(), Some(Loc::Key(k)) if k == "body")));
+        }
+    }
+
+    #[test]
+    fn too_many_questions_and_options_name_the_limit() {
+        let many: Map<String, Value> = (0..limits().max_questions + 1).map(|i| (format!("q{i}"), json!({"type": "noul", "instructions": "x"}))).collect();
+        let fields = invalid(json!({"state": "s", "questions": many}));
+        assert!(fields[0].msg.contains("max_questions"));
+        let options: Map<String, Value> = (0..limits().max_choices + 1).map(|i| (format!("o{i}"), Value::Null)).collect();
+        let fields = invalid(json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": options}}}));
+        assert!(fields[0].msg.contains("max_choices"));
+    }
+
+    #[test]
+    fn adapter_model_names_are_refused_and_others_accepted() {
+        let ok = json!({"model": "anything-at-all", "state": "s", "questions": {"q": {"type": "noul", "instructions": "x"}}});
+        assert!(parse(&ok, &limits()).is_ok());
+        let adapter = json!({"model": "base:adapter", "state": "s", "questions": {"q": {"type": "noul", "instructions": "x"}}});
+        let err = parse(&adapter, &limits()).unwrap_err();
+        assert_eq!(err.status().as_u16(), 400);
+    }
+
+    #[test]
+    fn unicode_ids_and_names_are_kept_byte_exact() {
+        let body = json!({"state": "s", "questions": {"é 🚀 id": {"type": "choice", "criteria": {"Ünï 🚀": null, "b": "d"}}}});
+        let r = parse(&body, &limits()).unwrap();
+        assert_eq!(r.questions[0].id, "é 🚀 id");
+        assert!(matches!(&r.questions[0].kind, QuestionKind::Choice { options } if options[0].name == "Ünï 🚀"));
+    }
+
+    #[test]
+    fn error_bodies() {
+        let v = error_body(&DecisionError::Invalid(vec![FieldError::new(loc(&["questions", "tone", "criteria"]), "list_type", "m")]));
+        assert_eq!(v, json!({"detail": [{"loc": ["body", "questions", "tone", "criteria"], "msg": "m", "type": "list_type"}]}));
+        let v = error_body(&DecisionError::Unauthorized);
+        assert_eq!(v["detail"]["error_type"], "authentication_error");
+    }
+
+    #[test]
+    fn formats_answers() {
+        use crate::ir::{Answer, Usage};
+        let body = json!({"state": "s", "questions": {
+            "team": {"type": "choice", "criteria": {"billing": null, "tech": null}},
+            "urgent": {"type": "noul", "instructions": "u"},
+            "tone": {"type": "score", "criteria": ["calm", {"label": "annoyed"}, "furious"]}}});
+        let r = parse(&body, &limits()).unwrap();
+        let ans = |p: Vec<f64>| Answer { label_logprobs: p.iter().map(|x| x.ln()).collect(), probabilities: p, label_mass: 0.9, argmax_is_label: true };
+        let d = Decision {
+            answers: vec![ans(vec![0.88, 0.12]), ans(vec![0.25, 0.75]), ans(vec![0.0, 0.95, 0.05])],
+            usage: Usage { input_tokens: 42, cached_tokens: 0, per_question_prompt_tokens: 100 },
+        };
+        let out = format(&r, &body["questions"], &d, "m");
+        assert_eq!(out["answers"]["team"]["choice"], "billing");
+        assert!((out["answers"]["team"]["confidence"].as_f64().unwrap() - 0.76).abs() < 1e-12);
+        assert_eq!(out["answers"]["urgent"], json!({"type": "noul", "noul": 0.25}));
+        assert!((out["answers"]["tone"]["score"].as_f64().unwrap() - 1.05).abs() < 1e-12);
+        assert!((out["answers"]["tone"]["confidence"].as_f64().unwrap() - 0.925).abs() < 1e-12);
+        assert_eq!(out["answers"]["tone"]["legend"], json!({"0": "calm", "1": {"label": "annoyed"}, "2": "furious"}));
+        assert_eq!(out["usage"], json!({"input_tokens": 42, "output_tokens": 0}));
+        assert_eq!(out["x_diagnostics"]["team"], json!({"label_mass": 0.9, "argmax_is_label": true}));
+        let keys: Vec<&String> = out["answers"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, vec!["team", "urgent", "tone"]);
+    }
+}

@@ -1,0 +1,78 @@
+//! The shape-independent flow from a parsed request to its answers: prepare reads, enforce the token
+//! limit, queue them for the shards, and turn label log-probabilities into answers.
+
+use std::sync::Arc;
+
+use crate::error::DecisionError;
+use crate::ir::{Decision, DecisionRequest, Usage};
+use crate::limits::Limits;
+use crate::probability;
+use crate::prompt::{PreparedRead, ReadStrategy};
+use crate::queue::Queue;
+
+pub struct Decider {
+    pub strategy: Result<Arc<dyn ReadStrategy>, String>,
+    pub queue: Queue,
+    pub limits: Limits,
+}
+
+impl Decider {
+    pub async fn decide(&self, request: DecisionRequest, temperature: f64) -> Result<(DecisionRequest, Decision), DecisionError> {
+        let strategy = self.strategy.as_ref().map_err(|reason| DecisionError::NotServable(reason.clone()))?.clone();
+        // Rendering and tokenizing are CPU work: keep them off the async workers.
+        let (request, reads) = tokio::task::spawn_blocking(move || {
+            let reads = strategy.prepare(&request);
+            (request, reads)
+        })
+        .await
+        .map_err(|e| DecisionError::Internal(format!("prompt preparation panicked: {e}")))?;
+        let reads = reads?;
+        let input_tokens = unique_prompt_tokens(&reads);
+        if input_tokens > self.limits.max_input_tokens {
+            return Err(DecisionError::TokensExceeded { got: input_tokens, limit: self.limits.max_input_tokens });
+        }
+        let per_question_prompt_tokens = reads.iter().map(|r| r.token_ids.len() as u64).sum();
+        let first_tokens: Vec<Vec<u32>> = reads.iter().map(|r| r.labels.iter().filter_map(|l| l.first().copied()).collect()).collect();
+        let outcomes = self.queue.read(reads, input_tokens, request.cache_salt.clone()).await?;
+        let cached_tokens = outcomes.iter().map(|o| o.tokens_cached as u64).sum::<u64>().min(input_tokens as u64);
+        let answers = outcomes
+            .into_iter()
+            .zip(first_tokens)
+            .map(|(o, firsts)| probability::answer(o.label_logprobs, firsts.contains(&o.greedy_token_id), temperature))
+            .collect();
+        let usage = Usage { input_tokens: input_tokens as u64, cached_tokens, per_question_prompt_tokens };
+        Ok((request, Decision { answers, usage }))
+    }
+}
+
+/// Tokens in the union of the reads' prompts when shared prefixes count once — what a one-pass
+/// read of this request computes, independent of how it was batched with other requests.
+pub fn unique_prompt_tokens(reads: &[PreparedRead]) -> usize {
+    let mut prompts: Vec<&[u32]> = reads.iter().map(|r| r.token_ids.as_slice()).collect();
+    prompts.sort_unstable();
+    let mut total = 0;
+    let mut previous: &[u32] = &[];
+    for p in prompts {
+        let shared = p.iter().zip(previous).take_while(|(a, b)| a == b).count();
+        total += p.len() - shared;
+        previous = p;
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(ids: &[u32]) -> PreparedRead {
+        PreparedRead { token_ids: ids.to_vec(), labels: vec![] }
+    }
+
+    #[test]
+    fn shared_prefixes_count_once() {
+        assert_eq!(unique_prompt_tokens(&[read(&[1, 2, 3, 4]), read(&[1, 2, 5]), read(&[1, 2, 3, 6])]), 4 + 1 + 1);
+        assert_eq!(unique_prompt_tokens(&[read(&[1, 2]), read(&[1, 2])]), 2);
+        assert_eq!(unique_prompt_tokens(&[read(&[7]), read(&[8, 9])]), 3);
+        assert_eq!(unique_prompt_tokens(&[]), 0);
+    }
+}

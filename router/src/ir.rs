@@ -1,0 +1,83 @@
+//! The decision IR: what every wire shape parses into and everything after parsing works on.
+//! Nothing here knows about JSON field names or response shapes.
+
+use serde_json::Value;
+
+/// One decision request, independent of the wire shape it arrived in.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DecisionRequest {
+    /// The state as sent: a string, or any JSON value rendered by the wording's JSON rule.
+    pub state: Value,
+    /// Request-level context (a system message in vLLM wording).
+    pub instructions: Option<String>,
+    pub questions: Vec<Question>,
+    /// Extra variables for the chat template (`enable_thinking` is checked, never forced on).
+    pub chat_template_kwargs: serde_json::Map<String, Value>,
+    /// Reads with different salts never share cached prefixes.
+    pub cache_salt: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Question {
+    /// The caller's key for this question, echoed byte-exact.
+    pub id: String,
+    pub instructions: Option<String>,
+    pub kind: QuestionKind,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum QuestionKind {
+    /// Pick one of the options, in request order.
+    Choice { options: Vec<ChoiceOption> },
+    /// Yes or no, each side optionally described.
+    YesNo { yes: Option<String>, no: Option<String> },
+    /// One of the ordered levels; level i is worth i.
+    Score { levels: Vec<String> },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChoiceOption {
+    pub name: String,
+    pub description: Option<String>,
+}
+
+impl QuestionKind {
+    /// How many answers the question allows (its label count).
+    pub fn arity(&self) -> usize {
+        match self {
+            QuestionKind::Choice { options } => options.len(),
+            QuestionKind::YesNo { .. } => 2,
+            QuestionKind::Score { levels } => levels.len(),
+        }
+    }
+}
+
+/// What the model said about one question, before any wire formatting.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    /// Probabilities renormalised over the labels, in option / level order (yes, no for yes/no).
+    pub probabilities: Vec<f64>,
+    /// Full-vocabulary probability mass on the labels.
+    pub label_mass: f64,
+    /// Whether the model's greedy next token is one of the labels.
+    pub argmax_is_label: bool,
+    /// Full-vocabulary log-probabilities of the labels, as read.
+    pub label_logprobs: Vec<f64>,
+}
+
+/// The answers of one request, in question order, and its honest token usage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    pub answers: Vec<Answer>,
+    pub usage: Usage,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens the request needed (a prefix shared by its questions counts once).
+    pub input_tokens: u64,
+    /// Of those, tokens served from the shard's prefix cache.
+    pub cached_tokens: u64,
+    /// Sum of every question's full prompt, as a per-question prefill server would count.
+    pub per_question_prompt_tokens: u64,
+}

@@ -1,0 +1,18 @@
+//! Every request limit in one place; the defaults are the default profile's (spec/API.md §4).
+
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_questions: usize,
+    pub max_choices: usize,
+    pub max_levels: usize,
+    /// Unique prompt tokens one request may need.
+    pub max_input_tokens: usize,
+    /// Decompressed request body size.
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_questions: 512, max_choices: 255, max_levels: 10, max_input_tokens: 65_536, max_body_bytes: 8 << 20 }
+    }
+}

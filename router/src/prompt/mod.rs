@@ -1,0 +1,198 @@
+//! From the decision IR to token sequences: the read strategy chosen by the model's architecture
+//! renders each question with the chat template, tokenizes it, and attaches its label tokens.
+
+pub mod labels;
+pub mod template;
+pub mod wording;
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+use tokenizers::Tokenizer;
+
+use crate::error::DecisionError;
+use crate::ir::{DecisionRequest, QuestionKind};
+use labels::LabelVocabulary;
+use template::{ChatTemplate, Message};
+use wording::VllmWording;
+
+/// One question ready for the shard: its whole prompt and the token sequence of every label.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedRead {
+    pub token_ids: Vec<u32>,
+    pub labels: Vec<Vec<u32>>,
+}
+
+/// Turns a decision request into reads. One implementation per family of models.
+pub trait ReadStrategy: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Why a question type cannot be served on this model, if it cannot.
+    fn refusal(&self, kind: &QuestionKind) -> Option<String>;
+    fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError>;
+}
+
+/// Picks the read strategy for a model, by architecture (the registry).
+pub fn strategy_for(architecture: &str, model_dir: &Path, max_positions: usize) -> Result<Box<dyn ReadStrategy>, String> {
+    if architecture.ends_with("ForCausalLM") || architecture.ends_with("LMHeadModel") {
+        return NextTokenStrategy::load(model_dir, max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>);
+    }
+    Err(format!("no read strategy for architecture '{architecture}': next-token reads need a causal language model"))
+}
+
+/// Next-token reads with vLLM's wording: one user message per question, thinking off,
+/// labels checked to be single distinct tokens at the answer position.
+pub struct NextTokenStrategy {
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    labels: LabelVocabulary,
+    wording: VllmWording,
+    max_positions: usize,
+}
+
+impl NextTokenStrategy {
+    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, String> {
+        let tokenizer_path = model_dir.join("tokenizer.json");
+        let tokenizer =
+            Tokenizer::from_file(&tokenizer_path).map_err(|e| format!("cannot load {}: {e}", tokenizer_path.display()))?;
+        let template = ChatTemplate::from_model_dir(model_dir).map_err(|e| e.to_string())?;
+        let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))?;
+        Ok(NextTokenStrategy { tokenizer, template, labels, wording: VllmWording, max_positions })
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The rendered prompt text of each question (for tests and debugging).
+    pub fn render(&self, request: &DecisionRequest) -> Result<Vec<String>, DecisionError> {
+        let kwargs = checked_kwargs(&request.chat_template_kwargs)?;
+        let state = self.wording.state_text(&request.state);
+        request
+            .questions
+            .iter()
+            .map(|question| {
+                let mut messages = Vec::with_capacity(2);
+                if let Some(instructions) = &request.instructions {
+                    messages.push(Message::new("system", instructions.clone()));
+                }
+                messages.push(Message::new("user", self.wording.user_message(&state, question)));
+                let text = self.template.render(&messages, true, &kwargs).map_err(|e| DecisionError::BadRequest {
+                    param: Some("chat_template_kwargs".into()),
+                    message: e.to_string(),
+                })?;
+                if leaves_reasoning_open(&text) {
+                    return Err(DecisionError::BadRequest {
+                        param: Some("chat_template_kwargs".into()),
+                        message: "the rendered prompt leaves a reasoning block open; a read is the reply's first token, so thinking must be off".into(),
+                    });
+                }
+                Ok(text)
+            })
+            .collect()
+    }
+}
+
+impl ReadStrategy for NextTokenStrategy {
+    fn name(&self) -> &'static str {
+        "next_token"
+    }
+
+    fn refusal(&self, kind: &QuestionKind) -> Option<String> {
+        self.labels.for_kind(kind).err().map(|reason| format!("this model cannot answer {} questions: {reason}", kind_name(kind)))
+    }
+
+    fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError> {
+        for question in &request.questions {
+            if let Some(reason) = self.refusal(&question.kind) {
+                return Err(DecisionError::NotServable(reason));
+            }
+            let max = self.wording.max_arity(&question.kind);
+            if question.kind.arity() > max {
+                return Err(DecisionError::NotServable(format!(
+                    "question '{}': {} answers, but this read strategy labels at most {max}",
+                    question.id,
+                    question.kind.arity()
+                )));
+            }
+        }
+        let texts = self.render(request)?;
+        let mut reads = Vec::with_capacity(texts.len());
+        for (question, text) in request.questions.iter().zip(texts) {
+            let encoding =
+                self.tokenizer.encode(text.as_str(), false).map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))?;
+            let token_ids = encoding.get_ids().to_vec();
+            // The label check holds only if the prompt ends with the probed reply prefix.
+            if !token_ids.ends_with(&self.labels.tail) {
+                return Err(DecisionError::Internal(format!(
+                    "question '{}': the rendered prompt does not end with the chat template's reply prefix",
+                    question.id
+                )));
+            }
+            if token_ids.len() + 1 > self.max_positions {
+                return Err(DecisionError::PromptTooLong {
+                    question: question.id.clone(),
+                    got: token_ids.len(),
+                    limit: self.max_positions,
+                });
+            }
+            let labels = self.labels.for_kind(&question.kind).map_err(DecisionError::NotServable)?;
+            reads.push(PreparedRead { token_ids, labels: labels.into_iter().map(|id| vec![id]).collect() });
+        }
+        Ok(reads)
+    }
+}
+
+pub fn kind_name(kind: &QuestionKind) -> &'static str {
+    match kind {
+        QuestionKind::Choice { .. } => "choice",
+        QuestionKind::YesNo { .. } => "yes/no",
+        QuestionKind::Score { .. } => "score",
+    }
+}
+
+/// The caller's template variables with thinking forced off; thinking on is refused.
+fn checked_kwargs(kwargs: &Map<String, Value>) -> Result<Map<String, Value>, DecisionError> {
+    match kwargs.get("enable_thinking") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(thinking_off(kwargs)),
+        Some(_) => Err(DecisionError::ThinkingOn),
+    }
+}
+
+fn thinking_off(kwargs: &Map<String, Value>) -> Map<String, Value> {
+    let mut kwargs = kwargs.clone();
+    kwargs.insert("enable_thinking".into(), Value::Bool(false));
+    kwargs
+}
+
+/// True when the last `<think>` comes after the last `</think>`.
+fn leaves_reasoning_open(text: &str) -> bool {
+    match (text.rfind("<think>"), text.rfind("</think>")) {
+        (Some(open), Some(close)) => open > close,
+        (Some(_), None) => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_block_detection() {
+        assert!(!leaves_reasoning_open("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        assert!(leaves_reasoning_open("<|im_start|>assistant\n<think>\n"));
+        assert!(!leaves_reasoning_open("plain"));
+    }
+
+    #[test]
+    fn thinking_on_is_refused_and_off_is_forced() {
+        let mut on = Map::new();
+        on.insert("enable_thinking".into(), Value::Bool(true));
+        assert!(matches!(checked_kwargs(&on), Err(DecisionError::ThinkingOn)));
+        let mut text = Map::new();
+        text.insert("enable_thinking".into(), Value::String("yes".into()));
+        assert!(matches!(checked_kwargs(&text), Err(DecisionError::ThinkingOn)));
+        let off = checked_kwargs(&Map::new()).unwrap();
+        assert_eq!(off.get("enable_thinking"), Some(&Value::Bool(false)));
+    }
+}

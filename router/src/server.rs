@@ -1,0 +1,296 @@
+//! HTTP surface: routes, authentication, request ids, body limits and decompression, health and
+//! metrics. Handlers only glue a wire shape to the shape-independent `Decider`.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::{json, Value};
+use tower_http::decompression::RequestDecompressionLayer;
+
+use crate::api::systemone;
+use crate::config::Config;
+use crate::decide::Decider;
+use crate::error::{DecisionError, FieldError};
+use crate::limits::Limits;
+use crate::prompt;
+use crate::queue::{Queue, QueueConfig};
+use crate::shard::ShardSet;
+
+pub const REQUEST_ID_HEADER: &str = "x-typesafe-request-id";
+
+pub struct AppState {
+    pub config: Config,
+    pub model_name: String,
+    pub decider: Decider,
+    pub shards: ShardSet,
+    pub metrics: Option<PrometheusHandle>,
+}
+
+pub fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn metrics_handle() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().ok()).clone()
+}
+
+/// Connects to the shards, checks the model's labels, and serves until SIGINT/SIGTERM.
+pub async fn run(config: Config) -> Result<(), String> {
+    let shards = ShardSet::connect(&config.shard_uds_path).await?;
+    shards.health().await.map_err(|e| e.to_string())?;
+    let info = shards.info.clone();
+    tracing::info!(architecture = %info.architecture, dtype = %info.dtype, world_size = info.world_size, read_mode = %info.read_mode, "connected to shards");
+    let state = build_state(config, shards)?;
+    let addr: SocketAddr = format!("{}:{}", state.config.hostname, state.config.port)
+        .parse()
+        .map_err(|e| format!("invalid listen address {}:{}: {e}", state.config.hostname, state.config.port))?;
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    tracing::info!(%addr, model = %state.model_name, "router ready");
+    axum::serve(listener, app(Arc::new(state))).with_graceful_shutdown(shutdown_signal()).await.map_err(|e| e.to_string())
+}
+
+pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String> {
+    let model_name = config.served_model_name.clone().unwrap_or_else(|| {
+        config.model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    });
+    let max_positions = shards.info.max_position_embeddings as usize;
+    let strategy: Result<Arc<dyn prompt::ReadStrategy>, String> =
+        prompt::strategy_for(&shards.info.architecture, &config.model_dir, max_positions.max(1)).map(Arc::from);
+    match &strategy {
+        Ok(s) => {
+            for kind in probe_kinds() {
+                if let Some(reason) = s.refusal(&kind) {
+                    tracing::warn!("{reason}");
+                }
+            }
+        }
+        Err(reason) => tracing::warn!("decision routes will answer 501: {reason}"),
+    }
+    let limits = Limits { max_input_tokens: config.max_input_tokens, max_body_bytes: config.max_body_bytes, ..Limits::default() };
+    let queue = Queue::start(
+        shards.clone(),
+        QueueConfig {
+            max_batch_prefill_tokens: config.max_batch_prefill_tokens,
+            max_batch_wait: Duration::from_millis(config.max_batch_wait_ms),
+            max_queued_reads: config.max_queued_reads,
+        },
+    );
+    Ok(AppState { model_name, decider: Decider { strategy, queue, limits }, shards, metrics: metrics_handle(), config })
+}
+
+fn probe_kinds() -> Vec<crate::ir::QuestionKind> {
+    use crate::ir::{ChoiceOption, QuestionKind};
+    vec![
+        QuestionKind::Choice { options: vec![ChoiceOption { name: "a".into(), description: None }] },
+        QuestionKind::YesNo { yes: None, no: None },
+        QuestionKind::Score { levels: vec!["0".into()] },
+    ]
+}
+
+pub fn app(state: Arc<AppState>) -> Router {
+    let body_limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/v1/systemone", post(systemone_handler))
+        .route("/v1/models", get(models_handler))
+        .route("/health", get(health_handler))
+        .route("/info", get(info_handler))
+        .route("/metrics", get(metrics_handler))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(RequestDecompressionLayer::new())
+        .layer(middleware::from_fn(request_id))
+        .with_state(state)
+}
+
+/// Every response carries a request id: the caller's (when it is a sane token) or a fresh one.
+async fn request_id(request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("req_{}", uuid::Uuid::new_v4().simple()));
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let span = tracing::info_span!("request", request_id = %id, %method, %path);
+    let started = Instant::now();
+    let mut response = {
+        let _entered = span.enter();
+        drop(_entered);
+        tracing::Instrument::instrument(next.run(request), span.clone()).await
+    };
+    let status = response.status().as_u16();
+    metrics::counter!("decision_http_requests_total", "path" => path.clone(), "status" => status.to_string()).increment(1);
+    metrics::histogram!("decision_http_request_duration_seconds", "path" => path).record(started.elapsed().as_secs_f64());
+    span.in_scope(|| tracing::info!(status, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "done"));
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+/// `Authorization: Bearer <key>` when an API key is configured; any header is fine otherwise.
+fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), DecisionError> {
+    let Some(expected) = state.config.api_key.as_deref() else { return Ok(()) };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    match given {
+        Some(key) if constant_time_eq(key.as_bytes(), expected.as_bytes()) => Ok(()),
+        _ => Err(DecisionError::Unauthorized),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The body as JSON, or the error each shape reports for a body it cannot read.
+pub fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Value, DecisionError> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            DecisionError::BodyTooLarge { limit }
+        } else {
+            DecisionError::BadRequest { param: None, message: format!("cannot read the request body: {}", rejection.body_text()) }
+        }
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        DecisionError::Invalid(vec![FieldError::new(
+            vec!["body".into(), e.column().into()],
+            "json_invalid",
+            format!("the body is not valid JSON: {e}"),
+        )])
+    })
+}
+
+fn error_response(error: DecisionError, body: fn(&DecisionError) -> Value) -> Response {
+    let status = error.status();
+    if status.is_server_error() {
+        tracing::error!(%status, "{error}");
+    } else {
+        tracing::info!(%status, "{error}");
+    }
+    let mut response = (status, Json(body(&error))).into_response();
+    if let Some(secs) = error.retry_after_secs() {
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+async fn systemone_handler(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = async {
+        authorize(&state, &headers)?;
+        let value = json_body(body, state.decider.limits.max_body_bytes)?;
+        let request = systemone::parse(&value, &state.decider.limits)?;
+        let (request, decision) = state.decider.decide(request, 1.0).await?;
+        Ok::<_, DecisionError>(systemone::format(&request, &value["questions"], &decision, &state.model_name))
+    }
+    .await;
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error_response(e, systemone::error_body),
+    }
+}
+
+async fn models_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return error_response(e, systemone::error_body);
+    }
+    let name = &state.model_name;
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    Json(json!({
+        "models": [{
+            "name": name,
+            "description": format!("{name} ({}) served as a decision model by decision-inference", state.shards.info.architecture),
+            "release_date": chrono::Local::now().format("%Y-%m-%d").to_string(),
+        }],
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": created, "owned_by": "decision-inference"}],
+    }))
+    .into_response()
+}
+
+async fn health_handler(State(state): State<Arc<AppState>>) -> Response {
+    match state.shards.health().await {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "unavailable", "message": e.to_string()}))).into_response(),
+    }
+}
+
+async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
+    let info = &state.shards.info;
+    let limits = &state.decider.limits;
+    let refusals: Vec<String> = match &state.decider.strategy {
+        Ok(s) => probe_kinds().iter().filter_map(|k| s.refusal(k)).collect(),
+        Err(reason) => vec![reason.clone()],
+    };
+    Json(json!({
+        "model_id": state.model_name,
+        "model_dir": state.config.model_dir,
+        "architecture": info.architecture,
+        "dtype": info.dtype,
+        "device": info.device,
+        "shards": state.shards.world_size(),
+        "read_mode": info.read_mode,
+        "read_strategy": state.decider.strategy.as_ref().map(|s| s.name()).unwrap_or("none"),
+        "refusals": refusals,
+        "max_position_embeddings": info.max_position_embeddings,
+        "limits": {
+            "max_questions": limits.max_questions,
+            "max_choices": limits.max_choices,
+            "max_levels": limits.max_levels,
+            "max_input_tokens": limits.max_input_tokens,
+            "max_body_bytes": limits.max_body_bytes,
+            "max_batch_prefill_tokens": state.config.max_batch_prefill_tokens,
+            "max_batch_wait_ms": state.config.max_batch_wait_ms,
+            "max_queued_reads": state.config.max_queued_reads,
+        },
+        "compat": format!("{:?}", state.config.compat).to_lowercase(),
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+    .into_response()
+}
+
+async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
+    if let Some(handle) = &state.metrics {
+        metrics::gauge!("decision_queued_reads").set(state.decider.queue.queued_reads() as f64);
+        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "metrics recorder unavailable").into_response()
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}

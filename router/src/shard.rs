@@ -1,0 +1,85 @@
+//! The router's side of the gRPC contract: connects to every rank of the model, sends each read
+//! batch to all of them, and keeps rank 0's answer (ranks compute together; rank 0 holds the result).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use decision_proto::v1::{self as pb, decision_shard_client::DecisionShardClient};
+use futures::future::join_all;
+use tonic::transport::Channel;
+
+use crate::error::DecisionError;
+
+#[derive(Clone)]
+pub struct ShardSet {
+    clients: Vec<DecisionShardClient<Channel>>,
+    pub info: pb::InfoResponse,
+}
+
+impl ShardSet {
+    /// Connects to rank 0 at `{base}-0`, learns the world size from it, then connects to the other ranks.
+    pub async fn connect(base: &Path) -> Result<Self, String> {
+        let first = decision_proto::rank_socket(base, 0);
+        let mut rank0 = connect_with_retry(&first).await?;
+        let info = rank0.info(pb::InfoRequest {}).await.map_err(|s| format!("Info on {}: {}", first.display(), s.message()))?.into_inner();
+        let mut clients = vec![rank0];
+        for rank in 1..info.world_size.max(1) {
+            clients.push(connect_with_retry(&decision_proto::rank_socket(base, rank)).await?);
+        }
+        Ok(ShardSet { clients, info: info.clone() })
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// A real Health RPC on every rank.
+    pub async fn health(&self) -> Result<(), DecisionError> {
+        let calls = self.clients.iter().cloned().map(|mut c| async move { c.health(pb::HealthRequest {}).await });
+        for (rank, result) in join_all(calls).await.into_iter().enumerate() {
+            let probe = result.map_err(|s| DecisionError::ShardUnavailable(format!("rank {rank}: {}", s.message())))?.into_inner().probe;
+            if !probe.is_finite() {
+                return Err(DecisionError::ShardUnavailable(format!("rank {rank}: health probe is not finite")));
+            }
+        }
+        Ok(())
+    }
+
+    /// One batch of reads, fanned out to every rank; rank 0's results are returned.
+    pub async fn read(&self, reads: Vec<pb::Read>) -> Result<pb::ReadResponse, DecisionError> {
+        let request = pb::ReadRequest { reads };
+        let calls = self.clients.iter().cloned().map(|mut c| {
+            let request = request.clone();
+            async move { c.read(request).await }
+        });
+        let mut responses = join_all(calls).await.into_iter().enumerate();
+        let mut first = None;
+        for (rank, result) in &mut responses {
+            let response = result.map_err(|s| status_error(rank, s))?.into_inner();
+            if rank == 0 {
+                first = Some(response);
+            }
+        }
+        first.ok_or_else(|| DecisionError::Internal("no shard answered".into()))
+    }
+}
+
+fn status_error(rank: usize, status: tonic::Status) -> DecisionError {
+    match status.code() {
+        tonic::Code::InvalidArgument => DecisionError::Internal(format!("rank {rank} refused the read: {}", status.message())),
+        tonic::Code::Unavailable | tonic::Code::Cancelled => DecisionError::ShardUnavailable(format!("rank {rank}: {}", status.message())),
+        _ => DecisionError::Shard(format!("rank {rank}: {}", status.message())),
+    }
+}
+
+async fn connect_with_retry(path: &PathBuf) -> Result<DecisionShardClient<Channel>, String> {
+    let mut last = String::new();
+    for _ in 0..40 {
+        match decision_proto::connect_uds(path).await {
+            Ok(client) => return Ok(client),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!("cannot connect to shard at {}: {last}", path.display()))
+}
