@@ -1,1 +1,37 @@
-fn main() {}
+//! `decision-launcher`: one command that serves a model. It resolves the model, starts the shard(s)
+//! and the router, supervises them, and shuts everything down cleanly (see `--help`).
+
+mod binaries;
+mod child;
+mod config;
+mod export;
+mod launch;
+mod logging;
+mod model;
+mod router;
+mod shard;
+
+use std::process::ExitCode;
+
+use clap::{CommandFactory as _, Parser as _};
+
+use crate::config::Config;
+
+// A current-thread runtime on purpose: PR_SET_PDEATHSIG (see child.rs) is tied to the thread that
+// spawned a child, so every spawn must happen on the main thread, which lives as long as we do.
+// The launcher only moves log lines and polls health; one thread is plenty.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    if let Err(err) = config.validate() {
+        Config::command()
+            .error(clap::error::ErrorKind::ValueValidation, err)
+            .exit();
+    }
+    logging::init(config.json_output);
+    match launch::run(&config).await {
+        Ok(_) => ExitCode::SUCCESS,
+        // Already logged by `run`, before the shutdown it caused.
+        Err(_) => ExitCode::FAILURE,
+    }
+}

@@ -1,0 +1,392 @@
+//! The launcher's one configuration struct: every flag, its env var and its default live here,
+//! and `--help` generated from it is the reference. Checks that clap cannot express sit in `validate`.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+/// Starts the decision-inference shard(s) and router, supervises them and shuts them down cleanly.
+///
+/// Every flag can also be set through the environment variable shown next to it.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "decision-launcher", version, max_term_width = 100)]
+pub struct Config {
+    /// Model to serve: a local Hugging Face folder, or an ORG/NAME id found (offline) in the local
+    /// Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub). Without it the
+    /// embedded default, SmolLM2-135M-Instruct, is converted once into the cache dir and served.
+    #[arg(long, env = "MODEL_ID")]
+    pub model_id: Option<String>,
+
+    /// Model name clients send and see in responses. Defaults to the model id (or the folder's name).
+    #[arg(long, env = "SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+
+    /// HTTP port the router listens on.
+    #[arg(long, env = "PORT", default_value_t = 3000)]
+    pub port: u16,
+
+    /// Address the router binds to. (Its env var is not HOSTNAME: shells set that to the machine name.)
+    #[arg(long, env = "DECISION_HOSTNAME", default_value = "0.0.0.0")]
+    pub hostname: String,
+
+    /// Number of tensor-parallel shards. Only 1 is supported until the shard implements tensor
+    /// parallelism; larger values are refused at startup.
+    #[arg(long, env = "NUM_SHARD", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub num_shard: u32,
+
+    /// Weight dtype the shard loads the model in; `auto` lets the shard choose for its device.
+    #[arg(long, env = "DTYPE", value_enum, default_value_t = Dtype::Auto)]
+    pub dtype: Dtype,
+
+    /// How the shard reads a batch: `tree` shares each prompt's prefix in one forward pass,
+    /// `naive` runs one full prefill per question (slower; the reference the tree read must equal).
+    #[arg(long, env = "READ_MODE", value_enum, default_value_t = ReadMode::Tree)]
+    pub read_mode: ReadMode,
+
+    /// Base path of the shards' unix sockets; rank R listens on `{uds-path}-{R}`.
+    #[arg(long, env = "UDS_PATH", default_value = "/tmp/decision-server")]
+    pub uds_path: PathBuf,
+
+    /// Compatibility profile of the HTTP API: the TypeSafe System One contract, or byte-for-byte
+    /// wording of the vLLM or SGLang implementations.
+    #[arg(long, env = "COMPAT", value_enum, default_value_t = Compat::Typesafe)]
+    pub compat: Compat,
+
+    /// Bearer token clients must send. Passed to the router through its environment, never on its
+    /// command line, so it does not show in `ps`. No key: the API is open.
+    #[arg(long, env = "API_KEY", hide_env_values = true)]
+    pub api_key: Option<Secret>,
+
+    /// Token budget of one batched forward pass (sum of prompt tokens per batch).
+    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", default_value_t = 8192)]
+    pub max_batch_prefill_tokens: u32,
+
+    /// How long the batcher waits for more reads before running a batch that is not full, in milliseconds.
+    #[arg(long, env = "MAX_BATCH_WAIT_MS", default_value_t = 2)]
+    pub max_batch_wait_ms: u64,
+
+    /// Longest prompt, in tokens, that one read may have; longer requests are refused.
+    #[arg(long, env = "MAX_INPUT_TOKENS", default_value_t = 65536)]
+    pub max_input_tokens: u32,
+
+    /// Reads that may wait in the router's queue; beyond that requests are refused with Retry-After.
+    #[arg(long, env = "MAX_QUEUED_READS", default_value_t = 4096)]
+    pub max_queued_reads: u32,
+
+    /// CPU threads each shard uses for compute. Omitted: the shard's own default.
+    #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
+
+    /// Where converted models and other launcher artefacts are kept.
+    /// [default: $XDG_CACHE_HOME/decision-inference or ~/.cache/decision-inference]
+    #[arg(long, env = "DECISION_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// How long to wait for each shard to answer a real Health RPC before giving up, in seconds.
+    /// Loading (and on first run converting) a model can take minutes.
+    #[arg(long, env = "SHARD_STARTUP_TIMEOUT_SECS", default_value_t = 600)]
+    pub shard_startup_timeout_secs: u64,
+
+    /// On shutdown, how long children get after SIGTERM before they are killed, in seconds.
+    #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
+
+    /// Log JSON lines (the launcher's own and its children's) instead of human-readable text.
+    #[arg(long, env = "JSON_OUTPUT")]
+    pub json_output: bool,
+}
+
+/// Checks that depend on what the rest of the system can do today, rather than on flag syntax.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error(
+        "--num-shard {0}: tensor parallelism is not implemented in the shard yet; use --num-shard 1"
+    )]
+    TensorParallelUnsupported(u32),
+    #[error("--served-model-name must not be empty")]
+    EmptyServedModelName,
+    #[error("--uds-path must not be empty")]
+    EmptyUdsPath,
+    #[error("no cache directory: set --cache-dir (DECISION_CACHE_DIR), XDG_CACHE_HOME or HOME")]
+    NoCacheDir,
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.num_shard > 1 {
+            return Err(ConfigError::TensorParallelUnsupported(self.num_shard));
+        }
+        if self
+            .served_model_name
+            .as_deref()
+            .is_some_and(|n| n.trim().is_empty())
+        {
+            return Err(ConfigError::EmptyServedModelName);
+        }
+        if self.uds_path.as_os_str().is_empty() {
+            return Err(ConfigError::EmptyUdsPath);
+        }
+        Ok(())
+    }
+
+    /// `--cache-dir`, else `$XDG_CACHE_HOME/decision-inference`, else `~/.cache/decision-inference`.
+    pub fn cache_dir(&self) -> Result<PathBuf, ConfigError> {
+        if let Some(dir) = &self.cache_dir {
+            return Ok(dir.clone());
+        }
+        user_cache_root()
+            .map(|root| root.join("decision-inference"))
+            .ok_or(ConfigError::NoCacheDir)
+    }
+
+    pub fn shard_startup_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.shard_startup_timeout_secs)
+    }
+
+    pub fn shutdown_grace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.shutdown_grace_secs)
+    }
+}
+
+/// `$XDG_CACHE_HOME`, else `$HOME/.cache`: the root both our cache and Hugging Face's default to.
+pub fn user_cache_root() -> Option<PathBuf> {
+    let non_empty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    non_empty("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| non_empty("HOME").map(|home| PathBuf::from(home).join(".cache")))
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    Auto,
+    Float32,
+    Bfloat16,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    Tree,
+    Naive,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compat {
+    Typesafe,
+    Vllm,
+    Sglang,
+}
+
+/// The spelling a child's CLI expects for a value enum: the same as ours.
+pub fn flag_value<T: ValueEnum>(value: &T) -> String {
+    value
+        .to_possible_value()
+        .map(|v| v.get_name().to_owned())
+        .unwrap_or_default()
+}
+
+/// A value that must never reach a log line; `Debug` prints a placeholder.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Secret(value)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// Parses flags as a test would type them, with none of the launcher's env vars set.
+#[cfg(test)]
+pub(crate) fn parse_for_test(args: &[&str]) -> Config {
+    tests::parse_with_env(args, &[]).expect("valid flags")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Env vars are process-wide and tests run in parallel: every test that parses a Config holds this.
+    static ENV: Mutex<()> = Mutex::new(());
+
+    const ENV_NAMES: &[&str] = &[
+        "MODEL_ID",
+        "SERVED_MODEL_NAME",
+        "PORT",
+        "DECISION_HOSTNAME",
+        "NUM_SHARD",
+        "DTYPE",
+        "READ_MODE",
+        "UDS_PATH",
+        "COMPAT",
+        "API_KEY",
+        "MAX_BATCH_PREFILL_TOKENS",
+        "MAX_BATCH_WAIT_MS",
+        "MAX_INPUT_TOKENS",
+        "MAX_QUEUED_READS",
+        "THREADS",
+        "DECISION_CACHE_DIR",
+        "SHARD_STARTUP_TIMEOUT_SECS",
+        "SHUTDOWN_GRACE_SECS",
+        "JSON_OUTPUT",
+    ];
+
+    pub(super) fn parse_with_env(
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Config, clap::Error> {
+        let _guard = ENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for name in ENV_NAMES {
+            std::env::remove_var(name);
+        }
+        for (name, value) in env {
+            std::env::set_var(name, value);
+        }
+        let parsed = Config::try_parse_from(
+            std::iter::once("decision-launcher").chain(args.iter().copied()),
+        );
+        for (name, _) in env {
+            std::env::remove_var(name);
+        }
+        parsed
+    }
+
+    #[test]
+    fn defaults_match_the_documented_cli() {
+        let config = parse_with_env(&[], &[]).expect("no flags parse");
+        assert_eq!(config.model_id, None);
+        assert_eq!(config.port, 3000);
+        assert_eq!(config.hostname, "0.0.0.0");
+        assert_eq!(config.num_shard, 1);
+        assert_eq!(config.dtype, Dtype::Auto);
+        assert_eq!(config.read_mode, ReadMode::Tree);
+        assert_eq!(config.uds_path, PathBuf::from("/tmp/decision-server"));
+        assert_eq!(config.compat, Compat::Typesafe);
+        assert_eq!(config.api_key, None);
+        assert_eq!(config.max_batch_prefill_tokens, 8192);
+        assert_eq!(config.max_batch_wait_ms, 2);
+        assert_eq!(config.max_input_tokens, 65536);
+        assert_eq!(config.max_queued_reads, 4096);
+        assert_eq!(config.threads, None);
+        assert_eq!(config.shard_startup_timeout_secs, 600);
+        assert_eq!(config.shutdown_grace_secs, 10);
+        assert!(!config.json_output);
+        assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn env_vars_set_flags() {
+        let config = parse_with_env(
+            &[],
+            &[
+                ("MODEL_ID", "org/model"),
+                ("PORT", "8080"),
+                ("DECISION_HOSTNAME", "127.0.0.1"),
+                ("DTYPE", "bfloat16"),
+                ("READ_MODE", "naive"),
+                ("COMPAT", "sglang"),
+                ("API_KEY", "s3cret"),
+                ("MAX_QUEUED_READS", "17"),
+                ("THREADS", "4"),
+                ("DECISION_CACHE_DIR", "/var/cache/di"),
+                ("JSON_OUTPUT", "true"),
+            ],
+        )
+        .expect("env values parse");
+        assert_eq!(config.model_id.as_deref(), Some("org/model"));
+        assert_eq!(config.port, 8080);
+        assert_eq!(config.hostname, "127.0.0.1");
+        assert_eq!(config.dtype, Dtype::Bfloat16);
+        assert_eq!(config.read_mode, ReadMode::Naive);
+        assert_eq!(config.compat, Compat::Sglang);
+        assert_eq!(config.api_key.as_ref().map(Secret::expose), Some("s3cret"));
+        assert_eq!(config.max_queued_reads, 17);
+        assert_eq!(config.threads, Some(4));
+        assert_eq!(
+            config.cache_dir().ok(),
+            Some(PathBuf::from("/var/cache/di"))
+        );
+        assert!(config.json_output);
+    }
+
+    #[test]
+    fn flags_win_over_env_vars() {
+        let config =
+            parse_with_env(&["--port", "9000"], &[("PORT", "8080")]).expect("flag and env parse");
+        assert_eq!(config.port, 9000);
+    }
+
+    #[test]
+    fn hostname_env_var_of_the_shell_is_ignored() {
+        let _guard = ENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        std::env::set_var("HOSTNAME", "build-box-7");
+        let config = Config::try_parse_from(["decision-launcher"]);
+        std::env::remove_var("HOSTNAME");
+        assert_eq!(config.expect("parses").hostname, "0.0.0.0");
+    }
+
+    #[test]
+    fn more_than_one_shard_is_refused_with_a_reason() {
+        let config = parse_with_env(&["--num-shard", "2"], &[]).expect("2 is a valid number");
+        let err = config
+            .validate()
+            .expect_err("tensor parallelism is not implemented");
+        assert_eq!(err, ConfigError::TensorParallelUnsupported(2));
+        assert!(err
+            .to_string()
+            .contains("tensor parallelism is not implemented"));
+
+        let from_env = parse_with_env(&[], &[("NUM_SHARD", "4")]).expect("parses");
+        assert_eq!(
+            from_env.validate(),
+            Err(ConfigError::TensorParallelUnsupported(4))
+        );
+    }
+
+    #[test]
+    fn zero_shards_and_unknown_values_are_syntax_errors() {
+        assert!(parse_with_env(&["--num-shard", "0"], &[]).is_err());
+        assert!(parse_with_env(&["--dtype", "float16"], &[]).is_err());
+        assert!(parse_with_env(&["--compat", "tgi"], &[]).is_err());
+        assert!(parse_with_env(&[], &[("PORT", "not-a-port")]).is_err());
+    }
+
+    #[test]
+    fn api_key_never_appears_in_debug_output_or_help() {
+        let config = parse_with_env(&[], &[("API_KEY", "s3cret")]).expect("parses");
+        assert!(!format!("{config:?}").contains("s3cret"));
+
+        let _guard = ENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        std::env::set_var("API_KEY", "s3cret");
+        let help = <Config as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        std::env::remove_var("API_KEY");
+        assert!(!help.contains("s3cret"));
+        assert!(help.contains("API_KEY"));
+    }
+
+    #[test]
+    fn enum_values_are_passed_to_children_in_cli_spelling() {
+        assert_eq!(flag_value(&Dtype::Bfloat16), "bfloat16");
+        assert_eq!(flag_value(&ReadMode::Naive), "naive");
+        assert_eq!(flag_value(&Compat::Typesafe), "typesafe");
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        <Config as clap::CommandFactory>::command().debug_assert();
+    }
+}

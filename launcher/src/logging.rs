@@ -1,0 +1,186 @@
+//! One log stream for the whole deployment: the launcher's own events and every child's output,
+//! re-emitted as tracing events (text or JSON lines) inside a span naming the child.
+
+use serde_json::{Map, Value};
+use tracing::Level;
+use tracing_subscriber::EnvFilter;
+
+/// Which pipe a child line came from; kept as a field because stderr is where Python logs *and* crashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Logs go to stdout (like TGI); `RUST_LOG` filters, `info` by default.
+pub fn init(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    // A second init (only possible in tests) keeps the first subscriber; that is fine.
+    let _ = if json {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_span_list(false)
+            .try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Emits one line a child wrote. A JSON log line (tracing's or Python's shape) keeps its level and
+/// message; a plain line gets the level its first words name, or INFO.
+pub fn emit_child_line(stream: Stream, line: &str) {
+    let (level, message) = parse_child_line(line);
+    let stream = match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+    };
+    match level {
+        Level::ERROR => tracing::error!(stream, "{message}"),
+        Level::WARN => tracing::warn!(stream, "{message}"),
+        Level::INFO => tracing::info!(stream, "{message}"),
+        Level::DEBUG => tracing::debug!(stream, "{message}"),
+        Level::TRACE => tracing::trace!(stream, "{message}"),
+    }
+}
+
+fn parse_child_line(line: &str) -> (Level, String) {
+    if line.trim_start().starts_with('{') {
+        if let Ok(Value::Object(object)) = serde_json::from_str::<Value>(line) {
+            if let Some(parsed) = parse_json_line(object) {
+                return parsed;
+            }
+        }
+    }
+    (level_in_words(line).unwrap_or(Level::INFO), line.to_owned())
+}
+
+/// tracing-subscriber's JSON: `{"level":"INFO","fields":{"message":..,k:v},"target":..}`;
+/// Python JSON loggers: `{"levelname"|"level":..,"message"|"msg":..}`. Other fields follow the
+/// message as `k=v`, the way a text log would show them.
+fn parse_json_line(mut object: Map<String, Value>) -> Option<(Level, String)> {
+    let level = ["level", "levelname", "severity"]
+        .iter()
+        .find_map(|key| object.get(*key).and_then(Value::as_str))
+        .and_then(level_named)?;
+    let mut fields = match object.remove("fields") {
+        Some(Value::Object(fields)) => fields,
+        _ => Map::new(),
+    };
+    let message = ["message", "msg"]
+        .iter()
+        .find_map(|key| fields.remove(*key).or_else(|| object.remove(*key)))?;
+    let mut text = match message {
+        Value::String(text) => text,
+        other => other.to_string(),
+    };
+    for (key, value) in fields {
+        let value = match value {
+            Value::String(s) => s,
+            other => other.to_string(),
+        };
+        text.push_str(&format!(" {key}={value}"));
+    }
+    Some((level, text))
+}
+
+fn level_named(word: &str) -> Option<Level> {
+    Some(match word.to_ascii_uppercase().as_str() {
+        "ERROR" | "CRITICAL" | "FATAL" => Level::ERROR,
+        "WARN" | "WARNING" => Level::WARN,
+        "INFO" => Level::INFO,
+        "DEBUG" => Level::DEBUG,
+        "TRACE" => Level::TRACE,
+        _ => return None,
+    })
+}
+
+/// `2024-01-01T00:00:00Z  WARN router: ...`, `ERROR:decision_server:...`, `[INFO] ...`,
+/// `2024-01-01 00:00:00,123 - name - ERROR - ...`: the level is among the first words after the time.
+fn level_in_words(line: &str) -> Option<Level> {
+    line.split(|c: char| c.is_whitespace() || matches!(c, ':' | '[' | ']' | '|' | '-' | '('))
+        .filter(|word| word.chars().next().is_some_and(|c| !c.is_ascii_digit()))
+        .take(3)
+        .find_map(level_named)
+}
+
+/// Children writing to a pipe may still colour their output; escape codes are noise in a re-emitted line.
+pub fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        // CSI: ESC [ parameters... final byte in '@'..='~'. Other escapes: drop ESC and the next char.
+        if chars.next_if_eq(&'[').is_some() {
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else {
+            chars.next();
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracing_json_lines_keep_level_message_and_fields() {
+        let line = r#"{"timestamp":"t","level":"WARN","fields":{"message":"queue full","queued":4096},"target":"decision_router::queue"}"#;
+        assert_eq!(
+            parse_child_line(line),
+            (Level::WARN, "queue full queued=4096".to_owned())
+        );
+    }
+
+    #[test]
+    fn python_json_lines_keep_level_and_message() {
+        let line = r#"{"levelname": "ERROR", "msg": "CUDA out of memory"}"#;
+        assert_eq!(
+            parse_child_line(line),
+            (Level::ERROR, "CUDA out of memory".to_owned())
+        );
+    }
+
+    #[test]
+    fn plain_lines_get_the_level_they_name_or_info() {
+        assert_eq!(
+            parse_child_line("WARNING:decision_server:slow").0,
+            Level::WARN
+        );
+        assert_eq!(
+            parse_child_line("2025-01-01T00:00:00Z ERROR router: boom").0,
+            Level::ERROR
+        );
+        assert_eq!(parse_child_line("[DEBUG] detail").0, Level::DEBUG);
+        assert_eq!(
+            parse_child_line("2025-01-01 00:00:00,123 - decision_server - CRITICAL - dead").0,
+            Level::ERROR
+        );
+        assert_eq!(
+            parse_child_line("Traceback (most recent call last):").0,
+            Level::INFO
+        );
+        assert_eq!(parse_child_line("{not json").1, "{not json");
+        assert_eq!(parse_child_line(r#"{"no": "level"}"#).0, Level::INFO);
+    }
+
+    #[test]
+    fn ansi_colours_are_removed() {
+        assert_eq!(
+            strip_ansi("\u{1b}[2m2025\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m ready"),
+            "2025  INFO ready"
+        );
+        assert_eq!(strip_ansi("plain"), "plain");
+    }
+}

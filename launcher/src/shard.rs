@@ -1,0 +1,348 @@
+//! Starting one model shard and deciding when it is ready: only a real Health RPC answering with a
+//! finite probe counts, never the socket file appearing.
+
+use std::ffi::OsString;
+use std::future::Future;
+use std::io::ErrorKind;
+use std::os::unix::fs::FileTypeExt as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use decision_proto::v1::HealthRequest;
+
+use crate::child::{ChildExit, ChildSpec, StderrMode};
+use crate::config::{flag_value, Config};
+use crate::model::Model;
+
+/// How often readiness is polled; short against a model load, long against a busy-loop.
+const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// One Health call that takes longer is abandoned and retried: the probe is a tiny op.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often "still waiting" is logged, so a slow load is visibly alive.
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error("shard {rank} did not become ready: {exit}")]
+    ExitedDuringStartup { rank: u32, exit: ChildExit },
+    #[error(
+        "shard {rank} did not answer a Health RPC on {} within {timeout_secs} s (--shard-startup-timeout-secs); {last_error}",
+        socket.display()
+    )]
+    StartupTimeout {
+        rank: u32,
+        socket: PathBuf,
+        timeout_secs: u64,
+        last_error: String,
+    },
+    #[error("shard {rank} answered Health with a non-finite probe ({probe}): its device computes garbage")]
+    UnhealthyProbe { rank: u32, probe: f64 },
+    #[error("{}: another server is listening there; stop it or choose another --uds-path", socket.display())]
+    SocketInUse { socket: PathBuf },
+    #[error("{}: exists and is not a socket; choose another --uds-path", socket.display())]
+    SocketPathTaken { socket: PathBuf },
+    #[error("{}: cannot remove the stale socket: {source}", socket.display())]
+    StaleSocket {
+        socket: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// `decision-server serve MODEL_DIR --uds-path SOCKET --dtype D --read-mode M [--threads N]`.
+pub fn spec(program: &Path, config: &Config, model: &Model, rank: u32, socket: &Path) -> ChildSpec {
+    let mut args: Vec<OsString> = vec![
+        "serve".into(),
+        model.dir.clone().into(),
+        "--uds-path".into(),
+        socket.into(),
+        "--dtype".into(),
+        flag_value(&config.dtype).into(),
+        "--read-mode".into(),
+        flag_value(&config.read_mode).into(),
+    ];
+    if let Some(threads) = config.threads {
+        args.extend(["--threads".into(), threads.to_string().into()]);
+    }
+    ChildSpec {
+        name: format!("shard {rank}"),
+        program: program.to_owned(),
+        args,
+        env: Vec::new(),
+        // The shard has no use for the API key the launcher may have read from its environment.
+        env_remove: vec!["API_KEY".into()],
+        span: tracing::info_span!("shard", rank),
+        stderr: StderrMode::Log,
+    }
+}
+
+/// Makes `socket` free for a new shard: a stale file left by a killed shard is removed, but a
+/// socket some live server answers on is left alone and reported.
+pub fn prepare_socket(socket: &Path) -> Result<(), ShardError> {
+    let metadata = match std::fs::symlink_metadata(socket) {
+        Ok(metadata) => metadata,
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(ShardError::StaleSocket {
+                socket: socket.to_owned(),
+                source,
+            })
+        }
+    };
+    if !metadata.file_type().is_socket() {
+        return Err(ShardError::SocketPathTaken {
+            socket: socket.to_owned(),
+        });
+    }
+    if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+        return Err(ShardError::SocketInUse {
+            socket: socket.to_owned(),
+        });
+    }
+    tracing::info!(socket = %socket.display(), "removing stale socket");
+    std::fs::remove_file(socket)
+        .or_else(|err| {
+            if err.kind() == ErrorKind::NotFound {
+                Ok(())
+            } else {
+                Err(err)
+            }
+        })
+        .map_err(|source| ShardError::StaleSocket {
+            socket: socket.to_owned(),
+            source,
+        })
+}
+
+/// Removes a socket file the shard left behind; anything that is not a socket is left alone.
+pub fn remove_socket(socket: &Path) {
+    let is_socket = std::fs::symlink_metadata(socket).is_ok_and(|m| m.file_type().is_socket());
+    if is_socket {
+        if let Err(err) = std::fs::remove_file(socket) {
+            tracing::warn!(socket = %socket.display(), "cannot remove socket: {err}");
+        }
+    }
+}
+
+/// Polls Health on `socket` until it answers, the shard exits, or `timeout` passes.
+pub async fn wait_ready(
+    exited: impl Future<Output = ChildExit>,
+    rank: u32,
+    socket: &Path,
+    timeout: Duration,
+) -> Result<(), ShardError> {
+    let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_error = "none finished".to_owned();
+    let mut last_progress = Instant::now();
+    tokio::pin!(exited);
+    tracing::info!(rank, socket = %socket.display(), "waiting for shard {rank} to answer Health…");
+    loop {
+        tokio::select! {
+            exit = &mut exited => return Err(ShardError::ExitedDuringStartup { rank, exit }),
+            () = tokio::time::sleep_until(deadline) => {
+                return Err(ShardError::StartupTimeout {
+                    rank,
+                    socket: socket.to_owned(),
+                    timeout_secs: timeout.as_secs(),
+                    last_error: format!("a Health call was still unanswered; the one before: {last_error}"),
+                });
+            }
+            attempt = tokio::time::timeout(ATTEMPT_TIMEOUT, health(socket)) => match attempt {
+                Ok(Ok(probe)) if probe.is_finite() => {
+                    tracing::info!(rank, elapsed_secs = started.elapsed().as_secs(), "shard {rank} is ready");
+                    return Ok(());
+                }
+                Ok(Ok(probe)) => return Err(ShardError::UnhealthyProbe { rank, probe }),
+                Ok(Err(err)) => last_error = err,
+                Err(_) => last_error = format!("Health RPC unanswered after {} s", ATTEMPT_TIMEOUT.as_secs()),
+            },
+        }
+        if last_progress.elapsed() >= PROGRESS_INTERVAL {
+            last_progress = Instant::now();
+            tracing::info!(
+                rank,
+                elapsed_secs = started.elapsed().as_secs(),
+                "still waiting for shard {rank}…"
+            );
+        }
+        tokio::select! {
+            exit = &mut exited => return Err(ShardError::ExitedDuringStartup { rank, exit }),
+            () = tokio::time::sleep(POLL_INTERVAL) => {}
+        }
+    }
+}
+
+/// One readiness attempt: connect and call Health. The error says which step failed.
+async fn health(socket: &Path) -> Result<f64, String> {
+    let mut client = decision_proto::connect_uds(socket)
+        .await
+        .map_err(|err| format!("connect: {}", error_chain(&err)))?;
+    let response = client
+        .health(HealthRequest {})
+        .await
+        .map_err(|status| format!("Health RPC: {}: {}", status.code(), status.message()))?;
+    Ok(response.into_inner().probe)
+}
+
+/// tonic's transport errors say only "transport error"; the cause (no such file, refused) is below.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::child::{Children, Exit};
+    use crate::config::parse_for_test as config;
+
+    fn sh(script: &str) -> ChildSpec {
+        ChildSpec {
+            name: "shard 0".into(),
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: Vec::new(),
+            env_remove: Vec::new(),
+            span: tracing::info_span!("shard", rank = 0),
+            stderr: StderrMode::Log,
+        }
+    }
+
+    #[test]
+    fn shard_argv_carries_model_socket_dtype_read_mode_and_threads() {
+        let model = Model {
+            dir: "/models/m".into(),
+            served_name: "m".into(),
+        };
+        let socket = Path::new("/tmp/ds-0");
+        let with_threads = spec(
+            Path::new("/bin/decision-server"),
+            &config(&[
+                "--dtype",
+                "bfloat16",
+                "--read-mode",
+                "naive",
+                "--threads",
+                "8",
+            ]),
+            &model,
+            0,
+            socket,
+        );
+        assert_eq!(
+            with_threads.args,
+            [
+                "serve",
+                "/models/m",
+                "--uds-path",
+                "/tmp/ds-0",
+                "--dtype",
+                "bfloat16",
+                "--read-mode",
+                "naive",
+                "--threads",
+                "8"
+            ]
+            .map(OsString::from)
+        );
+        assert_eq!(with_threads.name, "shard 0");
+
+        let default_threads = spec(
+            Path::new("decision-server"),
+            &config(&[]),
+            &model,
+            0,
+            socket,
+        );
+        assert!(!default_threads.args.contains(&OsString::from("--threads")));
+        assert!(default_threads.args.contains(&OsString::from("auto")));
+    }
+
+    #[tokio::test]
+    async fn shard_dying_during_startup_is_reported_with_its_stderr() {
+        let mut children = Children::new();
+        let exited = children
+            .spawn(sh(
+                "echo 'loading weights'; echo 'FileNotFoundError: model.safetensors' >&2; exit 2",
+            ))
+            .expect("spawns")
+            .exited();
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let err = wait_ready(
+            exited,
+            0,
+            &tmp.path().join("sock-0"),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect_err("the shard exited");
+        let ShardError::ExitedDuringStartup { rank: 0, exit } = &err else {
+            panic!("unexpected error: {err}");
+        };
+        assert_eq!(exit.exit, Exit::Code(2));
+        assert_eq!(
+            exit.stderr_tail,
+            vec!["FileNotFoundError: model.safetensors".to_owned()]
+        );
+        assert!(err.to_string().contains("FileNotFoundError"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn socket_file_alone_is_not_readiness() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let socket = tmp.path().join("sock-0");
+        // Something listens on the socket but never speaks gRPC.
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        let mut children = Children::new();
+        let exited = children
+            .spawn(sh("exec sleep 100"))
+            .expect("spawns")
+            .exited();
+        let err = wait_ready(exited, 0, &socket, Duration::from_millis(700))
+            .await
+            .expect_err("no Health answer");
+        assert!(
+            matches!(err, ShardError::StartupTimeout { rank: 0, .. }),
+            "{err}"
+        );
+        children
+            .terminate_all(Duration::from_secs(5), std::future::pending())
+            .await;
+    }
+
+    #[test]
+    fn stale_socket_is_removed_but_live_one_and_other_files_are_kept() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let missing = tmp.path().join("none");
+        assert!(prepare_socket(&missing).is_ok());
+
+        let stale = tmp.path().join("stale");
+        drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
+        assert!(stale.exists(), "closing a listener leaves its file");
+        prepare_socket(&stale).expect("stale socket removed");
+        assert!(!stale.exists());
+
+        let live = tmp.path().join("live");
+        let _listener = std::os::unix::net::UnixListener::bind(&live).expect("bind");
+        assert!(matches!(
+            prepare_socket(&live),
+            Err(ShardError::SocketInUse { .. })
+        ));
+        assert!(live.exists());
+
+        let file = tmp.path().join("file");
+        std::fs::write(&file, "data").expect("write");
+        assert!(matches!(
+            prepare_socket(&file),
+            Err(ShardError::SocketPathTaken { .. })
+        ));
+        remove_socket(&file);
+        assert!(file.exists(), "only sockets are removed");
+    }
+}
