@@ -1,0 +1,122 @@
+"""The `decision-server` command line: serve a model, convert GGUF checkpoints, build test fixtures.
+The shard starts from these explicit flags alone; the launcher passes flags, never hidden environment."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+from decision_server.logs import setup_logging
+
+logger = logging.getLogger("decision_server")
+
+FIXTURE_NAMES = ("tiny-qwen3", "qwen3-0.6b")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decision-server",
+        description="Model shard of decision-inference: prefill-only label reads over gRPC.",
+    )
+    parser.add_argument("--log-level", default="INFO", help="Logging level of the JSON lines on stderr.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="Serve a Hugging Face model folder over gRPC on a unix socket.")
+    serve.add_argument("model_dir", type=Path, metavar="MODEL_DIR", help="Local Hugging Face model folder.")
+    serve.add_argument(
+        "--uds-path", type=Path, required=True, help="Unix socket to listen on; a stale socket there is removed."
+    )
+    serve.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="Compute dtype; auto is float32 on CPU and bfloat16 on CUDA.",
+    )
+    serve.add_argument(
+        "--read-mode",
+        choices=("tree", "naive"),
+        default="tree",
+        help="tree: one forward pass over the batch's unique tokens; naive: one prefill per read (reference).",
+    )
+    serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice).")
+    serve.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=0,
+        help="Memory for a prefix KV cache across batches (not implemented yet: accepted, logged, unused).",
+    )
+
+    export_default = commands.add_parser(
+        "export-default", help="Convert the embedded default model (SmolLM2-135M-Instruct GGUF) to an HF folder."
+    )
+    export_default.add_argument(
+        "--out", type=Path, default=None, help="Output folder (default: $DECISION_CACHE_DIR/models/<name>)."
+    )
+
+    export_gguf = commands.add_parser("export-gguf", help="Convert any GGUF checkpoint to an HF folder.")
+    export_gguf.add_argument("gguf_path", type=Path, metavar="GGUF_PATH", help="The .gguf file to convert.")
+    export_gguf.add_argument("--out", type=Path, required=True, help="Output folder.")
+
+    fixture = commands.add_parser(
+        "make-fixture", help="Build a random-weight Qwen3 model with the real Qwen3 tokenizer and chat template."
+    )
+    fixture.add_argument("name", choices=FIXTURE_NAMES, help="Which fixture shape to build.")
+    fixture.add_argument("--out", type=Path, required=True, help="Output folder.")
+    fixture.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level.upper())
+    # Nothing the shard does may reach a model hub; every model is a local folder or a packaged file.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        logger.error(f"{args.command} failed: {exc}", exc_info=exc)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        from decision_server.serve import ServeConfig, serve
+
+        config = ServeConfig(
+            model_dir=args.model_dir,
+            uds_path=args.uds_path,
+            dtype=args.dtype,
+            read_mode=args.read_mode,
+            threads=args.threads,
+            prefix_cache_mb=args.prefix_cache_mb,
+        )
+        asyncio.run(serve(config))
+        return 0
+    if args.command == "export-default":
+        from decision_server.export import export_default
+
+        print(export_default(args.out))
+        return 0
+    if args.command == "export-gguf":
+        from decision_server.export import export_gguf
+
+        export_gguf(args.gguf_path, args.out)
+        print(args.out)
+        return 0
+    if args.command == "make-fixture":
+        from decision_server.fixtures import make_fixture
+
+        make_fixture(args.name, args.out, seed=args.seed)
+        print(args.out)
+        return 0
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

