@@ -12,9 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{
-    AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWriteExt as _, BufReader,
-};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Span;
@@ -42,15 +40,6 @@ pub struct ChildSpec {
     pub env_remove: Vec<String>,
     /// Every line the child writes is emitted inside this span, which tags it with the child's name.
     pub span: Span,
-    pub stderr: StderrMode,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StderrMode {
-    /// Each line becomes a log event.
-    Log,
-    /// Bytes go to the launcher's stderr unchanged, so progress bars redraw in place.
-    Passthrough,
 }
 
 /// How a child ended.
@@ -121,7 +110,8 @@ impl fmt::Display for ChildExit {
             return write!(f, "; it wrote nothing on stderr");
         }
         write!(f, "; last lines of its stderr:")?;
-        for line in &self.stderr_tail {
+        // Entries can span lines (a traceback after its log message); every line gets the indent.
+        for line in self.stderr_tail.iter().flat_map(|entry| entry.lines()) {
             write!(f, "\n  {line}")?;
         }
         Ok(())
@@ -300,15 +290,12 @@ impl Children {
         }
         if let Some(stderr) = process.stderr.take() {
             let tail = tail.clone();
-            pumps.push(match spec.stderr {
-                StderrMode::Log => tokio::spawn(pump_lines(
-                    stderr,
-                    Stream::Stderr,
-                    spec.span.clone(),
-                    Some(tail),
-                )),
-                StderrMode::Passthrough => tokio::spawn(pump_passthrough(stderr, tail)),
-            });
+            pumps.push(tokio::spawn(pump_lines(
+                stderr,
+                Stream::Stderr,
+                spec.span.clone(),
+                Some(tail),
+            )));
         }
 
         let index = self.members.len();
@@ -464,46 +451,10 @@ async fn pump_lines(
         };
         let line = logging::strip_ansi(line);
         if let Some(tail) = &tail {
-            tail.push(&line);
+            tail.push(&logging::readable(&line));
         }
         span.in_scope(|| logging::emit_child_line(stream, &line));
     }
-}
-
-/// Copies bytes to the launcher's stderr as they come, keeping the tail for an error report.
-async fn pump_passthrough(mut reader: impl AsyncRead + Unpin, tail: Tail) {
-    let mut stderr = tokio::io::stderr();
-    let mut chunk = vec![0u8; 8192];
-    let mut pending = Vec::new();
-    loop {
-        let n = match reader.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        // The launcher's own stderr being gone must not stop us from keeping the tail.
-        let _ = stderr.write_all(&chunk[..n]).await;
-        let _ = stderr.flush().await;
-        for &byte in &chunk[..n] {
-            if byte == b'\n' || byte == b'\r' {
-                push_pending(&tail, &mut pending, byte == b'\n');
-            } else {
-                pending.push(byte);
-            }
-        }
-    }
-    push_pending(&tail, &mut pending, true);
-}
-
-/// A line ended by `\r` is a progress bar about to redraw: only its final state (the one ended by
-/// `\n`) is worth keeping, so `\r`-ended text is dropped.
-fn push_pending(tail: &Tail, pending: &mut Vec<u8>, newline: bool) {
-    if newline {
-        let line = logging::strip_ansi(String::from_utf8_lossy(pending).trim_end());
-        if !line.is_empty() {
-            tail.push(&line);
-        }
-    }
-    pending.clear();
 }
 
 /// A line holding `\r` redraws (progress bars): what the terminal would finally show is its last
@@ -527,7 +478,6 @@ mod tests {
             env: Vec::new(),
             env_remove: Vec::new(),
             span: tracing::info_span!("test"),
-            stderr: StderrMode::Log,
         }
     }
 
@@ -699,23 +649,6 @@ mod tests {
         assert_eq!(exit.stderr_tail.len(), TAIL_LINES);
         assert_eq!(exit.stderr_tail.first().map(String::as_str), Some("line51"));
         assert_eq!(exit.stderr_tail.last().map(String::as_str), Some("100%"));
-    }
-
-    #[tokio::test]
-    async fn passthrough_keeps_a_tail_too() {
-        let mut children = Children::new();
-        let mut spec = sh(
-            "export",
-            r"printf 'converting 10%%\rconverting 100%%\n' >&2; echo 'disk full' >&2; exit 1",
-        );
-        spec.stderr = StderrMode::Passthrough;
-        children.spawn(spec).expect("spawns");
-        let exit = children.next_exit().await;
-        assert_eq!(exit.exit, Exit::Code(1));
-        assert_eq!(
-            exit.stderr_tail,
-            vec!["converting 100%".to_owned(), "disk full".to_owned()]
-        );
     }
 
     #[test]

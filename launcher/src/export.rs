@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::child::{ChildExit, ChildSpec, Children, SpawnError, StderrMode};
+use crate::child::{ChildExit, ChildSpec, Children, SpawnError};
 use crate::model;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,7 +24,8 @@ pub enum ExportError {
     Incomplete { dir: PathBuf },
 }
 
-/// `decision-server export-default --out DIR`; its stderr goes straight to ours (progress bars).
+/// `decision-server export-default --out DIR`. Its step-by-step progress lines are re-emitted live
+/// like any child's output, so the user watches the conversion advance.
 pub fn spec(program: &Path, out: &Path) -> ChildSpec {
     ChildSpec {
         name: "default model export".into(),
@@ -33,7 +34,6 @@ pub fn spec(program: &Path, out: &Path) -> ChildSpec {
         env: Vec::new(),
         env_remove: vec!["API_KEY".into()],
         span: tracing::info_span!("export"),
-        stderr: StderrMode::Passthrough,
     }
 }
 

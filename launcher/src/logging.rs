@@ -48,19 +48,24 @@ pub fn emit_child_line(stream: Stream, line: &str) {
 }
 
 fn parse_child_line(line: &str) -> (Level, String) {
-    if line.trim_start().starts_with('{') {
-        if let Ok(Value::Object(object)) = serde_json::from_str::<Value>(line) {
-            if let Some(parsed) = parse_json_line(object) {
-                return parsed;
-            }
-        }
+    parse_json(line)
+        .unwrap_or_else(|| (level_in_words(line).unwrap_or(Level::INFO), line.to_owned()))
+}
+
+fn parse_json(line: &str) -> Option<(Level, String)> {
+    if !line.trim_start().starts_with('{') {
+        return None;
     }
-    (level_in_words(line).unwrap_or(Level::INFO), line.to_owned())
+    match serde_json::from_str::<Value>(line) {
+        Ok(Value::Object(object)) => parse_json_line(object),
+        _ => None,
+    }
 }
 
 /// tracing-subscriber's JSON: `{"level":"INFO","fields":{"message":..,k:v},"target":..}`;
-/// Python JSON loggers: `{"levelname"|"level":..,"message"|"msg":..}`. Other fields follow the
-/// message as `k=v`, the way a text log would show them.
+/// the shard's and other Python JSON loggers: `{"level"|"levelname":..,"message"|"msg":.., k:v}`.
+/// Other fields follow the message as `k=v`, the way a text log shows them; a traceback follows on
+/// its own lines. Timestamp and logger name are dropped: the launcher's event has its own.
 fn parse_json_line(mut object: Map<String, Value>) -> Option<(Level, String)> {
     let level = ["level", "levelname", "severity"]
         .iter()
@@ -73,18 +78,50 @@ fn parse_json_line(mut object: Map<String, Value>) -> Option<(Level, String)> {
     let message = ["message", "msg"]
         .iter()
         .find_map(|key| fields.remove(*key).or_else(|| object.remove(*key)))?;
-    let mut text = match message {
-        Value::String(text) => text,
-        other => other.to_string(),
-    };
-    for (key, value) in fields {
-        let value = match value {
-            Value::String(s) => s,
-            other => other.to_string(),
-        };
-        text.push_str(&format!(" {key}={value}"));
+    let mut text = plain(message);
+    const DROPPED: [&str; 8] = [
+        "timestamp",
+        "time",
+        "asctime",
+        "level",
+        "levelname",
+        "severity",
+        "target",
+        "name",
+    ];
+    const TRACEBACKS: [&str; 3] = ["exception", "exc_info", "stack"];
+    let mut tracebacks = Vec::new();
+    let rest = fields
+        .into_iter()
+        .chain(object)
+        .filter(|(key, _)| !DROPPED.contains(&key.as_str()));
+    for (key, value) in rest {
+        if TRACEBACKS.contains(&key.as_str()) {
+            tracebacks.push(plain(value));
+        } else {
+            text.push_str(&format!(" {key}={}", plain(value)));
+        }
+    }
+    for traceback in tracebacks {
+        text.push('\n');
+        text.push_str(traceback.trim_end());
     }
     Some((level, text))
+}
+
+fn plain(value: Value) -> String {
+    match value {
+        Value::String(text) => text,
+        other => other.to_string(),
+    }
+}
+
+/// What an error report shows for a child's stderr line: JSON log lines as `LEVEL message`.
+pub fn readable(line: &str) -> String {
+    match parse_json(line) {
+        Some((level, message)) => format!("{level} {message}"),
+        None => line.to_owned(),
+    }
 }
 
 fn level_named(word: &str) -> Option<Level> {
@@ -141,6 +178,24 @@ mod tests {
             parse_child_line(line),
             (Level::WARN, "queue full queued=4096".to_owned())
         );
+    }
+
+    #[test]
+    fn shard_json_lines_keep_fields_and_traceback() {
+        let line = r#"{"timestamp": "t", "level": "ERROR", "target": "decision_server", "message": "serve failed", "uds_path": "/tmp/s-0", "exception": "Traceback (most recent call last):\n  File \"x.py\"\nOSError: boom\n"}"#;
+        assert_eq!(
+            parse_child_line(line),
+            (
+                Level::ERROR,
+                "serve failed uds_path=/tmp/s-0\nTraceback (most recent call last):\n  File \"x.py\"\nOSError: boom"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            readable(line).lines().next(),
+            Some("ERROR serve failed uds_path=/tmp/s-0")
+        );
+        assert_eq!(readable("plain words"), "plain words");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use crate::child::{ChildSpec, StderrMode};
+use crate::child::ChildSpec;
 use crate::config::{flag_value, Config};
 
 /// The environment variable the router reads its API key from.
@@ -60,7 +60,6 @@ pub fn spec(
         env,
         env_remove,
         span: tracing::info_span!("router"),
-        stderr: StderrMode::Log,
     }
 }
 

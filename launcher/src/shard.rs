@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use decision_proto::v1::HealthRequest;
 
-use crate::child::{ChildExit, ChildSpec, StderrMode};
+use crate::child::{ChildExit, ChildSpec};
 use crate::config::{flag_value, Config};
 use crate::model::Model;
 
@@ -71,7 +71,6 @@ pub fn spec(program: &Path, config: &Config, model: &Model, rank: u32, socket: &
         // The shard has no use for the API key the launcher may have read from its environment.
         env_remove: vec!["API_KEY".into()],
         span: tracing::info_span!("shard", rank),
-        stderr: StderrMode::Log,
     }
 }
 
@@ -210,7 +209,6 @@ mod tests {
             env: Vec::new(),
             env_remove: Vec::new(),
             span: tracing::info_span!("shard", rank = 0),
-            stderr: StderrMode::Log,
         }
     }
 
