@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::Span;
 
-use crate::logging::{self, Stream};
+use crate::logging;
 
 /// Lines of each child's stderr kept for the report when it fails.
 pub const TAIL_LINES: usize = 200;
@@ -169,6 +169,8 @@ pub struct Supervised {
     /// Set once the child is reaped and its output drained: the report is then complete.
     exit: watch::Receiver<Option<Exit>>,
     tail: Tail,
+    /// A one-off command (`run_to_end`): its exit is the expected result, not news for `next_exit`.
+    one_off: bool,
 }
 
 impl Supervised {
@@ -281,18 +283,12 @@ impl Children {
         let tail = Tail::default();
         let mut pumps = Vec::new();
         if let Some(stdout) = process.stdout.take() {
-            pumps.push(tokio::spawn(pump_lines(
-                stdout,
-                Stream::Stdout,
-                spec.span.clone(),
-                None,
-            )));
+            pumps.push(tokio::spawn(pump_lines(stdout, spec.span.clone(), None)));
         }
         if let Some(stderr) = process.stderr.take() {
             let tail = tail.clone();
             pumps.push(tokio::spawn(pump_lines(
                 stderr,
-                Stream::Stderr,
                 spec.span.clone(),
                 Some(tail),
             )));
@@ -316,8 +312,19 @@ impl Children {
             reaped,
             exit: exit_rx,
             tail,
+            one_off: false,
         });
         Ok(&self.members[index])
+    }
+
+    /// Runs a one-off command to its end. Until then it is a member like any other (a shutdown
+    /// stops it too), but its exit is returned here rather than reported by `next_exit`.
+    pub async fn run_to_end(&mut self, spec: ChildSpec) -> Result<ChildExit, SpawnError> {
+        let exited = self.spawn(spec)?.exited();
+        if let Some(member) = self.members.last_mut() {
+            member.one_off = true;
+        }
+        Ok(exited.await)
     }
 
     /// The next child to end, with its report. Pending forever while all keep running.
@@ -327,8 +334,9 @@ impl Children {
                 // Unreachable: we hold a sender. Park rather than report a fake exit.
                 return std::future::pending().await;
             };
-            if let Some(member) = self.members.get(index) {
-                return member.exited().await;
+            match self.members.get(index) {
+                Some(member) if !member.one_off => return member.exited().await,
+                _ => {}
             }
         }
     }
@@ -427,12 +435,7 @@ async fn monitor(
 }
 
 /// Re-emits each line as a log event in the child's span; stderr lines also go to the tail.
-async fn pump_lines(
-    reader: impl AsyncRead + Unpin,
-    stream: Stream,
-    span: Span,
-    tail: Option<Tail>,
-) {
+async fn pump_lines(reader: impl AsyncRead + Unpin, span: Span, tail: Option<Tail>) {
     let mut reader = BufReader::new(reader);
     let mut buf = Vec::new();
     loop {
@@ -441,7 +444,7 @@ async fn pump_lines(
             Ok(0) => return,
             Ok(_) => {}
             Err(err) => {
-                span.in_scope(|| tracing::warn!(?stream, "cannot read child output: {err}"));
+                span.in_scope(|| tracing::warn!("cannot read child output: {err}"));
                 return;
             }
         }
@@ -453,7 +456,7 @@ async fn pump_lines(
         if let Some(tail) = &tail {
             tail.push(&logging::readable(&line));
         }
-        span.in_scope(|| logging::emit_child_line(stream, &line));
+        span.in_scope(|| logging::emit_child_line(&line));
     }
 }
 
@@ -532,6 +535,21 @@ mod tests {
         children
             .terminate_all(Duration::from_secs(5), std::future::pending())
             .await;
+    }
+
+    #[tokio::test]
+    async fn a_one_off_command_ending_is_not_reported_as_a_death() {
+        let mut children = Children::new();
+        let done = children
+            .run_to_end(sh("export", "exit 0"))
+            .await
+            .expect("spawns");
+        assert_eq!(done.exit, Exit::Code(0));
+        children.spawn(sh("router", "exit 5")).expect("spawns");
+        let exit = tokio::time::timeout(Duration::from_secs(10), children.next_exit())
+            .await
+            .expect("router ends");
+        assert_eq!((exit.name.as_str(), exit.exit), ("router", Exit::Code(5)));
     }
 
     #[tokio::test]

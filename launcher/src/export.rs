@@ -50,7 +50,7 @@ pub async fn run(children: &mut Children, program: &Path, out: &Path) -> Result<
         "converting the embedded default model {} (first run only)…",
         model::DEFAULT_MODEL_NAME
     );
-    let exit = children.spawn(spec(program, out))?.exited().await;
+    let exit = children.run_to_end(spec(program, out)).await?;
     if !exit.exit.success() {
         return Err(ExportError::Failed(exit));
     }

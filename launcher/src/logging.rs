@@ -5,13 +5,6 @@ use serde_json::{Map, Value};
 use tracing::Level;
 use tracing_subscriber::EnvFilter;
 
-/// Which pipe a child line came from; kept as a field because stderr is where Python logs *and* crashes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
 /// Logs go to stdout (like TGI); `RUST_LOG` filters, `info` by default.
 pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -32,18 +25,14 @@ pub fn init(json: bool) {
 
 /// Emits one line a child wrote. A JSON log line (tracing's or Python's shape) keeps its level and
 /// message; a plain line gets the level its first words name, or INFO.
-pub fn emit_child_line(stream: Stream, line: &str) {
+pub fn emit_child_line(line: &str) {
     let (level, message) = parse_child_line(line);
-    let stream = match stream {
-        Stream::Stdout => "stdout",
-        Stream::Stderr => "stderr",
-    };
     match level {
-        Level::ERROR => tracing::error!(stream, "{message}"),
-        Level::WARN => tracing::warn!(stream, "{message}"),
-        Level::INFO => tracing::info!(stream, "{message}"),
-        Level::DEBUG => tracing::debug!(stream, "{message}"),
-        Level::TRACE => tracing::trace!(stream, "{message}"),
+        Level::ERROR => tracing::error!("{message}"),
+        Level::WARN => tracing::warn!("{message}"),
+        Level::INFO => tracing::info!("{message}"),
+        Level::DEBUG => tracing::debug!("{message}"),
+        Level::TRACE => tracing::trace!("{message}"),
     }
 }
 
