@@ -17,7 +17,7 @@ export TRANSFORMERS_OFFLINE := 1
 REQS := server/requirements.txt server/requirements-test.txt
 STAMP := $(VENV_DIR)/.installed-$(shell cat $(REQS) 2>/dev/null | sha256sum | cut -c1-16)
 
-.PHONY: install venv stubs rust run test test-rust test-python test-integration lint openapi clean
+.PHONY: install venv stubs rust fixtures run test test-rust test-python test-integration lint clean
 
 install: venv stubs rust
 	@echo "install: ready ($(VENV)/bin/decision-launcher)"
@@ -46,7 +46,12 @@ rust:
 run: install
 	$(VENV)/bin/decision-launcher --port $(PORT)
 
-test: install test-rust test-python test-integration
+# The embedded default model and a tiny random-weight Qwen3 (real tokenizer and chat template), built once.
+fixtures: venv
+	@$(VENV)/bin/decision-server export-default --out $(CACHE_DIR)/models/SmolLM2-135M-Instruct
+	@$(VENV)/bin/decision-server make-fixture tiny-qwen3 --out $(CACHE_DIR)/models/tiny-qwen3
+
+test: install fixtures test-rust test-python test-integration
 
 test-rust:
 	cargo test --release --locked --workspace
