@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use tokenizers::Tokenizer;
 
 use super::template::{ChatTemplate, Message};
-use super::wording::{DIGITS, LETTERS, YES_NO};
+use super::wording::{self, DIGITS, LETTERS, YES_NO};
 use crate::ir::QuestionKind;
 
 /// Which token answers each label, for one model.
@@ -18,6 +18,9 @@ pub struct LabelVocabulary {
     pub letters: Result<Vec<u32>, String>,
     pub yes_no: Result<Vec<u32>, String>,
     pub digits: Result<Vec<u32>, String>,
+    /// For choices beyond 26 options: every option code (A.., AA..) as an exact token sequence
+    /// closed by the template's end-of-turn token, so that no code is a prefix of another.
+    pub codes: Result<Vec<Vec<u32>>, String>,
 }
 
 impl LabelVocabulary {
@@ -34,18 +37,60 @@ impl LabelVocabulary {
             None => (ids.to_vec(), probe.clone()),
         };
         let check = |labels: &[&str]| check_set(tokenizer, &tail, &tail_text, labels);
-        Ok(LabelVocabulary { letters: check(&LETTERS), yes_no: check(&YES_NO), digits: check(&DIGITS), tail })
+        let codes = end_of_turn(tokenizer, template, kwargs).and_then(|eot| code_sequences(tokenizer, &tail, &tail_text, eot));
+        Ok(LabelVocabulary { letters: check(&LETTERS), yes_no: check(&YES_NO), digits: check(&DIGITS), codes, tail })
     }
 
-    /// The label token of every answer of a question, or why this model cannot answer its type.
-    pub fn for_kind(&self, kind: &QuestionKind) -> Result<Vec<u32>, String> {
-        let (set, n) = match kind {
-            QuestionKind::Choice { options } => (&self.letters, options.len()),
-            QuestionKind::YesNo { .. } => (&self.yes_no, 2),
-            QuestionKind::Score { levels } => (&self.digits, levels.len()),
+    /// The label token sequence of every answer of a question, or why this model cannot answer its type.
+    pub fn for_kind(&self, kind: &QuestionKind) -> Result<Vec<Vec<u32>>, String> {
+        let singles = |set: &Result<Vec<u32>, String>, n: usize| {
+            set.as_ref().map(|ids| ids.iter().take(n).map(|&id| vec![id]).collect()).map_err(Clone::clone)
         };
-        set.as_ref().map(|ids| ids[..n.min(ids.len())].to_vec()).map_err(Clone::clone)
+        match kind {
+            QuestionKind::Choice { options } if options.len() > LETTERS.len() => {
+                self.codes.as_ref().map(|c| c.iter().take(options.len()).cloned().collect()).map_err(Clone::clone)
+            }
+            QuestionKind::Choice { options } => singles(&self.letters, options.len()),
+            QuestionKind::YesNo { .. } => singles(&self.yes_no, 2),
+            QuestionKind::Score { levels } => singles(&self.digits, levels.len()),
+        }
     }
+}
+
+/// The token that closes an assistant turn in this template (e.g. `<|im_end|>`), found by rendering
+/// a finished reply and taking the added token that follows it.
+fn end_of_turn(tokenizer: &Tokenizer, template: &ChatTemplate, kwargs: &serde_json::Map<String, serde_json::Value>) -> Result<u32, String> {
+    const REPLY: &str = "Probe reply";
+    let text = template
+        .render(&[Message::new("user", "probe"), Message::new("assistant", REPLY)], false, kwargs)
+        .map_err(|e| format!("rendering a finished reply failed: {e}"))?;
+    let end = text.rfind(REPLY).map(|i| i + REPLY.len()).ok_or("the chat template drops assistant replies")?;
+    let encoding = tokenizer.encode(text.as_str(), false).map_err(|e| e.to_string())?;
+    let added: HashSet<u32> = tokenizer.get_added_tokens_decoder().keys().copied().collect();
+    encoding
+        .get_ids()
+        .iter()
+        .zip(encoding.get_offsets())
+        .find(|(_, (start, _))| *start >= end)
+        .map(|(id, _)| *id)
+        .filter(|id| added.contains(id))
+        .ok_or_else(|| "the chat template closes a reply with no special end-of-turn token".to_owned())
+}
+
+fn code_sequences(tokenizer: &Tokenizer, tail: &[u32], tail_text: &str, eot: u32) -> Result<Vec<Vec<u32>>, String> {
+    let mut sequences = Vec::with_capacity(wording::MAX_OPTION_CODES);
+    for code in (0..wording::MAX_OPTION_CODES).map(wording::option_code) {
+        let text = format!("{tail_text}{code}");
+        let encoded = tokenizer.encode(text.as_str(), false).map_err(|e| format!("tokenizing label '{code}' failed: {e}"))?;
+        let got = encoded.get_ids();
+        if got.len() <= tail.len() || &got[..tail.len()] != tail {
+            return Err(format!("label '{code}' changes the chat template's reply prefix when tokenized"));
+        }
+        let mut sequence = got[tail.len()..].to_vec();
+        sequence.push(eot);
+        sequences.push(sequence);
+    }
+    Ok(sequences)
 }
 
 fn check_set(tokenizer: &Tokenizer, tail: &[u32], tail_text: &str, labels: &[&str]) -> Result<Vec<u32>, String> {

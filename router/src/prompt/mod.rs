@@ -121,6 +121,7 @@ impl ReadStrategy for NextTokenStrategy {
             let encoding =
                 self.tokenizer.encode(text.as_str(), false).map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))?;
             let token_ids = encoding.get_ids().to_vec();
+            let labels = self.labels.for_kind(&question.kind).map_err(DecisionError::NotServable)?;
             // The label check holds only if the prompt ends with the probed reply prefix.
             if !token_ids.ends_with(&self.labels.tail) {
                 return Err(DecisionError::Internal(format!(
@@ -128,15 +129,15 @@ impl ReadStrategy for NextTokenStrategy {
                     question.id
                 )));
             }
-            if token_ids.len() + 1 > self.max_positions {
+            let longest_label = labels.iter().map(Vec::len).max().unwrap_or(1);
+            if token_ids.len() + longest_label > self.max_positions {
                 return Err(DecisionError::PromptTooLong {
                     question: question.id.clone(),
                     got: token_ids.len(),
                     limit: self.max_positions,
                 });
             }
-            let labels = self.labels.for_kind(&question.kind).map_err(DecisionError::NotServable)?;
-            reads.push(PreparedRead { token_ids, labels: labels.into_iter().map(|id| vec![id]).collect() });
+            reads.push(PreparedRead { token_ids, labels });
         }
         Ok(reads)
     }
@@ -194,5 +195,122 @@ mod tests {
         assert!(matches!(checked_kwargs(&text), Err(DecisionError::ThinkingOn)));
         let off = checked_kwargs(&Map::new()).unwrap();
         assert_eq!(off.get("enable_thinking"), Some(&Value::Bool(false)));
+    }
+}
+
+/// Model folders built by `make fixtures` (the embedded SmolLM2 export and the tiny Qwen3).
+#[cfg(test)]
+pub(crate) fn fixture_dir(name: &str) -> std::path::PathBuf {
+    let cache = std::env::var_os("DECISION_CACHE_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/decision-inference")
+    });
+    let dir = cache.join("models").join(name);
+    assert!(dir.join("tokenizer.json").is_file(), "fixture {} is missing: run `make fixtures` first", dir.display());
+    dir
+}
+
+#[cfg(test)]
+mod model_tests {
+    //! Label checks and prepared reads on the real tokenizers and chat templates of the fixtures.
+    use super::*;
+    use crate::ir::{ChoiceOption, Question};
+
+    fn request(questions: Vec<Question>) -> DecisionRequest {
+        DecisionRequest {
+            state: serde_json::json!({"ticket": "Refund not received", "days": 12}),
+            instructions: Some("You route tickets.".into()),
+            questions,
+            chat_template_kwargs: Map::new(),
+            cache_salt: String::new(),
+        }
+    }
+
+    fn all_kinds(n_options: usize) -> Vec<Question> {
+        vec![
+            Question {
+                id: "team".into(),
+                instructions: Some("Which team?".into()),
+                kind: QuestionKind::Choice {
+                    options: (0..n_options).map(|i| ChoiceOption { name: format!("team {i}"), description: None }).collect(),
+                },
+            },
+            Question { id: "urgent".into(), instructions: Some("Urgent?".into()), kind: QuestionKind::YesNo { yes: None, no: None } },
+            Question { id: "tone".into(), instructions: None, kind: QuestionKind::Score { levels: vec!["calm".into(), "angry".into()] } },
+        ]
+    }
+
+    #[test]
+    fn every_label_set_passes_on_both_fixtures() {
+        for name in ["SmolLM2-135M-Instruct", "tiny-qwen3"] {
+            let s = NextTokenStrategy::load(&fixture_dir(name), 4096).unwrap();
+            assert!(s.labels.letters.is_ok(), "{name}: {:?}", s.labels.letters);
+            assert!(s.labels.yes_no.is_ok(), "{name}: {:?}", s.labels.yes_no);
+            assert!(s.labels.digits.is_ok(), "{name}: {:?}", s.labels.digits);
+            let codes = s.labels.codes.as_ref().unwrap();
+            assert_eq!(codes.len(), wording::MAX_OPTION_CODES);
+            let distinct: std::collections::HashSet<&Vec<u32>> = codes.iter().collect();
+            assert_eq!(distinct.len(), codes.len(), "{name}: option codes collide");
+        }
+    }
+
+    #[test]
+    fn qwen3_reply_prefix_is_after_the_empty_think_block() {
+        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 4096).unwrap();
+        let reads = s.prepare(&request(all_kinds(3))).unwrap();
+        let text = s.render(&request(all_kinds(3))).unwrap();
+        assert!(text[0].ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{:?}", text[0]);
+        assert_eq!(s.tokenizer.decode(&s.labels.tail, false).unwrap(), "\n\n");
+        assert_eq!(reads.len(), 3);
+        assert_eq!(reads[0].labels.len(), 3);
+        assert_eq!(reads[1].labels.len(), 2);
+        assert!(reads.iter().all(|r| r.labels.iter().all(|l| l.len() == 1)));
+    }
+
+    #[test]
+    fn smollm2_prompt_is_the_chat_template_of_the_vllm_wording() {
+        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
+        let text = s.render(&request(all_kinds(2))).unwrap();
+        assert_eq!(
+            text[0],
+            "<|im_start|>system\nYou route tickets.<|im_end|>\n<|im_start|>user\n{\"ticket\": \"Refund not received\", \"days\": 12}\n\nQuestion: Which team?\nA: team 0\nB: team 1\nAnswer with the letter of one option only.<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let reads = s.prepare(&request(all_kinds(2))).unwrap();
+        let letters: Vec<String> = reads[0].labels.iter().map(|l| s.tokenizer.decode(l, false).unwrap()).collect();
+        assert_eq!(letters, vec!["A", "B"]);
+        let yes_no: Vec<String> = reads[1].labels.iter().map(|l| s.tokenizer.decode(l, false).unwrap()).collect();
+        assert_eq!(yes_no, vec!["yes", "no"]);
+    }
+
+    #[test]
+    fn many_options_are_exact_sequences_closed_by_end_of_turn() {
+        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
+        let reads = s.prepare(&request(all_kinds(255))).unwrap();
+        let labels = &reads[0].labels;
+        assert_eq!(labels.len(), 255);
+        let eot = s.tokenizer.token_to_id("<|im_end|>").unwrap();
+        assert!(labels.iter().all(|l| l.len() >= 2 && *l.last().unwrap() == eot));
+        assert_eq!(s.tokenizer.decode(&labels[27][..labels[27].len() - 1], false).unwrap(), "AB");
+    }
+
+    #[test]
+    fn thinking_on_and_prompts_too_long_are_refused() {
+        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 64).unwrap();
+        let mut r = request(all_kinds(2));
+        r.chat_template_kwargs.insert("enable_thinking".into(), Value::Bool(true));
+        assert!(matches!(s.prepare(&r), Err(DecisionError::ThinkingOn)));
+        let long = request(all_kinds(2));
+        assert!(matches!(s.prepare(&long), Err(DecisionError::PromptTooLong { .. })));
+    }
+
+    #[test]
+    fn a_template_that_splits_labels_refuses_them() {
+        let dir = fixture_dir("tiny-qwen3");
+        let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        // A reply prefix ending in a space: " A" is one token that swallows the space, so the prefix changes.
+        let template =
+            ChatTemplate::new("<|im_start|>user\n{{ messages[0].content }}<|im_end|>\n<|im_start|>assistant\nAnswer: ".into(), Map::new()).unwrap();
+        let labels = LabelVocabulary::check(&tokenizer, &template, &Map::new()).unwrap();
+        let reason = labels.letters.unwrap_err();
+        assert!(reason.contains("label 'A' is not a single token"), "{reason}");
     }
 }

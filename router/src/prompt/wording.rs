@@ -15,6 +15,23 @@ pub const LETTERS: [&str; 26] =
 pub const YES_NO: [&str; 2] = ["yes", "no"];
 pub const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
 
+/// Choices beyond 26 options are labelled A..Z, AA..AZ, BA.. and read as exact token sequences.
+pub const MAX_OPTION_CODES: usize = 255;
+pub const CODE_REPLY: &str = "Answer with the code of one option only.";
+
+/// The spreadsheet-style code of option `i`: A..Z, AA..AZ, BA.. .
+pub fn option_code(i: usize) -> String {
+    let mut n = i + 1;
+    let mut code = Vec::new();
+    while n > 0 {
+        let rem = (n - 1) % 26;
+        code.push(b'A' + rem as u8);
+        n = (n - 1) / 26;
+    }
+    code.reverse();
+    String::from_utf8(code).unwrap_or_default()
+}
+
 /// vLLM's wording, used by the default and `vllm` profiles.
 #[derive(Clone, Copy, Debug)]
 pub struct VllmWording;
@@ -36,6 +53,12 @@ impl VllmWording {
             lines.push(format!("Question: {instructions}"));
         }
         match &question.kind {
+            QuestionKind::Choice { options } if options.len() > LETTERS.len() => {
+                for (i, option) in options.iter().enumerate() {
+                    lines.push(described(&option_code(i), &option.name, option.description.as_deref()));
+                }
+                lines.push(CODE_REPLY.to_owned());
+            }
             QuestionKind::Choice { options } => {
                 for (label, option) in LETTERS.iter().zip(options) {
                     lines.push(described(label, &option.name, option.description.as_deref()));
@@ -58,18 +81,19 @@ impl VllmWording {
     }
 
     /// The label text of each answer, in option / level order (yes before no).
-    pub fn labels(&self, kind: &QuestionKind) -> Vec<&'static str> {
+    pub fn labels(&self, kind: &QuestionKind) -> Vec<String> {
         match kind {
-            QuestionKind::Choice { options } => LETTERS.iter().take(options.len()).copied().collect(),
-            QuestionKind::YesNo { .. } => YES_NO.to_vec(),
-            QuestionKind::Score { levels } => DIGITS.iter().take(levels.len()).copied().collect(),
+            QuestionKind::Choice { options } if options.len() > LETTERS.len() => (0..options.len()).map(option_code).collect(),
+            QuestionKind::Choice { options } => LETTERS.iter().take(options.len()).map(|s| s.to_string()).collect(),
+            QuestionKind::YesNo { .. } => YES_NO.iter().map(|s| s.to_string()).collect(),
+            QuestionKind::Score { levels } => DIGITS.iter().take(levels.len()).map(|s| s.to_string()).collect(),
         }
     }
 
     /// The most options / levels this wording can label.
     pub fn max_arity(&self, kind: &QuestionKind) -> usize {
         match kind {
-            QuestionKind::Choice { .. } => LETTERS.len(),
+            QuestionKind::Choice { .. } => MAX_OPTION_CODES,
             QuestionKind::YesNo { .. } => 2,
             QuestionKind::Score { .. } => DIGITS.len(),
         }
@@ -153,6 +177,29 @@ mod tests {
         assert_eq!(w.state_text(&json!("plain text")), "plain text");
         assert_eq!(w.state_text(&json!([1, "two", {"k": null}])), "[1, \"two\", {\"k\": null}]");
         assert_eq!(w.state_text(&json!(null)), "null");
+    }
+
+    #[test]
+    fn option_codes_are_spreadsheet_style() {
+        assert_eq!(option_code(0), "A");
+        assert_eq!(option_code(25), "Z");
+        assert_eq!(option_code(26), "AA");
+        assert_eq!(option_code(51), "AZ");
+        assert_eq!(option_code(52), "BA");
+        assert_eq!(option_code(254), "IU");
+        let codes: std::collections::HashSet<String> = (0..MAX_OPTION_CODES).map(option_code).collect();
+        assert_eq!(codes.len(), MAX_OPTION_CODES);
+    }
+
+    #[test]
+    fn more_than_26_options_use_codes() {
+        let options: Vec<ChoiceOption> = (0..30).map(|i| opt(&format!("o{i}"), None)).collect();
+        let question = q(Some("Pick"), QuestionKind::Choice { options });
+        let text = VllmWording.user_message("S", &question);
+        assert!(text.starts_with("S\n\nQuestion: Pick\nA: o0\nB: o1\n"));
+        assert!(text.contains("\nZ: o25\nAA: o26\nAB: o27\n"));
+        assert!(text.ends_with("AD: o29\nAnswer with the code of one option only."));
+        assert_eq!(VllmWording.labels(&question.kind)[26], "AA");
     }
 
     #[test]
