@@ -37,8 +37,13 @@ pub fn emit_child_line(line: &str) {
 }
 
 fn parse_child_line(line: &str) -> (Level, String) {
-    parse_json(line)
-        .unwrap_or_else(|| (level_in_words(line).unwrap_or(Level::INFO), line.to_owned()))
+    if let Some(parsed) = parse_json(line) {
+        return parsed;
+    }
+    match level_in_words(line) {
+        Some((level, rest)) => (level, rest.to_owned()),
+        None => (Level::INFO, line.to_owned()),
+    }
 }
 
 fn parse_json(line: &str) -> Option<(Level, String)> {
@@ -126,11 +131,44 @@ fn level_named(word: &str) -> Option<Level> {
 
 /// `2024-01-01T00:00:00Z  WARN router: ...`, `ERROR:decision_server:...`, `[INFO] ...`,
 /// `2024-01-01 00:00:00,123 - name - ERROR - ...`: the level is among the first words after the time.
-fn level_in_words(line: &str) -> Option<Level> {
-    line.split(|c: char| c.is_whitespace() || matches!(c, ':' | '[' | ']' | '|' | '-' | '('))
-        .filter(|word| word.chars().next().is_some_and(|c| !c.is_ascii_digit()))
-        .take(3)
-        .find_map(level_named)
+/// When only a timestamp precedes it, that prefix is dropped too (the launcher's event has its own
+/// time and level); otherwise the line is kept whole.
+fn level_in_words(line: &str) -> Option<(Level, &str)> {
+    let is_separator =
+        |c: char| c.is_whitespace() || matches!(c, ':' | '[' | ']' | '|' | '-' | '(');
+    let mut words = 0;
+    let mut only_time_before = true;
+    let mut start = None;
+    for (at, c) in line
+        .char_indices()
+        .chain(std::iter::once((line.len(), ' ')))
+    {
+        match (start, is_separator(c)) {
+            (None, false) => start = Some(at),
+            (Some(from), true) => {
+                start = None;
+                let word = &line[from..at];
+                if word.starts_with(|c: char| c.is_ascii_digit()) {
+                    continue;
+                }
+                if let Some(level) = level_named(word) {
+                    let rest = if only_time_before {
+                        line[at..].trim_start_matches(|c: char| is_separator(c) && c != '(')
+                    } else {
+                        line
+                    };
+                    return Some((level, if rest.is_empty() { line } else { rest }));
+                }
+                only_time_before = false;
+                words += 1;
+                if words == 3 {
+                    return None;
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Children writing to a pipe may still colour their output; escape codes are noise in a re-emitted line.
