@@ -72,8 +72,12 @@ fn parse_json_line(mut object: Map<String, Value>) -> Option<(Level, String)> {
     let message = ["message", "msg"]
         .iter()
         .find_map(|key| fields.remove(*key).or_else(|| object.remove(*key)))?;
-    let mut text = plain(message);
-    const DROPPED: [&str; 8] = [
+    // tracing's current span reads best the way its text format writes it: `request{id=..}: message`.
+    let mut text = match object.remove("span") {
+        Some(Value::Object(span)) => format!("{}: {}", span_text(span), plain(message)),
+        _ => plain(message),
+    };
+    const DROPPED: [&str; 9] = [
         "timestamp",
         "time",
         "asctime",
@@ -82,6 +86,7 @@ fn parse_json_line(mut object: Map<String, Value>) -> Option<(Level, String)> {
         "severity",
         "target",
         "name",
+        "spans",
     ];
     const TRACEBACKS: [&str; 3] = ["exception", "exc_info", "stack"];
     let mut tracebacks = Vec::new();
@@ -101,6 +106,19 @@ fn parse_json_line(mut object: Map<String, Value>) -> Option<(Level, String)> {
         text.push_str(traceback.trim_end());
     }
     Some((level, text))
+}
+
+fn span_text(mut span: Map<String, Value>) -> String {
+    let name = span.remove("name").map(plain).unwrap_or_default();
+    let fields: Vec<String> = span
+        .into_iter()
+        .map(|(k, v)| format!("{k}={}", plain(v)))
+        .collect();
+    if fields.is_empty() {
+        name
+    } else {
+        format!("{name}{{{}}}", fields.join(" "))
+    }
 }
 
 fn plain(value: Value) -> String {
@@ -223,6 +241,18 @@ mod tests {
             Some("ERROR serve failed uds_path=/tmp/s-0")
         );
         assert_eq!(readable("plain words"), "plain words");
+    }
+
+    #[test]
+    fn tracing_json_spans_become_a_prefix() {
+        let line = r#"{"timestamp":"t","level":"INFO","message":"done","status":200,"target":"r","span":{"method":"GET","name":"request"},"spans":[{"method":"GET","name":"request"}]}"#;
+        assert_eq!(
+            parse_child_line(line),
+            (
+                Level::INFO,
+                "request{method=GET}: done status=200".to_owned()
+            )
+        );
     }
 
     #[test]
