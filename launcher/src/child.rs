@@ -348,6 +348,7 @@ impl Children {
         if running.is_empty() {
             return;
         }
+        tracing::info!(count = running.len(), "stopping the running children");
         for child in &running {
             tracing::info!(child = %child.name, "sending SIGTERM");
             child.signal(libc::SIGTERM);

@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 ///
 /// Every flag can also be set through the environment variable shown next to it.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "decision-launcher", version, max_term_width = 100)]
+#[command(name = "decision-launcher", version)]
 pub struct Config {
     /// Model to serve: a local Hugging Face folder, or an ORG/NAME id found (offline) in the local
     /// Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub). Without it the

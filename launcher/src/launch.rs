@@ -11,8 +11,8 @@ use crate::child::{ChildExit, Children, SpawnError};
 use crate::config::{Config, ConfigError};
 use crate::export::{self, ExportError};
 use crate::model::{self, ModelError, Resolution};
-use crate::shard::{self, ShardError};
-use crate::{router, shard::remove_socket};
+use crate::router;
+use crate::shard::{self, remove_socket, ShardError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -79,7 +79,6 @@ pub async fn run(config: &Config) -> Result<Stopped, LaunchError> {
     let outcome = start_and_supervise(config, &mut children, &mut signals, &mut sockets).await;
     if let Err(err) = &outcome {
         tracing::error!("{err}");
-        tracing::info!("stopping the remaining children");
     }
     let hurry = async {
         signals.recv().await;
@@ -136,7 +135,11 @@ async fn start_and_supervise(
     }
     for (rank, socket, exited) in starting {
         tokio::select! {
+            // Biased: when the awaited shard dies, its own report (naming the startup) wins.
+            biased;
             ready = shard::wait_ready(exited, rank, &socket, config.shard_startup_timeout()) => ready?,
+            // Another rank dying while this one loads ends the startup just the same.
+            exit = children.next_exit() => return Err(LaunchError::ChildDied(exit)),
             signal = signals.recv() => return Ok(stopping(signal)),
         }
     }
@@ -147,8 +150,9 @@ async fn start_and_supervise(
         &model.dir,
         &served_model_name,
     ))?;
+    // The router logs its own "router ready" once it has met the shards and bound the port.
     tracing::info!(
-        "serving {served_model_name} on http://{}:{}",
+        "shards ready; router starting to serve {served_model_name} on http://{}:{}",
         config.hostname,
         config.port
     );
