@@ -30,21 +30,23 @@ pub enum LaunchError {
     Spawn(#[from] SpawnError),
     #[error("{0}")]
     ChildDied(ChildExit),
-    #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
+    #[error("cannot install the SIGINT/SIGTERM/SIGHUP handlers: {0}")]
     Signals(std::io::Error),
 }
 
 /// How a launch that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stopped {
-    /// SIGINT or SIGTERM asked us to stop.
+    /// SIGINT, SIGTERM or SIGHUP asked us to stop.
     BySignal(&'static str),
 }
 
-/// SIGINT and SIGTERM, installed before anything starts so that none arriving during startup is lost.
+/// SIGINT, SIGTERM and SIGHUP (the terminal went away), installed before anything starts so that
+/// none arriving during startup is lost.
 pub struct ShutdownSignals {
     interrupt: Signal,
     terminate: Signal,
+    hangup: Signal,
 }
 
 impl ShutdownSignals {
@@ -52,6 +54,7 @@ impl ShutdownSignals {
         Ok(ShutdownSignals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
@@ -59,6 +62,7 @@ impl ShutdownSignals {
         tokio::select! {
             _ = self.interrupt.recv() => "SIGINT",
             _ = self.terminate.recv() => "SIGTERM",
+            _ = self.hangup.recv() => "SIGHUP",
         }
     }
 }
