@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, BufReader};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tracing::Span;
+use tracing::{Instrument as _, Span};
 
 use crate::logging;
 
@@ -297,14 +297,9 @@ impl Children {
         let index = self.members.len();
         let reaped = Arc::new(AtomicBool::new(false));
         let (exit_tx, exit_rx) = watch::channel(None);
-        tokio::spawn(monitor(
-            process,
-            pumps,
-            reaped.clone(),
-            exit_tx,
-            self.exits_tx.clone(),
-            index,
-        ));
+        let exits_tx = self.exits_tx.clone();
+        let monitor = monitor(process, pumps, reaped.clone(), exit_tx, exits_tx, index);
+        tokio::spawn(monitor.instrument(spec.span.clone()));
         tracing::debug!(child = %spec.name, pid, "started {}", spec.program.display());
         self.members.push(Supervised {
             name: spec.name,
@@ -429,7 +424,10 @@ async fn monitor(
             let _ = pump.await;
         }
     };
-    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drained).await;
+    if tokio::time::timeout(DRAIN_TIMEOUT, drained).await.is_err() {
+        // Typically a process the child started still holds its stdout/stderr.
+        tracing::debug!("output still open {DRAIN_TIMEOUT:?} after the exit; reporting without it");
+    }
     // Receivers may all be gone during shutdown; nobody is waiting for the news then.
     let _ = exit_tx.send(Some(exit));
     let _ = exits_tx.send(index);
