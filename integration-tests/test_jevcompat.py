@@ -1,0 +1,35 @@
+"""The `jevcompat` conformance suite (spec 0.1) against the session server: it must rate us conformant."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from launchers import JEVCOMPAT_BINARY
+
+RUN_TIMEOUT_S = 420
+
+
+def test_jevcompat_rates_the_server_conformant(server_url: str, tmp_path: Path) -> None:
+    assert JEVCOMPAT_BINARY.exists(), f"{JEVCOMPAT_BINARY} is missing"
+    report = tmp_path / "jevcompat.json"
+    env = {**os.environ, "NO_COLOR": "1"}
+    env.pop("TYPESAFE_API_KEY", None)
+    env.pop("TYPESAFE_BASE_URL", None)
+    try:
+        run = subprocess.run(
+            [str(JEVCOMPAT_BINARY), "test", server_url, "--timeout", "60", "--json", str(report), "--evidence", "5"],
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        raise AssertionError(f"jevcompat did not finish within {RUN_TIMEOUT_S} s\n{out}") from e
+    output = run.stdout + ("\n--- stderr ---\n" + run.stderr if run.stderr.strip() else "")
+    summary = [line for line in run.stdout.splitlines() if "spec 0.1" in line]
+    print("\n".join(summary[-1:]) or output)
+    assert run.returncode == 0, f"jevcompat exited {run.returncode} (0 = conformant)\n{output}"
