@@ -140,34 +140,11 @@ class LoadedModel:
         return value
 
 
-def load_model(
-    path: Path,
-    dtype: str = "auto",
-    threads: int | None = None,
-    needs_custom_mask: bool = True,
-) -> LoadedModel:
-    """Loads the HF folder at `path` for inference: eval mode, chosen dtype, cuda if available else cpu."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"--threads must be at least 1, got {threads}")
-        torch.set_num_threads(threads)
-    device = pick_device()
-    torch_dtype = resolve_dtype(dtype, device)
-    attn = pick_attn_implementation(device, needs_custom_mask)
-    config = AutoConfig.from_pretrained(path)
-    try:
-        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn)
-    except ValueError as err:
-        # Some architectures have no sdpa path; eager attention works everywhere, only slower.
-        if attn != "sdpa" or "sdpa" not in str(err).lower():
-            raise
-        logger.warning("sdpa unsupported, falling back to eager attention", extra={"fields": {"reason": str(err)}})
-        attn = "eager"
-        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn)
+def wrap_module(module: Any, path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """Puts an instantiated causal LM on `device` in eval mode and reads the facts the shard reports."""
     module.to(device)
     module.eval()
+    config = module.config
     text_config = config.get_text_config()
     architectures = getattr(config, "architectures", None) or [type(module).__name__]
     head = module.get_output_embeddings()
@@ -177,15 +154,47 @@ def load_model(
         module=module,
         path=path,
         device=device,
-        dtype=torch_dtype,
+        dtype=dtype,
         architecture=str(architectures[0]),
         vocab_size=int(head.weight.shape[0]),
         embedding_rows=int(module.get_input_embeddings().weight.shape[0]),
         max_position_embeddings=int(getattr(text_config, "max_position_embeddings", 0) or 0),
-        attn_implementation=str(module.config._attn_implementation),
+        attn_implementation=str(config._attn_implementation),
     )
     if loaded.max_position_embeddings <= 0:
         raise ValueError(f"{path}: config has no max_position_embeddings")
+    return loaded
+
+
+def load_model(
+    path: Path,
+    dtype: str = "auto",
+    threads: int | None = None,
+    needs_custom_mask: bool = True,
+) -> LoadedModel:
+    """Loads the HF folder at `path` for inference: eval mode, chosen dtype, cuda if available else cpu."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    # The weight-loading bar draws with carriage returns, which garbles the JSON-lines log stream.
+    hf_logging.disable_progress_bar()
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+    device = pick_device()
+    torch_dtype = resolve_dtype(dtype, device)
+    attn = pick_attn_implementation(device, needs_custom_mask)
+    try:
+        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn)
+    except ValueError as err:
+        # Some architectures have no sdpa path; eager attention works everywhere, only slower.
+        if attn != "sdpa" or "sdpa" not in str(err).lower():
+            raise
+        logger.warning("sdpa unsupported, falling back to eager attention", extra={"fields": {"reason": str(err)}})
+        attn = "eager"
+        module = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn)
+    loaded = wrap_module(module, path, device, torch_dtype)
     logger.info(
         "model loaded",
         extra={

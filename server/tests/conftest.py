@@ -1,0 +1,167 @@
+"""Shared fixtures: the real models (built once into DECISION_CACHE_DIR by the CLI's own functions),
+their plain transformers references, and an in-process gRPC shard on a temporary unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One intra-op thread by default: on a 2-core machine shared with compilers, OpenMP's spinning threads make
+# each forward 2-15x slower than a single thread (measured); the suite's budget depends on steady timings.
+torch.set_num_threads(int(os.environ.get("DECISION_TEST_THREADS", "1")))
+
+from decision_server.export import export_default  # noqa: E402
+from decision_server.fixtures import make_fixture  # noqa: E402
+from decision_server.model import LoadedModel, load_model  # noqa: E402
+from decision_server.paths import default_model_dir, fixture_dir  # noqa: E402
+from decision_server.pb import decision_pb2, decision_pb2_grpc  # noqa: E402
+from decision_server.reads import ReadStrategy, make_read_strategy  # noqa: E402
+from decision_server.serve import build_server  # noqa: E402
+from decision_server.service import DecisionShardService  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    return export_default(default_model_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir() -> Path:
+    out = fixture_dir("tiny-qwen3", 0)
+    make_fixture("tiny-qwen3", out, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir: Path) -> LoadedModel:
+    return load_model(smollm2_dir, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_qwen3_dir: Path) -> LoadedModel:
+    return load_model(tiny_qwen3_dir, dtype="float32")
+
+
+def _reference(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    # Loaded separately from the shard's model, with transformers defaults, so the shard is checked against
+    # an independent computation rather than against itself.
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_dir: Path) -> Any:
+    return _reference(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_reference(tiny_qwen3_dir: Path) -> Any:
+    return _reference(tiny_qwen3_dir)
+
+
+def reference_logprobs(reference: Any, tokens: list[int], all_logits: bool = False) -> torch.Tensor:
+    """Full-vocabulary log-probabilities of the next token after `tokens`, by a plain forward pass.
+
+    By default the forward runs as `generate` runs a prefill (`logits_to_keep=1`: the LM head projects only the
+    last position). With `all_logits` it projects every position; the BLAS kernel then differs with the row
+    count, which alone moves SmolLM2's float32 logits by up to about 4e-5 (measured), with no change upstream.
+    """
+    with torch.inference_mode():
+        output = reference(input_ids=torch.tensor([tokens]), logits_to_keep=0 if all_logits else 1)
+    return torch.log_softmax(output.logits[0, -1].float(), dim=-1)
+
+
+def reference_sequence_logprob(reference: Any, prompt: list[int], label: list[int]) -> float:
+    """log P(label | prompt) as the chain of conditionals, one plain prefill per label prefix."""
+    return sum(float(reference_logprobs(reference, prompt + label[:step])[token]) for step, token in enumerate(label))
+
+
+class InProcessShard:
+    """The real grpc.aio server and service on a unix socket, on an event loop in a background thread."""
+
+    def __init__(self, service: DecisionShardService, socket_path: Path) -> None:
+        self.service = service
+        self.socket_path = socket_path
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: grpc.aio.Server | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+
+    async def _start(self) -> None:
+        self._server = build_server(self.service, self.socket_path)
+        await self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            asyncio.run_coroutine_threadsafe(self._server.stop(0), self._loop).result(timeout=30)
+        self.service.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+
+@contextmanager
+def socket_dir() -> Iterator[Path]:
+    # Unix socket paths are limited to about 107 bytes; pytest's tmp_path can be longer.
+    folder = Path(tempfile.mkdtemp(prefix="ds-", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def running_shard(
+    model: LoadedModel, strategy: ReadStrategy | str = "tree"
+) -> Iterator[decision_pb2_grpc.DecisionShardStub]:
+    chosen = make_read_strategy(strategy, model) if isinstance(strategy, str) else strategy
+    with socket_dir() as folder:
+        shard = InProcessShard(DecisionShardService(model, chosen), folder / "shard.sock")
+        shard.start()
+        channel = grpc.insecure_channel(f"unix://{shard.socket_path}")
+        try:
+            yield decision_pb2_grpc.DecisionShardStub(channel)
+        finally:
+            channel.close()
+            shard.stop()
+
+
+@pytest.fixture
+def shard() -> Callable[..., Any]:
+    """`with shard(model, "tree") as stub:` — a live in-process shard for one test."""
+    return running_shard
+
+
+def read_request(reads: list[tuple[int, list[int], list[list[int]]]], salt: str = "") -> decision_pb2.ReadRequest:
+    return decision_pb2.ReadRequest(
+        reads=[
+            decision_pb2.Read(
+                id=read_id,
+                token_ids=prompt,
+                labels=[decision_pb2.LabelSequence(token_ids=label) for label in labels],
+                cache_salt=salt,
+            )
+            for read_id, prompt, labels in reads
+        ]
+    )
+
+
+def random_tokens(generator: torch.Generator, count: int, vocab: int, low: int = 0) -> list[int]:
+    values: list[int] = torch.randint(low, vocab, (count,), generator=generator).tolist()
+    return values
