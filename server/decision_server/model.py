@@ -144,6 +144,8 @@ def wrap_module(module: Any, path: Path, device: torch.device, dtype: torch.dtyp
     """Puts an instantiated causal LM on `device` in eval mode and reads the facts the shard reports."""
     module.to(device)
     module.eval()
+    # Inference only: no parameter ever needs a gradient, and tensors derived from weights stay plain.
+    module.requires_grad_(False)
     config = module.config
     text_config = config.get_text_config()
     architectures = getattr(config, "architectures", None) or [type(module).__name__]

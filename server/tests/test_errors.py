@@ -1,0 +1,88 @@
+"""Bad reads fail with INVALID_ARGUMENT naming the read; any other failure is a gRPC status, never a hang."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import pytest
+from conftest import read_request
+
+from decision_server.model import LoadedModel
+from decision_server.pb import decision_pb2
+from decision_server.reads import BatchOutcome, ReadSpec, ReadStrategy
+
+GOOD = (1, [1, 2, 3], [[4], [5, 6]])
+
+
+def invalid_cases(model: LoadedModel) -> list[tuple[list[tuple[int, list[int], list[list[int]]]], str]]:
+    vocab = model.token_limit
+    limit = model.max_position_embeddings
+    return [
+        ([GOOD, (42, [], [[4]])], "read 42: prompt has no tokens"),
+        ([GOOD, (43, [1, 2], [[4], []])], "read 43: label 1 has no tokens"),
+        ([(44, [1, vocab], [[4]])], f"read 44: prompt token id {vocab} is out of range (vocabulary size {vocab})"),
+        ([(45, [1, 2], [[4], [5, vocab + 7]])], f"read 45: label 1 token id {vocab + 7} is out of range"),
+        ([(46, [1] * (limit + 1), [[4]])], f"read 46: prompt of {limit + 1} tokens exceeds max_position_embeddings"),
+        ([(47, [1] * limit, [[4], [4, 5]])], f"read 47: prompt of {limit} tokens plus a label of 2 tokens exceeds"),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["tree", "naive"])
+def test_invalid_reads_are_invalid_argument(tiny_qwen3: LoadedModel, shard: Any, mode: str) -> None:
+    with shard(tiny_qwen3, mode) as stub:
+        for reads, message in invalid_cases(tiny_qwen3):
+            with pytest.raises(grpc.RpcError) as failure:
+                stub.Read(read_request(reads), timeout=60)
+            assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in failure.value.details()
+        # The shard keeps serving after rejecting bad input.
+        (result,) = stub.Read(read_request([GOOD]), timeout=60).results
+        assert result.id == 1 and len(result.label_logprobs) == 2
+
+
+def test_prompt_at_the_position_limit_is_accepted(tiny_qwen3: LoadedModel, shard: Any) -> None:
+    limit = tiny_qwen3.max_position_embeddings
+    with shard(tiny_qwen3, "tree") as stub:
+        (result,) = stub.Read(read_request([(9, [1] * (limit - 1), [[4], [4, 5]])]), timeout=120).results
+    assert result.tokens_computed == limit - 1
+    assert all(value < 0 for value in result.label_logprobs)
+
+
+def test_empty_batch_gives_empty_response(tiny_qwen3: LoadedModel, shard: Any) -> None:
+    with shard(tiny_qwen3, "tree") as stub:
+        response = stub.Read(decision_pb2.ReadRequest(), timeout=60)
+    assert list(response.results) == []
+    assert response.forward_micros == 0
+
+
+class ExplodingReads(ReadStrategy):
+    name = "exploding"
+
+    def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
+        raise RuntimeError("kernel exploded on purpose")
+
+
+def test_unexpected_failure_is_internal_with_its_message(tiny_qwen3: LoadedModel, shard: Any) -> None:
+    with shard(tiny_qwen3, ExplodingReads(tiny_qwen3)) as stub:
+        with pytest.raises(grpc.RpcError) as failure:
+            stub.Read(read_request([GOOD]), timeout=60)
+        assert failure.value.code() == grpc.StatusCode.INTERNAL
+        assert "RuntimeError: kernel exploded on purpose" in failure.value.details()
+        # Validation still comes first, and the service keeps answering other RPCs.
+        with pytest.raises(grpc.RpcError) as invalid:
+            stub.Read(read_request([(3, [], [[1]])]), timeout=60)
+        assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert stub.Info(decision_pb2.InfoRequest(), timeout=60).read_mode == "exploding"
+
+
+def test_non_finite_health_probe_is_an_error(
+    tiny_qwen3: LoadedModel, shard: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with shard(tiny_qwen3, "tree") as stub:
+        monkeypatch.setattr(tiny_qwen3, "probe", lambda: float("nan"))
+        with pytest.raises(grpc.RpcError) as failure:
+            stub.Health(decision_pb2.HealthRequest(), timeout=60)
+    assert failure.value.code() == grpc.StatusCode.INTERNAL
+    assert "health probe on cpu returned nan" in failure.value.details()

@@ -1,0 +1,37 @@
+"""Info reports the loaded model's facts; Health runs a real op on its weights."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from decision_server.pb import decision_pb2
+
+EXPECTED_INFO = {
+    "smollm2": ("LlamaForCausalLM", 49152, 8192),
+    "tiny_qwen3": ("Qwen3ForCausalLM", 151936, 4096),
+}
+
+
+@pytest.mark.parametrize("mode", ["tree", "naive"])
+@pytest.mark.parametrize("name", sorted(EXPECTED_INFO))
+def test_info_and_health(request: pytest.FixtureRequest, shard: Any, name: str, mode: str) -> None:
+    model = request.getfixturevalue(name)
+    architecture, vocab, positions = EXPECTED_INFO[name]
+    with shard(model, mode) as stub:
+        info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
+        health = stub.Health(decision_pb2.HealthRequest(), timeout=30)
+    assert info.architecture == architecture
+    assert info.vocab_size == vocab
+    assert info.max_position_embeddings == positions
+    assert info.dtype == "float32"
+    assert info.device == "cpu"
+    assert (info.world_size, info.rank) == (1, 0)
+    assert info.read_mode == mode
+    assert math.isfinite(health.probe)
+    # The probe is computed from the weights: it equals the same op done here, and is not a constant.
+    weight = model.module.get_input_embeddings().weight[:8, :64].float()
+    assert health.probe == pytest.approx(float((weight @ weight.T).sum()), rel=1e-6)
+    assert health.probe != 0.0
