@@ -70,7 +70,7 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<DecisionRequest, DecisionE
     if !errors.is_empty() {
         return Err(DecisionError::Invalid(errors));
     }
-    Ok(DecisionRequest { state, instructions, questions, chat_template_kwargs, cache_salt })
+    Ok(DecisionRequest { state, instructions, questions, chat_template_kwargs, cache_salt, wording: Default::default() })
 }
 
 /// Any model name is accepted and answered as the served model, except the `base:adapter` form.

@@ -7,8 +7,7 @@ use std::collections::HashSet;
 use tokenizers::Tokenizer;
 
 use super::template::{ChatTemplate, Message};
-use super::wording::{self, DIGITS, LETTERS, YES_NO};
-use crate::ir::QuestionKind;
+use super::wording::{self, LabelScheme, DIGITS, LETTERS, YES_NO};
 
 /// Which token answers each label, for one model.
 #[derive(Clone, Debug)]
@@ -21,6 +20,8 @@ pub struct LabelVocabulary {
     /// For choices beyond 26 options: every option code (A.., AA..) as an exact token sequence
     /// closed by the template's end-of-turn token, so that no code is a prefix of another.
     pub codes: Result<Vec<Vec<u32>>, String>,
+    /// SGLang's two-letter labels AA, AB, … (only usable where each is one distinct token).
+    pub two_letter: Result<Vec<u32>, String>,
 }
 
 impl LabelVocabulary {
@@ -38,21 +39,22 @@ impl LabelVocabulary {
         };
         let check = |labels: &[&str]| check_set(tokenizer, &tail, &tail_text, labels);
         let codes = end_of_turn(tokenizer, template, kwargs).and_then(|eot| code_sequences(tokenizer, &tail, &tail_text, eot));
-        Ok(LabelVocabulary { letters: check(&LETTERS), yes_no: check(&YES_NO), digits: check(&DIGITS), codes, tail })
+        let two_letter_codes: Vec<String> = (0..wording::MAX_OPTION_CODES).map(wording::two_letter_code).collect();
+        let two_letter = check(&two_letter_codes.iter().map(String::as_str).collect::<Vec<_>>());
+        Ok(LabelVocabulary { letters: check(&LETTERS), yes_no: check(&YES_NO), digits: check(&DIGITS), codes, two_letter, tail })
     }
 
-    /// The label token sequence of every answer of a question, or why this model cannot answer its type.
-    pub fn for_kind(&self, kind: &QuestionKind) -> Result<Vec<Vec<u32>>, String> {
-        let singles = |set: &Result<Vec<u32>, String>, n: usize| {
+    /// The label token sequence of each of `n` answers under a scheme, or why this model cannot read them.
+    pub fn sequences(&self, scheme: LabelScheme, n: usize) -> Result<Vec<Vec<u32>>, String> {
+        let singles = |set: &Result<Vec<u32>, String>| {
             set.as_ref().map(|ids| ids.iter().take(n).map(|&id| vec![id]).collect()).map_err(Clone::clone)
         };
-        match kind {
-            QuestionKind::Choice { options } if options.len() > LETTERS.len() => {
-                self.codes.as_ref().map(|c| c.iter().take(options.len()).cloned().collect()).map_err(Clone::clone)
-            }
-            QuestionKind::Choice { options } => singles(&self.letters, options.len()),
-            QuestionKind::YesNo { .. } => singles(&self.yes_no, 2),
-            QuestionKind::Score { levels } => singles(&self.digits, levels.len()),
+        match scheme {
+            LabelScheme::Letters => singles(&self.letters),
+            LabelScheme::YesNo => singles(&self.yes_no),
+            LabelScheme::Digits => singles(&self.digits),
+            LabelScheme::TwoLetterTokens => singles(&self.two_letter),
+            LabelScheme::ExactCodes => self.codes.as_ref().map(|c| c.iter().take(n).cloned().collect()).map_err(Clone::clone),
         }
     }
 }

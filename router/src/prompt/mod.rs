@@ -11,10 +11,9 @@ use serde_json::{Map, Value};
 use tokenizers::Tokenizer;
 
 use crate::error::DecisionError;
-use crate::ir::{DecisionRequest, QuestionKind};
+use crate::ir::{DecisionRequest, QuestionKind, Wording};
 use labels::LabelVocabulary;
 use template::{ChatTemplate, Message};
-use wording::VllmWording;
 
 /// One question ready for the shard: its whole prompt and the token sequence of every label.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,7 +44,6 @@ pub struct NextTokenStrategy {
     tokenizer: Tokenizer,
     template: ChatTemplate,
     labels: LabelVocabulary,
-    wording: VllmWording,
     max_positions: usize,
 }
 
@@ -56,7 +54,7 @@ impl NextTokenStrategy {
             Tokenizer::from_file(&tokenizer_path).map_err(|e| format!("cannot load {}: {e}", tokenizer_path.display()))?;
         let template = ChatTemplate::from_model_dir(model_dir).map_err(|e| e.to_string())?;
         let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))?;
-        Ok(NextTokenStrategy { tokenizer, template, labels, wording: VllmWording, max_positions })
+        Ok(NextTokenStrategy { tokenizer, template, labels, max_positions })
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -66,16 +64,21 @@ impl NextTokenStrategy {
     /// The rendered prompt text of each question (for tests and debugging).
     pub fn render(&self, request: &DecisionRequest) -> Result<Vec<String>, DecisionError> {
         let kwargs = checked_kwargs(&request.chat_template_kwargs)?;
-        let state = self.wording.state_text(&request.state);
+        let wording = request.wording;
+        let state = wording.state_text(&request.state);
         request
             .questions
             .iter()
             .map(|question| {
                 let mut messages = Vec::with_capacity(2);
-                if let Some(instructions) = &request.instructions {
-                    messages.push(Message::new("system", instructions.clone()));
+                let mut user = wording.user_message(&state, question);
+                match &request.instructions {
+                    Some(instructions) if wording.system_message() => messages.push(Message::new("system", instructions.clone())),
+                    // SGLang's wording has no system message: the context leads the user message instead.
+                    Some(instructions) => user = format!("{instructions}\n\n{user}"),
+                    None => {}
                 }
-                messages.push(Message::new("user", self.wording.user_message(&state, question)));
+                messages.push(Message::new("user", user));
                 let text = self.template.render(&messages, true, &kwargs).map_err(|e| DecisionError::BadRequest {
                     param: Some("chat_template_kwargs".into()),
                     message: e.to_string(),
@@ -92,21 +95,28 @@ impl NextTokenStrategy {
     }
 }
 
+impl NextTokenStrategy {
+    fn label_sequences(&self, kind: &QuestionKind, wording: Wording) -> Result<Vec<Vec<u32>>, String> {
+        let n = kind.arity();
+        self.labels
+            .sequences(wording.scheme(kind, n), n)
+            .map_err(|reason| format!("this model cannot answer {} questions with {n} answers: {reason}", kind_name(kind)))
+    }
+}
+
 impl ReadStrategy for NextTokenStrategy {
     fn name(&self) -> &'static str {
         "next_token"
     }
 
     fn refusal(&self, kind: &QuestionKind) -> Option<String> {
-        self.labels.for_kind(kind).err().map(|reason| format!("this model cannot answer {} questions: {reason}", kind_name(kind)))
+        self.label_sequences(kind, Wording::Vllm).err()
     }
 
     fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError> {
         for question in &request.questions {
-            if let Some(reason) = self.refusal(&question.kind) {
-                return Err(DecisionError::NotServable(reason));
-            }
-            let max = self.wording.max_arity(&question.kind);
+            self.label_sequences(&question.kind, request.wording).map_err(DecisionError::NotServable)?;
+            let max = request.wording.max_arity(&question.kind);
             if question.kind.arity() > max {
                 return Err(DecisionError::NotServable(format!(
                     "question '{}': {} answers, but this read strategy labels at most {max}",
@@ -121,7 +131,7 @@ impl ReadStrategy for NextTokenStrategy {
             let encoding =
                 self.tokenizer.encode(text.as_str(), false).map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))?;
             let token_ids = encoding.get_ids().to_vec();
-            let labels = self.labels.for_kind(&question.kind).map_err(DecisionError::NotServable)?;
+            let labels = self.label_sequences(&question.kind, request.wording).map_err(DecisionError::NotServable)?;
             // The label check holds only if the prompt ends with the probed reply prefix.
             if !token_ids.ends_with(&self.labels.tail) {
                 return Err(DecisionError::Internal(format!(
@@ -222,6 +232,7 @@ mod model_tests {
             questions,
             chat_template_kwargs: Map::new(),
             cache_salt: String::new(),
+            wording: Wording::Vllm,
         }
     }
 
@@ -294,7 +305,7 @@ mod model_tests {
 
     #[test]
     fn thinking_on_and_prompts_too_long_are_refused() {
-        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 64).unwrap();
+        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 24).unwrap();
         let mut r = request(all_kinds(2));
         r.chat_template_kwargs.insert("enable_thinking".into(), Value::Bool(true));
         assert!(matches!(s.prepare(&r), Err(DecisionError::ThinkingOn)));

@@ -1,6 +1,7 @@
 //! The exact prompt texts of the reference servers (spec/PROMPTS.md §1): how a question becomes the
 //! user message, and which label each option is answered with.
 
+pub use crate::ir::Wording;
 use crate::ir::{Question, QuestionKind};
 use crate::json_text::{self, Separators};
 use serde_json::Value;
@@ -32,38 +33,83 @@ pub fn option_code(i: usize) -> String {
     String::from_utf8(code).unwrap_or_default()
 }
 
-/// vLLM's wording, used by the default and `vllm` profiles.
-#[derive(Clone, Copy, Debug)]
-pub struct VllmWording;
+/// SGLang's two-letter label of option `i` when a choice has more than 26 options: AA, AB, … .
+pub fn two_letter_code(i: usize) -> String {
+    let first = (b'A' + (i / 26) as u8) as char;
+    let second = (b'A' + (i % 26) as u8) as char;
+    format!("{first}{second}")
+}
 
-impl VllmWording {
-    /// State text: a string as is, anything else as `json.dumps(x, ensure_ascii=False)`.
+/// How a question's labels are read beyond the single-token letters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelScheme {
+    /// A..Z, one token each (vLLM and SGLang alike).
+    Letters,
+    /// A.., AA.. scored as exact token sequences closed by the end-of-turn token (default profile).
+    ExactCodes,
+    /// SGLang's AA, AB, … kept only when each is one distinct token.
+    TwoLetterTokens,
+    YesNo,
+    Digits,
+}
+
+impl Wording {
+    /// State text. vLLM: a string as is, else `json.dumps(x, ensure_ascii=False)`;
+    /// SGLang: null is empty, a string as is, else compact JSON.
     pub fn state_text(&self, state: &Value) -> String {
-        json_text::text_or_json(state, Separators::Default)
+        match self {
+            Wording::Vllm => json_text::text_or_json(state, Separators::Default),
+            Wording::Sglang if state.is_null() => String::new(),
+            Wording::Sglang => json_text::text_or_json(state, Separators::Compact),
+        }
     }
 
-    /// `"{state}\n\n{body}"`.
+    /// Whether request-level instructions become a system message (vLLM) or lead the user message (SGLang has none).
+    pub fn system_message(&self) -> bool {
+        matches!(self, Wording::Vllm)
+    }
+
+    /// `"{state}\n\n{body}"`; in SGLang's wording an empty state leaves just the body.
     pub fn user_message(&self, state_text: &str, question: &Question) -> String {
-        format!("{state_text}\n\n{}", self.body(question))
+        let body = self.body(question);
+        if state_text.is_empty() && *self == Wording::Sglang {
+            body
+        } else {
+            format!("{state_text}\n\n{body}")
+        }
     }
 
     pub fn body(&self, question: &Question) -> String {
         let mut lines: Vec<String> = Vec::new();
-        if let Some(instructions) = question.instructions.as_deref().filter(|s| !s.is_empty()) {
-            lines.push(format!("Question: {instructions}"));
+        let instructions = question.instructions.as_deref().filter(|s| !s.is_empty());
+        match (&question.kind, self) {
+            (QuestionKind::YesNo { yes, no }, Wording::Sglang) => {
+                lines.push(match instructions {
+                    Some(i) => format!("Is the following true? {i}"),
+                    None => "Is the following true?".to_owned(),
+                });
+                for (label, side) in [("yes", yes), ("no", no)] {
+                    if let Some(d) = side.as_deref().filter(|d| !d.is_empty()) {
+                        lines.push(format!("{label}: {d}"));
+                    }
+                }
+                lines.push(YES_NO_REPLY.to_owned());
+                return lines.join("\n");
+            }
+            _ => {
+                if let Some(i) = instructions {
+                    lines.push(format!("Question: {i}"));
+                }
+            }
         }
         match &question.kind {
-            QuestionKind::Choice { options } if options.len() > LETTERS.len() => {
-                for (i, option) in options.iter().enumerate() {
-                    lines.push(described(&option_code(i), &option.name, option.description.as_deref()));
-                }
-                lines.push(CODE_REPLY.to_owned());
-            }
             QuestionKind::Choice { options } => {
-                for (label, option) in LETTERS.iter().zip(options) {
-                    lines.push(described(label, &option.name, option.description.as_deref()));
+                let codes = self.choice_labels(options.len());
+                for (code, option) in codes.iter().zip(options) {
+                    lines.push(described(code, &option.name, option.description.as_deref()));
                 }
-                lines.push(CHOICE_REPLY.to_owned());
+                let reply = if options.len() > LETTERS.len() && *self == Wording::Vllm { CODE_REPLY } else { CHOICE_REPLY };
+                lines.push(reply.to_owned());
             }
             QuestionKind::YesNo { yes, no } => {
                 lines.push(side("yes", yes.as_deref()));
@@ -80,13 +126,23 @@ impl VllmWording {
         lines.join("\n")
     }
 
-    /// The label text of each answer, in option / level order (yes before no).
-    pub fn labels(&self, kind: &QuestionKind) -> Vec<String> {
-        match kind {
-            QuestionKind::Choice { options } if options.len() > LETTERS.len() => (0..options.len()).map(option_code).collect(),
-            QuestionKind::Choice { options } => LETTERS.iter().take(options.len()).map(|s| s.to_string()).collect(),
-            QuestionKind::YesNo { .. } => YES_NO.iter().map(|s| s.to_string()).collect(),
-            QuestionKind::Score { levels } => DIGITS.iter().take(levels.len()).map(|s| s.to_string()).collect(),
+    /// The label text of each option of an n-option choice.
+    pub fn choice_labels(&self, n: usize) -> Vec<String> {
+        match self.scheme(&QuestionKind::Choice { options: Vec::new() }, n) {
+            LabelScheme::ExactCodes => (0..n).map(option_code).collect(),
+            LabelScheme::TwoLetterTokens => (0..n).map(two_letter_code).collect(),
+            _ => LETTERS.iter().take(n).map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// Which label scheme answers a question of this kind with `arity` answers.
+    pub fn scheme(&self, kind: &QuestionKind, arity: usize) -> LabelScheme {
+        match (kind, self) {
+            (QuestionKind::Choice { .. }, _) if arity <= LETTERS.len() => LabelScheme::Letters,
+            (QuestionKind::Choice { .. }, Wording::Vllm) => LabelScheme::ExactCodes,
+            (QuestionKind::Choice { .. }, Wording::Sglang) => LabelScheme::TwoLetterTokens,
+            (QuestionKind::YesNo { .. }, _) => LabelScheme::YesNo,
+            (QuestionKind::Score { .. }, _) => LabelScheme::Digits,
         }
     }
 
@@ -130,7 +186,7 @@ mod tests {
 
     #[test]
     fn spec_example_choice_with_json_state() {
-        let w = VllmWording;
+        let w = Wording::Vllm;
         let state = w.state_text(&serde_json::from_str(r#"{"ticket": "Refund not received", "days": 12}"#).unwrap());
         let question = q(
             Some("What does the customer want?"),
@@ -145,18 +201,18 @@ mod tests {
     #[test]
     fn choice_without_instructions_and_empty_description() {
         let question = q(None, QuestionKind::Choice { options: vec![opt("x", Some("")), opt("y", Some("why"))] });
-        assert_eq!(VllmWording.user_message("S", &question), "S\n\nA: x\nB: y - why\nAnswer with the letter of one option only.");
+        assert_eq!(Wording::Vllm.user_message("S", &question), "S\n\nA: x\nB: y - why\nAnswer with the letter of one option only.");
     }
 
     #[test]
     fn yes_no_always_has_both_sides_yes_first() {
         let bare = q(Some("Urgent?"), QuestionKind::YesNo { yes: None, no: None });
-        assert_eq!(VllmWording.user_message("S", &bare), "S\n\nQuestion: Urgent?\nyes\nno\nAnswer with yes or no only.");
+        assert_eq!(Wording::Vllm.user_message("S", &bare), "S\n\nQuestion: Urgent?\nyes\nno\nAnswer with yes or no only.");
         let described = q(None, QuestionKind::YesNo { yes: None, no: Some("all calm".into()) });
-        assert_eq!(VllmWording.user_message("S", &described), "S\n\nyes\nno: all calm\nAnswer with yes or no only.");
+        assert_eq!(Wording::Vllm.user_message("S", &described), "S\n\nyes\nno: all calm\nAnswer with yes or no only.");
         let both = q(Some("Urgent?"), QuestionKind::YesNo { yes: Some("money is moving".into()), no: Some("n".into()) });
         assert_eq!(
-            VllmWording.user_message("S", &both),
+            Wording::Vllm.user_message("S", &both),
             "S\n\nQuestion: Urgent?\nyes: money is moving\nno: n\nAnswer with yes or no only."
         );
     }
@@ -165,15 +221,14 @@ mod tests {
     fn score_levels_are_numbered() {
         let question = q(Some("How upset?"), QuestionKind::Score { levels: vec!["calm".into(), "annoyed".into(), "furious".into()] });
         assert_eq!(
-            VllmWording.user_message("S", &question),
+            Wording::Vllm.user_message("S", &question),
             "S\n\nQuestion: How upset?\n0: calm\n1: annoyed\n2: furious\nAnswer with the number of one level only."
         );
-        assert_eq!(VllmWording.labels(&question.kind), vec!["0", "1", "2"]);
     }
 
     #[test]
     fn state_rendering() {
-        let w = VllmWording;
+        let w = Wording::Vllm;
         assert_eq!(w.state_text(&json!("plain text")), "plain text");
         assert_eq!(w.state_text(&json!([1, "two", {"k": null}])), "[1, \"two\", {\"k\": null}]");
         assert_eq!(w.state_text(&json!(null)), "null");
@@ -195,17 +250,33 @@ mod tests {
     fn more_than_26_options_use_codes() {
         let options: Vec<ChoiceOption> = (0..30).map(|i| opt(&format!("o{i}"), None)).collect();
         let question = q(Some("Pick"), QuestionKind::Choice { options });
-        let text = VllmWording.user_message("S", &question);
+        let text = Wording::Vllm.user_message("S", &question);
         assert!(text.starts_with("S\n\nQuestion: Pick\nA: o0\nB: o1\n"));
         assert!(text.contains("\nZ: o25\nAA: o26\nAB: o27\n"));
         assert!(text.ends_with("AD: o29\nAnswer with the code of one option only."));
-        assert_eq!(VllmWording.labels(&question.kind)[26], "AA");
+        assert_eq!(Wording::Vllm.choice_labels(30)[26], "AA");
     }
 
     #[test]
     fn labels_follow_request_order() {
-        let kind = QuestionKind::Choice { options: vec![opt("b", None), opt("a", None), opt("c", None)] };
-        assert_eq!(VllmWording.labels(&kind), vec!["A", "B", "C"]);
-        assert_eq!(VllmWording.labels(&QuestionKind::YesNo { yes: None, no: None }), vec!["yes", "no"]);
+        assert_eq!(Wording::Vllm.choice_labels(3), vec!["A", "B", "C"]);
+        assert_eq!(Wording::Sglang.choice_labels(27)[..3], ["AA", "AB", "AC"]);
+        assert_eq!(Wording::Sglang.choice_labels(255)[254], "JU");
+    }
+
+    #[test]
+    fn sglang_wording() {
+        let w = Wording::Sglang;
+        let state = w.state_text(&serde_json::from_str(r#"{"ticket": "Refund not received", "days": 12}"#).unwrap());
+        assert_eq!(state, r#"{"ticket":"Refund not received","days":12}"#);
+        assert_eq!(w.state_text(&json!(null)), "");
+        let yes_no = q(Some("Urgent?"), QuestionKind::YesNo { yes: None, no: Some("calm".into()) });
+        assert_eq!(w.user_message(&state, &yes_no), format!("{state}\n\nIs the following true? Urgent?\nno: calm\nAnswer with yes or no only."));
+        let bare = q(None, QuestionKind::YesNo { yes: None, no: None });
+        assert_eq!(w.user_message("", &bare), "Is the following true?\nAnswer with yes or no only.");
+        let choice = q(Some("Which?"), QuestionKind::Choice { options: vec![opt("a", Some("x")), opt("b", None)] });
+        assert_eq!(w.user_message("S", &choice), "S\n\nQuestion: Which?\nA: a - x\nB: b\nAnswer with the letter of one option only.");
+        let many = q(None, QuestionKind::Choice { options: (0..27).map(|i| opt(&format!("o{i}"), None)).collect() });
+        assert!(w.user_message("S", &many).starts_with("S\n\nAA: o0\nAB: o1\n"));
     }
 }
