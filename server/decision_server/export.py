@@ -90,7 +90,7 @@ def _convert(gguf_path: Path, tmp: Path, out: Path) -> dict[str, Any]:
 
     progress.step("reading and dequantizing weights")
     with _logged_gguf_progress():
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        model: Any = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
 
     progress.step("casting weights to bfloat16")
     model = model.to(torch.bfloat16)
@@ -143,11 +143,11 @@ def _logged_gguf_progress() -> Iterator[None]:
                     extra={"fields": {"done": index, "total": len(items)}},
                 )
 
-    gguf_utils.tqdm = logged
+    setattr(gguf_utils, "tqdm", logged)  # noqa: B010 - the module does not declare it as an export
     try:
         yield
     finally:
-        gguf_utils.tqdm = original
+        setattr(gguf_utils, "tqdm", original)  # noqa: B010
 
 
 def write_chat_template(folder: Path, template: str) -> None:

@@ -126,7 +126,7 @@ def _build(name: str, config_kwargs: dict[str, Any], dtype_name: str, seed: int,
     config = Qwen3Config(**config_kwargs)
     config.architectures = ["Qwen3ForCausalLM"]
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).eval()
+    model: Any = Qwen3ForCausalLM(config)
 
     progress.step(f"casting to {dtype_name}")
     model = model.to(dtype)

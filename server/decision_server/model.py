@@ -77,12 +77,13 @@ class LoadedModel:
         token_ids: list[int],
         keep: list[int],
         position_ids: list[int] | None = None,
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Float32 next-token logits, shape (len(keep), vocab), at positions `keep` of one forward pass.
 
         Only the kept rows go through the LM head (`logits_to_keep`), which matters with 150k-token vocabularies.
-        Without `attention_mask` the pass is the model's plain causal prefill.
+        Without `attention_mask` the pass is the model's plain causal prefill; a mapping gives one mask per
+        layer type (full / sliding attention) to models that accept it.
         """
         device = self.device
         ids = torch.tensor([token_ids], dtype=torch.long, device=device)
@@ -100,7 +101,8 @@ class LoadedModel:
                 logits_to_keep=keep_index,
                 use_cache=False,
             )
-            return output.logits[0].float()
+            logits: torch.Tensor = output.logits[0].float()
+            return logits
 
     def tree_attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """Turns a (T, T) boolean "query may attend key" matrix into the 4D mask this model's attention expects.

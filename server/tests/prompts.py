@@ -12,7 +12,8 @@ STATES = (
     '{"ticket": "App crashes on login", "plan": "pro", "device": "android"}',
 )
 QUESTIONS = (
-    "Question: What does the customer want?\nA: refund - money back\nB: status\nAnswer with the letter of one option only.",
+    "Question: What does the customer want?\nA: refund - money back\nB: status\n"
+    "Answer with the letter of one option only.",
     "Question: Is the customer angry?\nyes\nno\nAnswer with yes or no only.",
     "Question: How urgent is it?\n0: low\n1: medium\n2: high\nAnswer with the number of one level only.",
 )

@@ -43,7 +43,7 @@ def wait_for_message(lines: queue.Queue[str], message: str, timeout: float) -> d
             line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             break
-        record = json.loads(line)  # every stderr line must be one JSON object
+        record: dict[str, Any] = json.loads(line)  # every stderr line must be one JSON object
         seen.append(record)
         if record["message"] == message:
             return record

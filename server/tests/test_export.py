@@ -49,7 +49,7 @@ def test_default_export_has_model_tokenizer_and_template(smollm2_dir: Path) -> N
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    rendered = tokenizer.apply_chat_template(
+    rendered: Any = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False
     )
     assert rendered.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
@@ -86,7 +86,7 @@ def test_tiny_qwen3_fixture(tiny_qwen3_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3_dir)
-    rendered = tokenizer.apply_chat_template(
+    rendered: Any = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hi"}], add_generation_prompt=True, tokenize=False, enable_thinking=False
     )
     assert rendered == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -169,6 +169,6 @@ def test_incomplete_folder_is_replaced_and_missing_files_refused(tmp_path: Path)
     assert (out / "config.json").read_text() == "{}"
     assert json.loads((out / MARKER_NAME).read_text()) == {"kind": "test"}
 
-    with pytest.raises(RuntimeError, match="did not produce weights.bin"):
+    with pytest.raises(RuntimeError, match=r"did not produce weights\.bin"):
         build_folder_atomically(tmp_path / "other", ["weights.bin"], good)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -28,7 +28,7 @@ def test_read_equals_plain_forward(request: pytest.FixtureRequest, shard: Any, n
             projected_everywhere = reference_logprobs(reference, prompt, all_logits=True)
             assert result.id == read_id
             assert len(result.label_logprobs) == len(labels)
-            for (token,), value in zip(labels, result.label_logprobs):
+            for (token,), value in zip(labels, result.label_logprobs, strict=True):
                 assert value == pytest.approx(float(expected[token]), abs=1e-5)
                 assert value == pytest.approx(float(projected_everywhere[token]), abs=1e-4)
             assert result.greedy_token_id == int(expected.argmax())
@@ -63,7 +63,7 @@ def test_multi_token_labels_equal_chain_of_conditionals(
     with shard(model, mode) as stub:
         (result,) = stub.Read(read_request([(5, prompt, labels)])).results
     tolerance = MULTI_TOKEN_TOLERANCE[name]
-    for label, value in zip(labels, result.label_logprobs):
+    for label, value in zip(labels, result.label_logprobs, strict=True):
         assert value == pytest.approx(reference_sequence_logprob(reference, prompt, label), abs=tolerance)
     # Scored only at the prompt's end: multi-token branches must not change the greedy token.
     assert result.greedy_token_id == int(reference_logprobs(reference, prompt).argmax())

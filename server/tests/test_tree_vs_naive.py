@@ -56,7 +56,7 @@ def expected_tokens_computed(reads: list[ReadSpec]) -> list[int]:
 
 def assert_same_reads(tree: Any, naive: Any, tolerance: float = 1e-4) -> None:
     assert [o.id for o in tree.outcomes] == [o.id for o in naive.outcomes]
-    for a, b in zip(tree.outcomes, naive.outcomes):
+    for a, b in zip(tree.outcomes, naive.outcomes, strict=True):
         assert len(a.label_logprobs) == len(b.label_logprobs)
         assert a.label_logprobs == pytest.approx(b.label_logprobs, abs=tolerance)
         assert a.greedy_token_id == b.greedy_token_id
@@ -83,12 +83,14 @@ def test_tree_counts_shared_prompt_tokens_once(request: pytest.FixtureRequest, n
     unique = len({read.prompt[:end] for read in reads for end in range(1, len(read.prompt) + 1)})
     assert sum(counts) == unique
     # The questions of one request share the chat head and the state: a later read computes only its own tail.
-    shared = next(i for i, (a, b) in enumerate(zip(reads[0].prompt, reads[1].prompt)) if a != b)
+    shared = next(i for i, (a, b) in enumerate(zip(reads[0].prompt, reads[1].prompt, strict=False)) if a != b)
     assert shared > 10
     assert counts[1] == len(reads[1].prompt) - shared
     naive = NaiveReads(model).run(reads)
     multi = [sum(1 for label in read.labels if len(label) > 1) for read in reads]
-    assert [o.tokens_computed for o in naive.outcomes] == [len(r.prompt) * (1 + m) for r, m in zip(reads, multi)]
+    assert [o.tokens_computed for o in naive.outcomes] == [
+        len(r.prompt) * (1 + m) for r, m in zip(reads, multi, strict=True)
+    ]
 
 
 def test_tree_and_naive_servers_agree_over_grpc(tiny_qwen3: LoadedModel, shard: Any) -> None:
@@ -99,7 +101,7 @@ def test_tree_and_naive_servers_agree_over_grpc(tiny_qwen3: LoadedModel, shard: 
     with shard(tiny_qwen3, "naive") as stub:
         naive = stub.Read(request)
     assert [r.id for r in tree.results] == [r.id for r in reads]
-    for a, b in zip(tree.results, naive.results):
+    for a, b in zip(tree.results, naive.results, strict=True):
         assert list(a.label_logprobs) == pytest.approx(list(b.label_logprobs), abs=1e-4)
         assert a.greedy_token_id == b.greedy_token_id
     assert sum(r.tokens_computed for r in tree.results) < sum(r.tokens_computed for r in naive.results)
@@ -164,7 +166,7 @@ def test_sliding_window_layers_get_a_windowed_tree_mask(tmp_path: Path, attn: st
         use_sliding_window=True,
         sliding_window=5,
         max_window_layers=1,
-        attn_implementation=attn,
+        attn_implementation=attn,  # type: ignore[call-arg]  # a PreTrainedConfig keyword, not in the stub
     )
     assert config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
     torch.manual_seed(0)
@@ -187,6 +189,11 @@ def test_sliding_window_layers_get_a_windowed_tree_mask(tmp_path: Path, attn: st
     model.module.config.sliding_window = None
     model.module.config.layer_types = ["full_attention"] * 3
     unwindowed = TreeReads(model).run(reads)
-    assert max(
-        abs(a - b) for x, y in zip(unwindowed.outcomes, naive.outcomes) for a, b in zip(x.label_logprobs, y.label_logprobs)
-    ) > 1e-3
+    assert (
+        max(
+            abs(a - b)
+            for x, y in zip(unwindowed.outcomes, naive.outcomes, strict=True)
+            for a, b in zip(x.label_logprobs, y.label_logprobs, strict=True)
+        )
+        > 1e-3
+    )

@@ -28,7 +28,7 @@ class NaiveReads(ReadStrategy):
         greedy = argmax_rows(answer, [0])[0]
         computed = len(prompt)
         single = [index for index, label in enumerate(read.labels) if len(label) == 1]
-        values = dict(zip(single, gather(answer, [0] * len(single), [read.labels[i][0] for i in single])))
+        values = dict(zip(single, gather(answer, [0] * len(single), [read.labels[i][0] for i in single]), strict=True))
         for index, label in enumerate(read.labels):
             if len(label) == 1:
                 continue

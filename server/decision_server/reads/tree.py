@@ -194,7 +194,7 @@ class TreeReads(ReadStrategy):
         rows: list[int] = []
         tokens: list[int] = []
         for p in placed:
-            for label, nodes in zip(p.read.labels, p.label_nodes):
+            for label, nodes in zip(p.read.labels, p.label_nodes, strict=True):
                 rows.extend(row_of[node] for node in nodes)
                 tokens.extend(label)
         values = iter(gather(logprobs, rows, tokens))
@@ -205,7 +205,7 @@ class TreeReads(ReadStrategy):
         batch.packed_tokens += len(trie)
 
         outcomes = []
-        for p, greedy_token in zip(placed, greedy):
+        for p, greedy_token in zip(placed, greedy, strict=True):
             label_logprobs = [sum(next(values) for _ in label) for label in p.read.labels]
             outcomes.append(
                 ReadOutcome(
