@@ -2,17 +2,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Compat {
-    /// TypeSafe System One contract (default).
-    Typesafe,
-    /// vLLM's decision endpoints, byte for byte.
-    Vllm,
-    /// SGLang's decision endpoints, byte for byte.
-    Sglang,
-}
+pub use crate::profile::Compat;
 
 #[derive(Clone, Debug, Parser)]
 #[command(name = "decision-router", version, about = "HTTP front of decision-inference: wire shapes -> decision IR -> batched shard reads -> probabilities")]

@@ -10,6 +10,13 @@ use crate::probability;
 use crate::prompt::{PreparedRead, ReadStrategy};
 use crate::queue::Queue;
 
+/// A request with its answers, and (when asked for) the reads that produced them.
+pub struct Decided {
+    pub request: DecisionRequest,
+    pub decision: Decision,
+    pub reads: Option<Vec<PreparedRead>>,
+}
+
 pub struct Decider {
     pub strategy: Result<Arc<dyn ReadStrategy>, String>,
     pub queue: Queue,
@@ -17,7 +24,9 @@ pub struct Decider {
 }
 
 impl Decider {
-    pub async fn decide(&self, request: DecisionRequest, temperature: f64) -> Result<(DecisionRequest, Decision), DecisionError> {
+    /// `temperature` divides the label log-probabilities before the softmax (label mass is unaffected);
+    /// `keep_reads` returns the prompt and label token ids too.
+    pub async fn decide(&self, request: DecisionRequest, temperature: f64, keep_reads: bool) -> Result<Decided, DecisionError> {
         let strategy = self.strategy.as_ref().map_err(|reason| DecisionError::NotServable(reason.clone()))?.clone();
         // Rendering and tokenizing are CPU work: keep them off the async workers.
         let (request, reads) = tokio::task::spawn_blocking(move || {
@@ -33,6 +42,7 @@ impl Decider {
         }
         let per_question_prompt_tokens = reads.iter().map(|r| r.token_ids.len() as u64).sum();
         let first_tokens: Vec<Vec<u32>> = reads.iter().map(|r| r.labels.iter().filter_map(|l| l.first().copied()).collect()).collect();
+        let kept = keep_reads.then(|| reads.clone());
         let outcomes = self.queue.read(reads, input_tokens, request.cache_salt.clone()).await?;
         let cached_tokens = outcomes.iter().map(|o| o.tokens_cached as u64).sum::<u64>().min(input_tokens as u64);
         let answers = outcomes
@@ -41,7 +51,7 @@ impl Decider {
             .map(|(o, firsts)| probability::answer(o.label_logprobs, firsts.contains(&o.greedy_token_id), temperature))
             .collect();
         let usage = Usage { input_tokens: input_tokens as u64, cached_tokens, per_question_prompt_tokens };
-        Ok((request, Decision { answers, usage }))
+        Ok(Decided { request, decision: Decision { answers, usage }, reads: kept })
     }
 }
 

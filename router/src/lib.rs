@@ -10,6 +10,7 @@ pub mod ir;
 pub mod json_text;
 pub mod limits;
 pub mod probability;
+pub mod profile;
 pub mod prompt;
 pub mod queue;
 pub mod server;

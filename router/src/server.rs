@@ -17,11 +17,12 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{json, Value};
 use tower_http::decompression::RequestDecompressionLayer;
 
-use crate::api::systemone;
+use crate::api::{self, openai, sglang, systemone};
 use crate::config::Config;
 use crate::decide::Decider;
 use crate::error::{DecisionError, FieldError};
 use crate::limits::Limits;
+use crate::profile::Shape;
 use crate::prompt;
 use crate::queue::{Queue, QueueConfig};
 use crate::shard::ShardSet;
@@ -108,6 +109,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     let body_limit = state.config.max_body_bytes;
     Router::new()
         .route("/v1/systemone", post(systemone_handler))
+        .route("/v1/decisions", post(decisions_handler))
         .route("/v1/models", get(models_handler))
         .route("/health", get(health_handler))
         .route("/info", get(info_handler))
@@ -182,14 +184,20 @@ pub fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Va
     })
 }
 
-fn error_response(error: DecisionError, body: fn(&DecisionError) -> Value) -> Response {
-    let status = error.status();
+/// Renders an error in a shape, with the status the profile gives it there.
+fn error_response(state: &AppState, shape: Shape, error: DecisionError) -> Response {
+    let status = state.config.compat.status(&error, shape);
     if status.is_server_error() {
         tracing::error!(%status, "{error}");
     } else {
         tracing::info!(%status, "{error}");
     }
-    let mut response = (status, Json(body(&error))).into_response();
+    let body = match shape {
+        Shape::SystemOne => systemone::error_body(&error),
+        Shape::OpenAi => openai::error_body(&error),
+        Shape::Sglang => sglang::error_body(&error, status.as_u16()),
+    };
+    let mut response = (status, Json(body)).into_response();
     if let Some(secs) = error.retry_after_secs() {
         response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
@@ -200,20 +208,49 @@ async fn systemone_handler(State(state): State<Arc<AppState>>, headers: HeaderMa
     let result = async {
         authorize(&state, &headers)?;
         let value = json_body(body, state.decider.limits.max_body_bytes)?;
-        let request = systemone::parse(&value, &state.decider.limits)?;
-        let (request, decision) = state.decider.decide(request, 1.0).await?;
-        Ok::<_, DecisionError>(systemone::format(&request, &value["questions"], &decision, &state.model_name))
+        let compat = state.config.compat;
+        let request = systemone::parse(&value, &state.decider.limits, compat)?;
+        let decided = state.decider.decide(request, 1.0, false).await?;
+        Ok::<_, DecisionError>(systemone::format(&decided.request, &value["questions"], &decided.decision, &state.model_name, compat))
     }
     .await;
     match result {
         Ok(v) => Json(v).into_response(),
-        Err(e) => error_response(e, systemone::error_body),
+        Err(e) => error_response(&state, Shape::SystemOne, e),
+    }
+}
+
+/// `/v1/decisions` serves OpenAI's and SGLang's shapes, told apart by their fields.
+async fn decisions_handler(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let mut shape = Shape::OpenAi;
+    let result = async {
+        authorize(&state, &headers)?;
+        let value = json_body(body, state.decider.limits.max_body_bytes)?;
+        shape = api::decisions_shape(&value)?;
+        let limits = &state.decider.limits;
+        if shape == Shape::Sglang {
+            let parsed = sglang::parse(&value, limits)?;
+            let (temperature, keep) = (parsed.temperature, parsed.return_prompt_token_ids);
+            let decided = state.decider.decide(parsed.request, temperature, keep).await?;
+            let parsed = sglang::Parsed { request: decided.request, ..parsed };
+            Ok::<_, DecisionError>(sglang::format(&parsed, &decided.decision, decided.reads.as_deref(), &state.model_name))
+        } else {
+            let parsed = openai::parse(&value, limits, state.config.compat)?;
+            let decided = state.decider.decide(parsed.request, 1.0, false).await?;
+            let parsed = openai::Parsed { request: decided.request, echo: parsed.echo };
+            Ok(openai::format(&parsed, &decided.decision, &state.model_name, state.config.compat))
+        }
+    }
+    .await;
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error_response(&state, shape, e),
     }
 }
 
 async fn models_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     if let Err(e) = authorize(&state, &headers) {
-        return error_response(e, systemone::error_body);
+        return error_response(&state, Shape::SystemOne, e);
     }
     let name = &state.model_name;
     let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -264,7 +301,7 @@ async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
             "max_batch_wait_ms": state.config.max_batch_wait_ms,
             "max_queued_reads": state.config.max_queued_reads,
         },
-        "compat": format!("{:?}", state.config.compat).to_lowercase(),
+        "compat": state.config.compat.name(),
         "version": env!("CARGO_PKG_VERSION"),
     }))
     .into_response()

@@ -7,9 +7,11 @@ use crate::error::{DecisionError, FieldError, Loc};
 use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind};
 use crate::limits::Limits;
 use crate::probability;
+use crate::profile::Compat;
 
 /// Parses and validates a System One request; every problem found is reported, each naming its field.
-pub fn parse(body: &Value, limits: &Limits) -> Result<DecisionRequest, DecisionError> {
+pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<DecisionRequest, DecisionError> {
+    let limits = &Limits { max_choices: compat.max_choice_options(limits.max_choices), ..limits.clone() };
     let mut errors = Vec::new();
     let Some(obj) = body.as_object() else {
         return Err(DecisionError::Invalid(vec![FieldError::new(
@@ -70,7 +72,7 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<DecisionRequest, DecisionE
     if !errors.is_empty() {
         return Err(DecisionError::Invalid(errors));
     }
-    Ok(DecisionRequest { state, instructions, questions, chat_template_kwargs, cache_salt, wording: Default::default() })
+    Ok(DecisionRequest { state, instructions, questions, chat_template_kwargs, cache_salt, wording: compat.systemone_wording() })
 }
 
 /// Any model name is accepted and answered as the served model, except the `base:adapter` form.
@@ -299,54 +301,68 @@ fn parse_score(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Vec
     Some(QuestionKind::Score { levels })
 }
 
-/// Formats answers in the System One shape. `extras` go at the top level (each prefixed `x_`).
-pub fn format(request: &DecisionRequest, raw_criteria: &Value, decision: &Decision, model: &str) -> Value {
+/// Formats answers in the System One shape, with the profile's extension fields.
+pub fn format(request: &DecisionRequest, raw_questions: &Value, decision: &Decision, model: &str, compat: Compat) -> Value {
     let mut answers = Map::new();
     let mut diagnostics = Map::new();
     for (question, answer) in request.questions.iter().zip(&decision.answers) {
         let p = &answer.probabilities;
-        let value = match &question.kind {
+        let confidence = compat.confidence(&question.kind, answer);
+        let mut value = match &question.kind {
             QuestionKind::Choice { options } => {
                 let probabilities: Map<String, Value> =
                     options.iter().zip(p).map(|(o, pi)| (o.name.clone(), json!(pi))).collect();
-                json!({
-                    "type": "choice",
-                    "choice": options[probability::argmax(p)].name,
-                    "probabilities": probabilities,
-                    "confidence": probability::choice_confidence(p),
-                })
+                json!({"type": "choice", "choice": options[probability::argmax(p)].name, "probabilities": probabilities})
+            }
+            QuestionKind::YesNo { .. } if compat == Compat::Vllm => {
+                json!({"type": "noul", "noul": p[0], "probabilities": {"true": p[0], "false": p[1]}})
             }
             QuestionKind::YesNo { .. } => json!({"type": "noul", "noul": p[0]}),
             QuestionKind::Score { .. } => {
                 // The legend echoes the levels exactly as sent (objects stay objects).
-                let sent = raw_criteria.get(&question.id).and_then(|q| q.get("criteria")).and_then(|c| c.as_array());
-                let legend: Map<String, Value> = match sent {
-                    Some(levels) => levels.iter().enumerate().map(|(i, l)| (i.to_string(), l.clone())).collect(),
-                    None => Map::new(),
-                };
+                let sent = raw_questions.get(&question.id).and_then(|q| q.get("criteria")).and_then(|c| c.as_array());
+                let legend: Map<String, Value> =
+                    sent.into_iter().flatten().enumerate().map(|(i, l)| (i.to_string(), l.clone())).collect();
                 let probabilities: Map<String, Value> = p.iter().enumerate().map(|(i, pi)| (i.to_string(), json!(pi))).collect();
-                json!({
-                    "type": "score",
-                    "score": probability::expected_score(p),
-                    "legend": legend,
-                    "probabilities": probabilities,
-                    "confidence": probability::score_confidence(p),
-                })
+                json!({"type": "score", "score": probability::expected_score(p), "legend": legend, "probabilities": probabilities})
             }
         };
+        if let (Some(c), Some(obj)) = (confidence, value.as_object_mut()) {
+            obj.insert("confidence".into(), json!(c));
+        }
+        if compat == Compat::Sglang {
+            if let Some(obj) = value.as_object_mut() {
+                obj.insert("x_label_mass".into(), json!(answer.label_mass));
+            }
+        }
         answers.insert(question.id.clone(), value);
         diagnostics.insert(
             question.id.clone(),
             json!({"label_mass": answer.label_mass, "argmax_is_label": answer.argmax_is_label}),
         );
     }
-    json!({
+    let usage = compat.usage(&decision.usage, request.questions.len());
+    let mut out = json!({
         "model": model,
         "answers": answers,
-        "usage": {"input_tokens": decision.usage.input_tokens, "output_tokens": 0},
-        "x_diagnostics": diagnostics,
-        "x_usage": {"cached_tokens": decision.usage.cached_tokens},
-    })
+        "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+    });
+    let obj = out.as_object_mut().expect("object literal");
+    match compat {
+        Compat::Typesafe => {
+            obj.insert("x_diagnostics".into(), Value::Object(diagnostics));
+            obj.insert("x_cached_tokens".into(), json!(usage.cached_tokens));
+        }
+        Compat::Vllm => {
+            let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            obj.insert("id".into(), json!(format!("decision-{}", uuid::Uuid::new_v4().simple())));
+            obj.insert("object".into(), json!("structured_decision"));
+            obj.insert("created".into(), json!(created));
+            obj.insert("diagnostics".into(), Value::Object(diagnostics));
+        }
+        Compat::Sglang => {}
+    }
+    out
 }
 
 /// This shape's error body: a `detail` list for validation, a `detail` object otherwise.
@@ -372,7 +388,7 @@ mod tests {
     }
 
     fn invalid(body: Value) -> Vec<FieldError> {
-        match parse(&body, &limits()) {
+        match parse(&body, &limits(), Compat::Typesafe) {
             Err(DecisionError::Invalid(fields)) => fields,
             other => panic!("expected a validation error, got {other:?}"),
         }
@@ -397,7 +413,7 @@ mod tests {
             "cache_salt": "s",
             "unknown_top_level": 1
         });
-        let r = parse(&body, &limits()).unwrap();
+        let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
         assert_eq!(r.questions.len(), 3);
         assert_eq!(r.questions[0].id, "team");
         assert_eq!(r.instructions.as_deref(), Some("You route tickets."));
@@ -418,7 +434,7 @@ mod tests {
     #[test]
     fn object_descriptions_render_as_json() {
         let body = json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": {"k": [1, 2]}}}}, "instructions": ["x"]});
-        let r = parse(&body, &limits()).unwrap();
+        let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
         assert_eq!(r.instructions.as_deref(), Some("[\"x\"]"));
         assert_eq!(r.questions[0].kind, QuestionKind::Choice { options: vec![ChoiceOption { name: "a".into(), description: Some("{\"k\": [1, 2]}".into()) }] });
     }
@@ -476,16 +492,16 @@ mod tests {
     #[test]
     fn adapter_model_names_are_refused_and_others_accepted() {
         let ok = json!({"model": "anything-at-all", "state": "s", "questions": {"q": {"type": "noul", "instructions": "x"}}});
-        assert!(parse(&ok, &limits()).is_ok());
+        assert!(parse(&ok, &limits(), Compat::Typesafe).is_ok());
         let adapter = json!({"model": "base:adapter", "state": "s", "questions": {"q": {"type": "noul", "instructions": "x"}}});
-        let err = parse(&adapter, &limits()).unwrap_err();
+        let err = parse(&adapter, &limits(), Compat::Typesafe).unwrap_err();
         assert_eq!(err.status().as_u16(), 400);
     }
 
     #[test]
     fn unicode_ids_and_names_are_kept_byte_exact() {
         let body = json!({"state": "s", "questions": {"é 🚀 id": {"type": "choice", "criteria": {"Ünï 🚀": null, "b": "d"}}}});
-        let r = parse(&body, &limits()).unwrap();
+        let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
         assert_eq!(r.questions[0].id, "é 🚀 id");
         assert!(matches!(&r.questions[0].kind, QuestionKind::Choice { options } if options[0].name == "Ünï 🚀"));
     }
@@ -505,13 +521,13 @@ mod tests {
             "team": {"type": "choice", "criteria": {"billing": null, "tech": null}},
             "urgent": {"type": "noul", "instructions": "u"},
             "tone": {"type": "score", "criteria": ["calm", {"label": "annoyed"}, "furious"]}}});
-        let r = parse(&body, &limits()).unwrap();
+        let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
         let ans = |p: Vec<f64>| Answer { label_logprobs: p.iter().map(|x| x.ln()).collect(), probabilities: p, label_mass: 0.9, argmax_is_label: true };
         let d = Decision {
             answers: vec![ans(vec![0.88, 0.12]), ans(vec![0.25, 0.75]), ans(vec![0.0, 0.95, 0.05])],
             usage: Usage { input_tokens: 42, cached_tokens: 0, per_question_prompt_tokens: 100 },
         };
-        let out = format(&r, &body["questions"], &d, "m");
+        let out = format(&r, &body["questions"], &d, "m", Compat::Typesafe);
         assert_eq!(out["answers"]["team"]["choice"], "billing");
         assert!((out["answers"]["team"]["confidence"].as_f64().unwrap() - 0.76).abs() < 1e-12);
         assert_eq!(out["answers"]["urgent"], json!({"type": "noul", "noul": 0.25}));
@@ -522,5 +538,33 @@ mod tests {
         assert_eq!(out["x_diagnostics"]["team"], json!({"label_mass": 0.9, "argmax_is_label": true}));
         let keys: Vec<&String> = out["answers"].as_object().unwrap().keys().collect();
         assert_eq!(keys, vec!["team", "urgent", "tone"]);
+
+        let vllm = format(&r, &body["questions"], &d, "m", Compat::Vllm);
+        assert_eq!(vllm["object"], "structured_decision");
+        assert!(vllm["id"].as_str().unwrap().starts_with("decision-"));
+        assert!((vllm["answers"]["team"]["confidence"].as_f64().unwrap() - 0.88 * 0.9).abs() < 1e-12);
+        assert!((vllm["answers"]["urgent"]["confidence"].as_f64().unwrap() - 0.75 * 0.9).abs() < 1e-12);
+        assert_eq!(vllm["answers"]["urgent"]["probabilities"], json!({"true": 0.25, "false": 0.75}));
+        assert_eq!(vllm["usage"], json!({"input_tokens": 100, "output_tokens": 3}));
+        assert_eq!(vllm["diagnostics"]["tone"], json!({"label_mass": 0.9, "argmax_is_label": true}));
+        assert!(vllm.get("x_diagnostics").is_none());
+
+        let sglang = format(&r, &body["questions"], &d, "m", Compat::Sglang);
+        assert_eq!(sglang["answers"]["team"]["x_label_mass"], json!(0.9));
+        assert!(sglang["answers"]["urgent"].get("confidence").is_none());
+        assert_eq!(sglang["usage"], json!({"input_tokens": 100, "output_tokens": 0}));
+    }
+
+    #[test]
+    fn vllm_profile_refuses_more_than_26_options_and_sglang_uses_its_wording() {
+        let options: Map<String, Value> = (0..27).map(|i| (format!("o{i}"), Value::Null)).collect();
+        let body = json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": options}}});
+        assert!(parse(&body, &limits(), Compat::Typesafe).is_ok());
+        assert!(parse(&body, &limits(), Compat::Sglang).is_ok());
+        match parse(&body, &limits(), Compat::Vllm) {
+            Err(DecisionError::Invalid(f)) => assert!(f[0].msg.contains("at most 26")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(parse(&body, &limits(), Compat::Sglang).unwrap().wording, crate::ir::Wording::Sglang);
     }
 }

@@ -1,0 +1,316 @@
+//! `POST /v1/decisions` in SGLang's shape (spec/API.md §3, prompt_format_version 1): questions with
+//! ids, temperature over the label logits, label mass per answer, optional prompt token ids.
+
+use serde_json::{json, Map, Value};
+
+use crate::error::{DecisionError, FieldError, Loc};
+use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind, Wording};
+use crate::limits::Limits;
+use crate::probability;
+use crate::prompt::PreparedRead;
+
+pub const PROMPT_FORMAT_VERSION: u64 = 1;
+const MAX_OPTIONS: usize = 26;
+
+pub struct Parsed {
+    pub request: DecisionRequest,
+    pub temperature: f64,
+    pub return_prompt_token_ids: bool,
+}
+
+fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
+    FieldError::new(std::iter::once(Loc::from("body")).chain(path.iter().cloned()).collect(), kind, msg)
+}
+
+pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
+    let obj = body.as_object().ok_or_else(|| DecisionError::Invalid(vec![err(&[], "type_error", "the body must be a JSON object")]))?;
+    let mut errors = Vec::new();
+    if let Some(model) = obj.get("model") {
+        match model {
+            Value::Null => {}
+            Value::String(name) => super::systemone::check_model_name(name)?,
+            _ => errors.push(err(&["model".into()], "type_error", "model must be a string")),
+        }
+    }
+    let state = match obj.get("input") {
+        Some(Value::String(s)) if !s.trim().is_empty() => Value::String(s.clone()),
+        Some(v @ (Value::Object(_) | Value::Array(_))) if !is_empty_container(v) => v.clone(),
+        None => {
+            errors.push(err(&["input".into()], "missing", "input is required"));
+            Value::Null
+        }
+        Some(_) => {
+            errors.push(err(&["input".into()], "value_error", "input must be a non-blank string, object or array"));
+            Value::Null
+        }
+    };
+    let temperature = match obj.get("temperature") {
+        None | Some(Value::Null) => 1.0,
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0 && t.is_finite()) => n.as_f64().unwrap_or(1.0),
+        Some(_) => {
+            errors.push(err(&["temperature".into()], "value_error", "temperature must be a number greater than 0"));
+            1.0
+        }
+    };
+    match obj.get("prompt_format_version") {
+        None | Some(Value::Null) => {}
+        Some(Value::Number(n)) if n.as_u64() == Some(PROMPT_FORMAT_VERSION) => {}
+        Some(other) => errors.push(err(
+            &["prompt_format_version".into()],
+            "value_error",
+            format!("prompt_format_version {other} is not served; this server serves version {PROMPT_FORMAT_VERSION}"),
+        )),
+    }
+    let return_prompt_token_ids = match obj.get("return_prompt_token_ids") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            errors.push(err(&["return_prompt_token_ids".into()], "type_error", "return_prompt_token_ids must be a boolean"));
+            false
+        }
+    };
+    let chat_template_kwargs = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => {
+            errors.push(err(&["chat_template_kwargs".into()], "type_error", "chat_template_kwargs must be an object"));
+            Map::new()
+        }
+    };
+    let mut questions: Vec<Question> = Vec::new();
+    match obj.get("questions") {
+        Some(Value::Array(items)) if items.is_empty() => errors.push(err(&["questions".into()], "too_short", "questions must not be empty")),
+        Some(Value::Array(items)) if items.len() > limits.max_questions => errors.push(err(
+            &["questions".into()],
+            "too_long",
+            format!("at most {} questions per request (max_questions), got {}", limits.max_questions, items.len()),
+        )),
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                if let Some(q) = parse_question(i, item, limits, &mut errors) {
+                    if questions.iter().any(|other| other.id == q.id) {
+                        errors.push(err(&["questions".into(), Loc::Index(i), "id".into()], "value_error", format!("duplicate question id '{}'", q.id)));
+                    }
+                    questions.push(q);
+                }
+            }
+        }
+        None => errors.push(err(&["questions".into()], "missing", "questions is required")),
+        Some(_) => errors.push(err(&["questions".into()], "type_error", "questions must be a list")),
+    }
+    if !errors.is_empty() {
+        return Err(DecisionError::Invalid(errors));
+    }
+    let request = DecisionRequest { state, instructions: None, questions, chat_template_kwargs, cache_salt: String::new(), wording: Wording::Sglang };
+    Ok(Parsed { request, temperature, return_prompt_token_ids })
+}
+
+fn is_empty_container(v: &Value) -> bool {
+    matches!(v, Value::Object(m) if m.is_empty()) || matches!(v, Value::Array(a) if a.is_empty())
+}
+
+fn parse_question(i: usize, item: &Value, limits: &Limits, errors: &mut Vec<FieldError>) -> Option<Question> {
+    let at = |k: &str| vec![Loc::from("questions"), Loc::Index(i), Loc::from(k)];
+    let Some(obj) = item.as_object() else {
+        errors.push(err(&["questions".into(), Loc::Index(i)], "type_error", "a question must be an object"));
+        return None;
+    };
+    let before = errors.len();
+    let id = match obj.get("id") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        _ => {
+            errors.push(err(&at("id"), "value_error", "id must be a non-empty string"));
+            String::new()
+        }
+    };
+    let instructions = match obj.get("question") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => {
+            errors.push(err(&at("question"), "type_error", "question must be a string"));
+            None
+        }
+    };
+    let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
+    let allowed: &[&str] = match kind {
+        "choice" => &["id", "type", "question", "options"],
+        "score" => &["id", "type", "question", "levels"],
+        "yes_no" => &["id", "type", "question", "yes", "no"],
+        _ => {
+            errors.push(err(&at("type"), "value_error", "type must be 'choice', 'score' or 'yes_no'"));
+            return None;
+        }
+    };
+    for key in obj.keys() {
+        if !allowed.contains(&key.as_str()) {
+            errors.push(err(&at(key), "extra_forbidden", format!("unknown field '{key}' for a {kind} question")));
+        }
+    }
+    let kind = match kind {
+        "choice" => {
+            let Some(items) = obj.get("options").and_then(Value::as_array) else {
+                errors.push(err(&at("options"), "missing", "a choice needs options"));
+                return None;
+            };
+            if items.len() < 2 || items.len() > MAX_OPTIONS {
+                errors.push(err(&at("options"), "value_error", format!("a choice needs 2 to {MAX_OPTIONS} options, got {}", items.len())));
+                return None;
+            }
+            let mut options = Vec::new();
+            for (j, option) in items.iter().enumerate() {
+                let oloc = vec![Loc::from("questions"), Loc::Index(i), Loc::from("options"), Loc::Index(j)];
+                let name = option.get("name").and_then(Value::as_str).filter(|n| !n.trim().is_empty());
+                let description = match option.get("description") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(s)) => Some(s.clone()),
+                    Some(_) => {
+                        errors.push(err(&oloc, "type_error", "description must be a string"));
+                        None
+                    }
+                };
+                match name {
+                    Some(n) if options.iter().any(|o: &ChoiceOption| o.name == n) => {
+                        errors.push(err(&oloc, "value_error", format!("duplicate option name '{n}'")))
+                    }
+                    Some(n) => options.push(ChoiceOption { name: n.to_owned(), description }),
+                    None => errors.push(err(&oloc, "value_error", "each option needs a non-blank name")),
+                }
+            }
+            QuestionKind::Choice { options }
+        }
+        "score" => {
+            let Some(items) = obj.get("levels").and_then(Value::as_array) else {
+                errors.push(err(&at("levels"), "missing", "a score needs levels"));
+                return None;
+            };
+            if items.len() < 2 || items.len() > limits.max_levels {
+                errors.push(err(&at("levels"), "value_error", format!("a score needs 2 to {} levels, got {}", limits.max_levels, items.len())));
+                return None;
+            }
+            let levels: Vec<String> = items.iter().filter_map(|l| l.as_str().map(str::to_owned)).collect();
+            if levels.len() != items.len() {
+                errors.push(err(&at("levels"), "type_error", "levels must be strings"));
+            }
+            QuestionKind::Score { levels }
+        }
+        _ => {
+            let side = |k: &str, errors: &mut Vec<FieldError>| match obj.get(k) {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(_) => {
+                    errors.push(err(&at(k), "type_error", format!("{k} must be a string")));
+                    None
+                }
+            };
+            QuestionKind::YesNo { yes: side("yes", errors), no: side("no", errors) }
+        }
+    };
+    if errors.len() > before {
+        return None;
+    }
+    Some(Question { id, instructions, kind })
+}
+
+pub fn format(parsed: &Parsed, decision: &Decision, reads: Option<&[PreparedRead]>, model: &str) -> Value {
+    let mut answers = Map::new();
+    for (i, (question, answer)) in parsed.request.questions.iter().zip(&decision.answers).enumerate() {
+        let p = &answer.probabilities;
+        let mut value = match &question.kind {
+            QuestionKind::Choice { options } => json!({
+                "type": "choice",
+                "choice": options[probability::argmax(p)].name,
+                "probabilities": options.iter().zip(p).map(|(o, pi)| (o.name.clone(), json!(pi))).collect::<Map<_, _>>(),
+            }),
+            QuestionKind::YesNo { .. } => json!({"type": "yes_no", "probabilities": {"yes": p[0], "no": p[1]}}),
+            QuestionKind::Score { levels } => json!({
+                "type": "score",
+                "score": probability::expected_score(p),
+                "probabilities": levels.iter().zip(p).map(|(l, pi)| (l.clone(), json!(pi))).collect::<Map<_, _>>(),
+            }),
+        };
+        let obj = value.as_object_mut().expect("object literal");
+        obj.insert("label_mass".into(), json!(answer.label_mass));
+        if let Some(read) = reads.and_then(|r| r.get(i)) {
+            obj.insert("prompt_token_ids".into(), json!(read.token_ids));
+            let labels: Vec<Value> = read.labels.iter().map(|l| if l.len() == 1 { json!(l[0]) } else { json!(l) }).collect();
+            obj.insert("label_token_ids".into(), Value::Array(labels));
+        }
+        answers.insert(question.id.clone(), value);
+    }
+    let prompt_tokens = decision.usage.per_question_prompt_tokens;
+    json!({
+        "object": "decisions",
+        "model": model,
+        "prompt_format_version": PROMPT_FORMAT_VERSION,
+        "answers": answers,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
+    })
+}
+
+/// SGLang's error shape: `{"object": "error", "message", "type", "param", "code"}`.
+pub fn error_body(error: &DecisionError, status: u16) -> Value {
+    let param = match error {
+        DecisionError::Invalid(fields) => fields.first().map(FieldError::param),
+        DecisionError::BadRequest { param, .. } => param.clone(),
+        _ => None,
+    };
+    let kind = match status {
+        400 | 413 | 422 => "BadRequestError",
+        401 => "AuthenticationError",
+        429 => "RateLimitError",
+        501 => "NotImplementedError",
+        _ => "InternalServerError",
+    };
+    json!({"object": "error", "message": error.to_string(), "type": kind, "param": param, "code": status})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_all_types_with_temperature() {
+        let p = parse(
+            &json!({"input": {"ticket": "x"}, "temperature": 0.5, "prompt_format_version": 1, "return_prompt_token_ids": true, "questions": [
+                {"id": "team", "type": "choice", "question": "Which?", "options": [{"name": "a", "description": "d"}, {"name": "b"}]},
+                {"id": "u", "type": "yes_no", "question": "Urgent?", "no": "calm"},
+                {"id": "t", "type": "score", "question": "How?", "levels": ["lo", "hi"]}]}),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(p.temperature, 0.5);
+        assert!(p.return_prompt_token_ids);
+        assert_eq!(p.request.wording, Wording::Sglang);
+        assert_eq!(p.request.questions[1].kind, QuestionKind::YesNo { yes: None, no: Some("calm".into()) });
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let base = |q: Value| json!({"input": "x", "questions": [q]});
+        let cases = vec![
+            (json!({"input": " ", "questions": [{"id": "a", "type": "yes_no"}]}), "input"),
+            (json!({"questions": [{"id": "a", "type": "yes_no"}]}), "input"),
+            (json!({"input": "x", "temperature": 0, "questions": [{"id": "a", "type": "yes_no"}]}), "temperature"),
+            (json!({"input": "x", "prompt_format_version": 2, "questions": [{"id": "a", "type": "yes_no"}]}), "prompt_format_version"),
+            (json!({"input": "x", "questions": [{"id": "a", "type": "yes_no"}, {"id": "a", "type": "yes_no"}]}), "questions.1.id"),
+            (base(json!({"id": "a", "type": "choice", "options": [{"name": "x"}]})), "questions.0.options"),
+            (base(json!({"id": "a", "type": "score", "levels": ["x"]})), "questions.0.levels"),
+            (base(json!({"id": "a", "type": "yes_no", "extra": 1})), "questions.0.extra"),
+            (base(json!({"type": "yes_no"})), "questions.0.id"),
+        ];
+        for (body, field) in cases {
+            match parse(&body, &Limits::default()) {
+                Err(DecisionError::Invalid(f)) => assert!(f.iter().any(|e| e.param() == field), "{body}: {:?}", f.iter().map(FieldError::param).collect::<Vec<_>>()),
+                _ => panic!("{body} was accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn error_shape() {
+        let e = error_body(&DecisionError::Invalid(vec![err(&["temperature".into()], "value_error", "m")]), 400);
+        assert_eq!(e["object"], "error");
+        assert_eq!(e["param"], "temperature");
+        assert_eq!(e["code"], 400);
+    }
+}

@@ -1,0 +1,141 @@
+//! Compatibility profiles (`--compat`, spec/API.md §6): every way the default, `vllm` and `sglang`
+//! profiles differ — wording, status codes, option limits, usage counting, confidence — in one place.
+
+use axum::http::StatusCode;
+use clap::ValueEnum;
+
+use crate::error::DecisionError;
+use crate::ir::{Answer, QuestionKind, Usage, Wording};
+use crate::probability;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Compat {
+    /// TypeSafe System One contract (default).
+    #[default]
+    Typesafe,
+    /// vLLM's decision endpoints, byte for byte.
+    Vllm,
+    /// SGLang's decision endpoints, byte for byte.
+    Sglang,
+}
+
+/// The wire shape a request arrived in; error statuses depend on it as well as on the profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    SystemOne,
+    OpenAi,
+    Sglang,
+}
+
+/// Token counts as a profile reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CountedUsage {
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+}
+
+impl Compat {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Compat::Typesafe => "typesafe",
+            Compat::Vllm => "vllm",
+            Compat::Sglang => "sglang",
+        }
+    }
+
+    /// The wording `/v1/systemone` renders in.
+    pub fn systemone_wording(&self) -> Wording {
+        match self {
+            Compat::Sglang => Wording::Sglang,
+            _ => Wording::Vllm,
+        }
+    }
+
+    /// vLLM refuses choices beyond 26 options; the others read them (exact codes or two-letter tokens).
+    pub fn max_choice_options(&self, default: usize) -> usize {
+        match self {
+            Compat::Vllm => 26,
+            _ => default,
+        }
+    }
+
+    /// The HTTP status of an error in a shape under this profile.
+    pub fn status(&self, error: &DecisionError, shape: Shape) -> StatusCode {
+        match error {
+            DecisionError::Invalid(_) => match (shape, self) {
+                (Shape::SystemOne, Compat::Typesafe | Compat::Sglang) => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::BAD_REQUEST,
+            },
+            // 529 is TypeSafe's "overloaded" (its SDK backs off on it); the others use 429.
+            DecisionError::Overloaded { .. } if shape == Shape::SystemOne && *self == Compat::Typesafe => error.status(),
+            DecisionError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            other => other.status(),
+        }
+    }
+
+    /// Usage as the profile counts it: tokens actually needed (default), or Σ per-question prompts
+    /// with one output token per question (vLLM) or none (SGLang).
+    pub fn usage(&self, usage: &Usage, questions: usize) -> CountedUsage {
+        match self {
+            Compat::Typesafe => CountedUsage { input_tokens: usage.input_tokens, cached_tokens: usage.cached_tokens, output_tokens: 0 },
+            Compat::Vllm => CountedUsage { input_tokens: usage.per_question_prompt_tokens, cached_tokens: 0, output_tokens: questions as u64 },
+            Compat::Sglang => CountedUsage { input_tokens: usage.per_question_prompt_tokens, cached_tokens: 0, output_tokens: 0 },
+        }
+    }
+
+    /// Confidence of an answer; `None` where the profile reports none (yes/no outside vLLM).
+    pub fn confidence(&self, kind: &QuestionKind, answer: &Answer) -> Option<f64> {
+        let p = &answer.probabilities;
+        match (self, kind) {
+            // vLLM: the chosen label's full-vocabulary probability (its share times the label mass).
+            (Compat::Vllm, _) => Some(p[probability::argmax(p)] * answer.label_mass),
+            (_, QuestionKind::Choice { .. }) => Some(probability::choice_confidence(p)),
+            (_, QuestionKind::Score { .. }) => Some(probability::score_confidence(p)),
+            (_, QuestionKind::YesNo { .. }) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(p: Vec<f64>, mass: f64) -> Answer {
+        Answer { label_logprobs: p.iter().map(|x| (x * mass).ln()).collect(), probabilities: p, label_mass: mass, argmax_is_label: true }
+    }
+
+    #[test]
+    fn validation_and_overload_statuses_follow_the_table() {
+        let invalid = DecisionError::Invalid(vec![]);
+        assert_eq!(Compat::Typesafe.status(&invalid, Shape::SystemOne).as_u16(), 422);
+        assert_eq!(Compat::Sglang.status(&invalid, Shape::SystemOne).as_u16(), 422);
+        assert_eq!(Compat::Vllm.status(&invalid, Shape::SystemOne).as_u16(), 400);
+        assert_eq!(Compat::Typesafe.status(&invalid, Shape::OpenAi).as_u16(), 400);
+        assert_eq!(Compat::Typesafe.status(&invalid, Shape::Sglang).as_u16(), 400);
+        let busy = DecisionError::Overloaded { queued: 1, limit: 1, retry_after_secs: 1 };
+        assert_eq!(Compat::Typesafe.status(&busy, Shape::SystemOne).as_u16(), 529);
+        assert_eq!(Compat::Vllm.status(&busy, Shape::SystemOne).as_u16(), 429);
+        assert_eq!(Compat::Typesafe.status(&busy, Shape::OpenAi).as_u16(), 429);
+        assert_eq!(Compat::Typesafe.status(&DecisionError::Unauthorized, Shape::OpenAi).as_u16(), 401);
+    }
+
+    #[test]
+    fn usage_per_profile() {
+        let u = Usage { input_tokens: 100, cached_tokens: 40, per_question_prompt_tokens: 250 };
+        assert_eq!(Compat::Typesafe.usage(&u, 3), CountedUsage { input_tokens: 100, cached_tokens: 40, output_tokens: 0 });
+        assert_eq!(Compat::Vllm.usage(&u, 3), CountedUsage { input_tokens: 250, cached_tokens: 0, output_tokens: 3 });
+        assert_eq!(Compat::Sglang.usage(&u, 3), CountedUsage { input_tokens: 250, cached_tokens: 0, output_tokens: 0 });
+    }
+
+    #[test]
+    fn confidence_per_profile() {
+        let a = answer(vec![0.88, 0.12], 0.5);
+        let choice = QuestionKind::Choice { options: vec![] };
+        assert!((Compat::Typesafe.confidence(&choice, &a).unwrap() - 0.76).abs() < 1e-12);
+        assert!((Compat::Vllm.confidence(&choice, &a).unwrap() - 0.44).abs() < 1e-12);
+        let yes_no = QuestionKind::YesNo { yes: None, no: None };
+        assert_eq!(Compat::Typesafe.confidence(&yes_no, &a), None);
+        assert!((Compat::Vllm.confidence(&yes_no, &a).unwrap() - 0.44).abs() < 1e-12);
+    }
+}
