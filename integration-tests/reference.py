@@ -88,7 +88,8 @@ class Read:
 
 class Reference:
     def __init__(self, model_dir: Path) -> None:
-        torch.manual_seed(0)
+        # One thread: the server under test shares these two cores, and oversubscribed BLAS threads spin.
+        torch.set_num_threads(1)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()

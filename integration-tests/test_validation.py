@@ -121,7 +121,7 @@ def test_unknown_top_level_fields_are_ignored(http: httpx2.Client) -> None:
     ok_answers(http, body)
 
 
-def test_choice_names_equal_only_before_trim_are_not_duplicates_of_distinct_ones(http: httpx2.Client) -> None:
+def test_option_names_distinct_after_trim_and_casefold_are_accepted(http: httpx2.Client) -> None:
     # Distinct after trim + casefold: accepted, and echoed as sent.
     body = q({"type": "choice", "instructions": "Team?", "criteria": {"Billing ": None, "Bill": None, "billing-2": None}})
     payload, _ = ok_answers(http, body)
