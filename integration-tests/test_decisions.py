@@ -1,0 +1,195 @@
+"""`/v1/decisions` in OpenAI's shape (through the official `openai` client) and in SGLang's shape, each
+checked against an independent transformers reading of the same prompt, plus invariance across all shapes."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import httpx2
+import pytest
+from openai import BadRequestError, OpenAI
+
+TICKET = "Hi, I was charged twice for my March invoice and the refund still hasn't arrived. Please fix this today."
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+TOL = 1e-4
+
+
+def adapter_body(instructions: str, options: list[tuple[str, str | None]]) -> str:
+    """vLLM's adapter wording: every OpenAI question is a lettered choice."""
+    lines = [f"Question: {instructions}"]
+    for letter, (name, description) in zip(LETTERS, options):
+        lines.append(f"{letter}: {name}" if not description else f"{letter}: {name} - {description}")
+    lines.append("Answer with the letter of one option only.")
+    return "\n".join(lines)
+
+
+def adapter_read(reference: Any, state: str, instructions: str, options: list[tuple[str, str | None]]) -> Any:
+    prompt = reference.render([{"role": "user", "content": f"{state}\n\n{adapter_body(instructions, options)}"}])
+    return reference.read_text(prompt, list(LETTERS[: len(options)]))
+
+
+@pytest.fixture(scope="module")
+def openai_client(server_url: str) -> OpenAI:
+    return OpenAI(base_url=f"{server_url}/v1", api_key="not-checked", max_retries=0, timeout=120)
+
+
+def test_openai_client_reads_every_question_type(openai_client: OpenAI, reference: Any) -> None:
+    decision = openai_client.decisions.create(
+        model="gpt-6-luna",
+        input=TICKET,
+        questions=[
+            {"type": "predicate", "instructions": "Is the customer asking for money back?", "name": "refund"},
+            {
+                "type": "choice",
+                "instructions": "Is the statement 'the customer is angry' true?",
+                "choices": [{"value": "true", "description": "the string"}, {"value": True}, {"value": "maybe"}],
+            },
+            {"type": "score", "instructions": "How upset?", "levels": [{"label": "calm"}, {"label": "annoyed", "description": "some"}, {"label": "furious"}]},
+        ],
+    )
+    assert [a.type for a in decision.answers] == ["predicate", "choice", "score"]
+    predicate, choice, score = decision.answers
+    assert predicate.name == "refund" and choice.name is None and score.name is None
+
+    expected = adapter_read(reference, TICKET, "Is the customer asking for money back?", [("false", None), ("true", None)])
+    assert math.isclose(predicate.probability, expected.probabilities[1], abs_tol=TOL)
+
+    expected = adapter_read(reference, TICKET, "Is the statement 'the customer is angry' true?", [('"true"', "the string"), ("true", None), ('"maybe"', None)])
+    got = [p.probability for p in choice.probabilities]
+    assert [p.value for p in choice.probabilities] == ["true", True, "maybe"]
+    assert isinstance(choice.probabilities[1].value, bool) and isinstance(choice.probabilities[0].value, str)
+    assert all(math.isclose(g, e, abs_tol=TOL) for g, e in zip(got, expected.probabilities)), (got, expected.probabilities)
+    assert choice.choice == ["true", True, "maybe"][max(range(3), key=lambda i: got[i])]
+    assert math.isclose(choice.confidence, max(0.0, (3 * max(got) - 1) / 2), abs_tol=1e-9)
+
+    expected = adapter_read(reference, TICKET, "How upset?", [("calm", None), ("annoyed", "some"), ("furious", None)])
+    got = [p.probability for p in score.probabilities]
+    assert [(p.value, p.label) for p in score.probabilities] == [(0, "calm"), (1, "annoyed"), (2, "furious")]
+    assert all(math.isclose(g, e, abs_tol=TOL) for g, e in zip(got, expected.probabilities))
+    assert math.isclose(score.score, sum(i * p for i, p in enumerate(got)), abs_tol=1e-9)
+
+    usage = decision.usage
+    assert usage.input_tokens > 0 and usage.output_tokens == 0 and usage.total_tokens == usage.input_tokens
+    assert usage.input_tokens_details.cached_tokens >= 0 and usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_openai_message_input_is_joined_like_the_adapter(openai_client: OpenAI, reference: Any) -> None:
+    decision = openai_client.decisions.create(
+        model="m",
+        input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "first part"}, {"type": "input_text", "text": "second part"}]},
+            {"role": "user", "content": "another message"},
+        ],
+        questions=[{"type": "predicate", "instructions": "Is there a second message?"}],
+    )
+    expected = adapter_read(reference, "first part\nsecond part\n\nanother message", "Is there a second message?", [("false", None), ("true", None)])
+    assert math.isclose(decision.answers[0].probability, expected.probabilities[1], abs_tol=TOL)
+
+
+def test_openai_errors_have_openai_shape(openai_client: OpenAI, http: httpx2.Client) -> None:
+    with pytest.raises(BadRequestError) as raised:
+        openai_client.decisions.create(model="m", input="x", questions=[{"type": "choice", "instructions": "i", "choices": [{"value": "a"}]}])
+    body = raised.value.body
+    assert isinstance(body, dict) and body.get("param") == "questions.0.choices", body
+    r = http.post("/v1/decisions", json={"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "i"}], "bogus": 1})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["param"] == "bogus"
+    assert r.headers.get("x-typesafe-request-id")
+
+
+def sglang_body(state: Any, question: dict[str, Any]) -> str:
+    """SGLang's wording (prompt_format_version 1), written independently of the server."""
+    lines: list[str] = []
+    if question["type"] == "yes_no":
+        lines.append(f"Is the following true? {question['question']}" if question.get("question") else "Is the following true?")
+        for side in ("yes", "no"):
+            if question.get(side):
+                lines.append(f"{side}: {question[side]}")
+        lines.append("Answer with yes or no only.")
+    else:
+        if question.get("question"):
+            lines.append(f"Question: {question['question']}")
+        if question["type"] == "choice":
+            for letter, option in zip(LETTERS, question["options"]):
+                d = option.get("description")
+                lines.append(f"{letter}: {option['name']} - {d}" if d else f"{letter}: {option['name']}")
+            lines.append("Answer with the letter of one option only.")
+        else:
+            for i, level in enumerate(question["levels"]):
+                lines.append(f"{i}: {level}")
+            lines.append("Answer with the number of one level only.")
+    state_text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, separators=(",", ":"))
+    return f"{state_text}\n\n" + "\n".join(lines)
+
+
+def test_sglang_shape_with_temperature_and_token_ids(http: httpx2.Client, reference: Any) -> None:
+    state = {"ticket": TICKET, "days": 12}
+    questions = [
+        {"id": "urgent", "type": "yes_no", "question": "Does this need a reply within the hour?", "no": "nothing is at stake"},
+        {"id": "team", "type": "choice", "question": "Which team?", "options": [{"name": "billing", "description": "payments"}, {"name": "tech"}]},
+        {"id": "tone", "type": "score", "question": "How upset?", "levels": ["calm", "annoyed", "furious"]},
+    ]
+    temperature = 2.0
+    r = http.post("/v1/decisions", json={"input": state, "questions": questions, "temperature": temperature, "return_prompt_token_ids": True, "prompt_format_version": 1})
+    assert r.status_code == 200, r.text
+    payload = r.json()
+    assert payload["object"] == "decisions" and payload["prompt_format_version"] == 1
+    assert payload["usage"]["completion_tokens"] == 0
+    total_prompt = 0
+    for question in questions:
+        answer = payload["answers"][question["id"]]
+        labels = {"yes_no": ["yes", "no"], "choice": ["A", "B"], "score": ["0", "1", "2"]}[question["type"]]
+        prompt = reference.render([{"role": "user", "content": sglang_body(state, question)}])
+        expected = reference.read_text(prompt, labels)
+        assert answer["prompt_token_ids"] == reference.encode(prompt)
+        total_prompt += len(answer["prompt_token_ids"])
+        assert math.isclose(answer["label_mass"], expected.label_mass, abs_tol=TOL)
+        # softmax(lp / T) from the T = 1 reading: lp_k = log(p_k · mass).
+        scaled = [math.log(p * expected.label_mass) / temperature for p in expected.probabilities]
+        z = max(scaled)
+        weights = [math.exp(s - z) for s in scaled]
+        tempered = [w / sum(weights) for w in weights]
+        got = list(answer["probabilities"].values())
+        assert all(math.isclose(g, e, abs_tol=TOL) for g, e in zip(got, tempered)), (question["id"], got, tempered)
+        assert len(answer["label_token_ids"]) == len(labels)
+    assert payload["usage"]["prompt_tokens"] == total_prompt
+
+
+def test_sglang_refusals(http: httpx2.Client) -> None:
+    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": 2, "questions": [{"id": "a", "type": "yes_no"}]})
+    assert r.status_code == 400 and r.json()["object"] == "error" and r.json()["param"] == "prompt_format_version"
+    mixed = http.post("/v1/decisions", json={"input": "x", "questions": [{"id": "a", "type": "predicate", "instructions": "i"}]})
+    assert mixed.status_code == 400 and "mixes" in mixed.text
+
+
+def probabilities(answer: dict[str, Any]) -> list[float]:
+    p = answer.get("probabilities")
+    if isinstance(p, dict):
+        return list(p.values())
+    if isinstance(p, list):
+        return [x["probability"] for x in p]
+    return [answer.get("noul", answer.get("probability"))]
+
+
+def test_invariance_across_all_shapes(http: httpx2.Client) -> None:
+    """The same question under another id, at another position, and beside other questions reads the same."""
+    target_s1 = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "payments", "tech": None}}
+    other_s1 = {"type": "noul", "instructions": "Is it urgent?"}
+    alone = http.post("/v1/systemone", json={"state": TICKET, "questions": {"a": target_s1}}).json()["answers"]["a"]
+    crowd = http.post("/v1/systemone", json={"state": TICKET, "questions": {"x": other_s1, "y": other_s1, "renamed": target_s1}}).json()["answers"]["renamed"]
+    assert all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(probabilities(alone), probabilities(crowd)))
+
+    target_oa = {"type": "predicate", "instructions": "Is the customer asking for money back?", "name": "a"}
+    other_oa = {"type": "score", "instructions": "How upset?", "levels": [{"label": "calm"}, {"label": "angry"}]}
+    alone = http.post("/v1/decisions", json={"model": "m", "input": TICKET, "questions": [target_oa]}).json()["answers"][0]
+    crowd = http.post("/v1/decisions", json={"model": "m", "input": TICKET, "questions": [other_oa, other_oa, dict(target_oa, name="b")]}).json()["answers"][2]
+    assert math.isclose(alone["probability"], crowd["probability"], abs_tol=1e-5)
+
+    target_sg = {"id": "a", "type": "yes_no", "question": "Is the customer asking for money back?"}
+    other_sg = {"id": "o", "type": "score", "question": "How upset?", "levels": ["calm", "angry"]}
+    alone = http.post("/v1/decisions", json={"input": TICKET, "questions": [target_sg]}).json()["answers"]["a"]
+    crowd = http.post("/v1/decisions", json={"input": TICKET, "questions": [other_sg, dict(target_sg, id="zz")]}).json()["answers"]["zz"]
+    assert all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(probabilities(alone), probabilities(crowd)))
