@@ -1,0 +1,170 @@
+"""`decision-bench`: seeded closed-loop load on /v1/systemone, one server or two in interleaved A/B rounds.
+
+The JSON report goes to stdout (and --json FILE); progress goes to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from decision_bench import __version__, metrics
+from decision_bench.report import ratios, server_summary
+from decision_bench.runner import RoundResult, fetch_metrics, run_round
+from decision_bench.tokens import make_counter
+from decision_bench.workload import KINDS, Workload, WorkloadSpec
+
+WARMUP_TIME_LIMIT_S = 600.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="decision-bench",
+        description="Closed-loop benchmark of /v1/systemone. With --url-b, A and B alternate in rounds (A,B,A,B,…) "
+        "on the same seeded requests so machine noise hits both.",
+    )
+    parser.add_argument("--url", required=True, help="Server A, e.g. http://127.0.0.1:3000")
+    parser.add_argument("--url-b", help="Server B: run A/B rounds and report B/A ratios")
+    parser.add_argument("--state-tokens", type=int, default=512, help="Tokens per state, about (default 512)")
+    parser.add_argument("--questions", type=int, default=8, help="Questions per request (default 8)")
+    parser.add_argument("--options", type=int, default=4, help="Options per choice question (default 4)")
+    parser.add_argument("--levels", type=int, default=5, help="Levels per score question (default 5)")
+    parser.add_argument(
+        "--mix", default=",".join(KINDS), help="Question kinds, cycled in order: question i is mix[i mod len] (default choice,noul,score)"
+    )
+    parser.add_argument("--concurrency", type=int, default=1, help="Requests in flight per server (default 1)")
+    parser.add_argument("--duration", type=float, default=30.0, help="Measured seconds per server, split over rounds (default 30)")
+    parser.add_argument("--requests", type=int, help="At most this many measured requests per server, split over rounds")
+    parser.add_argument("--rounds", type=int, help="Rounds per server (default 1, or 10 with --url-b)")
+    parser.add_argument("--warmup", type=int, default=2, help="Unmeasured requests per server before the rounds (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="Workload seed (default 0)")
+    parser.add_argument(
+        "--repeat-state-fraction",
+        type=float,
+        default=0.0,
+        help="Share of requests whose state is one of --hot-states repeated states (prefix-cache hits); default 0",
+    )
+    parser.add_argument("--hot-states", type=int, default=8, help="How many distinct repeated states (default 8)")
+    parser.add_argument("--tokenizer", help="Model folder with tokenizer.json (and chat template) for exact token counts")
+    parser.add_argument("--model", help="`model` field to send (default: none)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="Per-request timeout in seconds (default 300)")
+    parser.add_argument("--label", help="Free text stored in the report (e.g. what A and B are)")
+    parser.add_argument("--json", dest="json_out", help="Also write the report to this file")
+    parser.add_argument("--version", action="version", version=f"decision-bench {__version__}")
+    args = parser.parse_args(argv)
+    for name in ("concurrency", "duration", "questions", "state_tokens"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.requests is not None and args.requests <= 0:
+        parser.error("--requests must be > 0")
+    if args.rounds is not None and args.rounds <= 0:
+        parser.error("--rounds must be > 0")
+    if args.warmup < 0:
+        parser.error("--warmup must be ≥ 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        spec = WorkloadSpec(
+            state_tokens=args.state_tokens,
+            questions=args.questions,
+            options=args.options,
+            seed=args.seed,
+            mix=tuple(kind.strip() for kind in args.mix.split(",") if kind.strip()),
+            levels=args.levels,
+            repeat_state_fraction=args.repeat_state_fraction,
+            hot_states=args.hot_states,
+            model=args.model,
+        )
+        counter = make_counter(args.tokenizer)
+    except (ValueError, FileNotFoundError, ImportError) as error:
+        print(f"decision-bench: {error}", file=sys.stderr)
+        return 2
+    workload = Workload(spec, counter)
+
+    servers = {"A": args.url} | ({"B": args.url_b} if args.url_b else {})
+    rounds = args.rounds or (10 if args.url_b else 1)
+    round_seconds = args.duration / rounds
+    round_cap = math.ceil(args.requests / rounds) if args.requests else None
+
+    for name, url in servers.items():
+        if args.warmup:
+            warm = run_round(
+                url, workload, concurrency=args.concurrency, seconds=WARMUP_TIME_LIMIT_S, max_requests=args.warmup,
+                first_index=0, stream="warmup", timeout=args.timeout,
+            )
+            statuses = sorted({outcome.status for outcome in warm.outcomes})
+            _log(f"warmup {name}: {len(warm.outcomes)} requests in {warm.wall_seconds:.1f}s, statuses {statuses}")
+
+    before = {name: fetch_metrics(url) for name, url in servers.items()}
+    results: dict[str, list[RoundResult]] = {name: [] for name in servers}
+    next_index = dict.fromkeys(servers, 0)
+    started = time.time()
+    for number in range(rounds):
+        for name, url in servers.items():
+            result = run_round(
+                url, workload, concurrency=args.concurrency, seconds=round_seconds, max_requests=round_cap,
+                first_index=next_index[name], timeout=args.timeout,
+            )
+            next_index[name] += len(result.outcomes)
+            results[name].append(result)
+            ok = len(result.ok)
+            _log(
+                f"round {number + 1}/{rounds} {name}: {ok}/{len(result.outcomes)} ok in {result.wall_seconds:.1f}s, "
+                f"{ok * spec.questions / result.wall_seconds:.2f} questions/s"
+            )
+    after = {name: fetch_metrics(url) for name, url in servers.items()}
+
+    report: dict[str, Any] = {
+        "tool": f"decision-bench {__version__}",
+        "label": args.label,
+        "started_unix": round(started, 3),
+        "command": "decision-bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "workload": {
+            "state_tokens": spec.state_tokens,
+            "questions": spec.questions,
+            "options": spec.options,
+            "levels": spec.levels,
+            "mix": list(spec.mix),
+            "concurrency": args.concurrency,
+            "duration_s": args.duration,
+            "requests": args.requests,
+            "rounds": rounds,
+            "warmup": args.warmup,
+            "seed": spec.seed,
+            "repeat_state_fraction": spec.repeat_state_fraction,
+            "token_counts": counter.source,
+        },
+        "servers": {},
+    }
+    for name, url in servers.items():
+        summary = server_summary(url, results[name], spec.questions, counter.source)
+        text_before, text_after = before[name], after[name]
+        if text_before is not None and text_after is not None:
+            summary["server_metrics"] = metrics.summarize(
+                metrics.delta(metrics.parse(text_before), metrics.parse(text_after)), summary["seconds"]
+            )
+        report["servers"][name] = summary
+    if "B" in report["servers"]:
+        report["ratios_b_over_a"] = ratios(report["servers"]["A"], report["servers"]["B"])
+
+    text = json.dumps(report, indent=2, ensure_ascii=False)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(text + "\n")
+    return 0
+
+
+def _log(message: str) -> None:
+    print(f"decision-bench: {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

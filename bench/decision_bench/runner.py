@@ -1,0 +1,180 @@
+"""Closed-loop load: C workers, each sending its next request as soon as its previous one is answered.
+
+A round stops by itself: no request starts after its deadline or past its count; requests in flight are awaited."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+from decision_bench.workload import Request, Workload
+
+SYSTEMONE_PATH = "/v1/systemone"
+
+
+@dataclass
+class Outcome:
+    index: int
+    status: str  # HTTP status as text, or an error class ("connection_error", "incomplete_answers", …)
+    seconds: float
+    input_tokens: int | None = None
+    cached_tokens: int | None = None
+    state_tokens: int = 0
+    naive_prompt_tokens: int = 0
+
+
+@dataclass
+class RoundResult:
+    wall_seconds: float
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[Outcome]:
+        return [outcome for outcome in self.outcomes if outcome.status == "200"]
+
+
+class Endpoint:
+    """One keep-alive HTTP connection to a server (one per worker: http.client is not thread-safe)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"--url must look like http://HOST:PORT, got {url!r}")
+        self._scheme = parsed.scheme
+        self._host = parsed.hostname
+        self._port = parsed.port
+        self._base = parsed.path.rstrip("/")
+        self._timeout = timeout
+        self._connection: http.client.HTTPConnection | None = None
+
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._connection is None:
+            factory = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+            self._connection = factory(self._host, self._port, timeout=self._timeout)
+        return self._connection
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        headers = {"content-type": "application/json"} if body is not None else {}
+        for attempt in (0, 1):
+            connection = self._connect()
+            try:
+                connection.request(method, self._base + path, body=body, headers=headers)
+                response = connection.getresponse()
+                return response.status, response.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                # A keep-alive connection the server closed while idle: reconnect once, then give up.
+                self.close()
+                if attempt == 1:
+                    raise
+            except Exception:
+                self.close()
+                raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+def send(endpoint: Endpoint, request: Request, questions: int) -> Outcome:
+    started = time.perf_counter()
+    try:
+        status, payload = endpoint.request("POST", SYSTEMONE_PATH, request.body)
+    except TimeoutError:
+        return Outcome(request.index, "timeout", time.perf_counter() - started)
+    except OSError:
+        return Outcome(request.index, "connection_error", time.perf_counter() - started)
+    except http.client.HTTPException:
+        return Outcome(request.index, "http_error", time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    outcome = Outcome(
+        request.index,
+        str(status),
+        seconds,
+        state_tokens=request.state_tokens,
+        naive_prompt_tokens=request.naive_prompt_tokens,
+    )
+    if status == 200:
+        try:
+            answer = json.loads(payload)
+        except ValueError:
+            outcome.status = "invalid_json"
+            return outcome
+        if len(answer.get("answers") or {}) != questions:
+            outcome.status = "incomplete_answers"
+            return outcome
+        usage = answer.get("usage") or {}
+        if isinstance(usage.get("input_tokens"), int):
+            outcome.input_tokens = usage["input_tokens"]
+        cached = answer.get("x_cached_tokens")
+        if isinstance(cached, int):
+            outcome.cached_tokens = cached
+    return outcome
+
+
+def run_round(
+    url: str,
+    workload: Workload,
+    *,
+    concurrency: int,
+    seconds: float,
+    max_requests: int | None,
+    first_index: int,
+    stream: str = "run",
+    timeout: float = 300.0,
+) -> RoundResult:
+    """Send requests first_index, first_index+1, … of `stream` with `concurrency` workers until the time or count runs out."""
+    lock = threading.Lock()
+    next_index = first_index
+    outcomes: list[Outcome] = []
+    started = time.perf_counter()
+    deadline = started + seconds
+    last_done = started
+
+    def claim() -> int | None:
+        nonlocal next_index
+        with lock:
+            if time.perf_counter() >= deadline:
+                return None
+            if max_requests is not None and next_index - first_index >= max_requests:
+                return None
+            index = next_index
+            next_index += 1
+            return index
+
+    def worker() -> None:
+        nonlocal last_done
+        endpoint = Endpoint(url, timeout)
+        try:
+            while (index := claim()) is not None:
+                outcome = send(endpoint, workload.request(index, stream), workload.spec.questions)
+                with lock:
+                    outcomes.append(outcome)
+                    last_done = time.perf_counter()
+        finally:
+            endpoint.close()
+
+    threads = [threading.Thread(target=worker, name=f"bench-worker-{i}", daemon=True) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    outcomes.sort(key=lambda outcome: outcome.index)
+    # Throughput is over the time the round was actually busy: from start to the last answer, in-flight tail included.
+    return RoundResult(wall_seconds=max(last_done - started, 1e-9), outcomes=outcomes)
+
+
+def fetch_metrics(url: str, timeout: float = 10.0) -> str | None:
+    endpoint = Endpoint(url, timeout)
+    try:
+        status, payload = endpoint.request("GET", "/metrics")
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        endpoint.close()
+    return payload.decode(errors="replace") if status == 200 else None

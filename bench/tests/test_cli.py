@@ -1,0 +1,135 @@
+"""The whole tool against an in-process stand-in server: rounds, A/B ratios, errors, tokens, metrics. No model needed."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from decision_bench.cli import main
+
+
+class StandIn(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, fail_every: int = 0) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.fail_every = fail_every
+        self.seen = 0
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: StandIn
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            seen = self.server.seen
+        self._reply(200, f"decision_batch_reads_sum {seen * 8}\ndecision_batch_reads_count {seen}\n".encode(), "text/plain")
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        with self.server.lock:
+            self.server.seen += 1
+            seen = self.server.seen
+        if self.server.fail_every and seen % self.server.fail_every == 0:
+            self._reply(429, b'{"detail":{"error_type":"overloaded","message":"busy"}}')
+            return
+        answers = {qid: {"type": "noul", "noul": 0.5} for qid in body["questions"]}
+        usage = {"input_tokens": len(body["state"]) // 4, "output_tokens": 0}
+        self._reply(200, json.dumps({"model": "m", "answers": answers, "usage": usage, "x_cached_tokens": 0}).encode())
+
+    def _reply(self, status: int, payload: bytes, kind: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("content-type", kind)
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+def serve(fail_every: int = 0) -> Iterator[StandIn]:
+    server = StandIn(fail_every)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def server_a() -> Iterator[StandIn]:
+    yield from serve()
+
+
+@pytest.fixture
+def server_b() -> Iterator[StandIn]:
+    yield from serve(fail_every=5)
+
+
+def test_single_server_report(server_a: StandIn, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "report.json"
+    code = main(
+        ["--url", server_a.url, "--state-tokens", "64", "--questions", "3", "--concurrency", "2",
+         "--duration", "5", "--requests", "12", "--warmup", "1", "--json", str(out)]
+    )
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == report
+    a = report["servers"]["A"]
+    assert a["requests_total"] == 12
+    assert a["requests_ok"] == 12
+    assert a["errors_by_status"] == {}
+    assert a["questions_per_s"] == pytest.approx(a["requests_per_s"] * 3, rel=1e-3)
+    assert a["latency_ms"]["p50"] > 0
+    assert a["tokens"]["server_reported_requests"] == 12
+    assert a["tokens"]["server_input_tokens"] > 0
+    assert a["tokens"]["estimated_per_question_prompt_tokens"] > a["tokens"]["server_input_tokens"]
+    assert a["server_metrics"]["batches"] == 12
+    assert a["server_metrics"]["mean_reads_per_batch"] == 8.0
+    assert server_a.seen == 13  # 12 measured + 1 warmup
+    assert "ratios_b_over_a" not in report
+
+
+def test_ab_rounds_alternate_and_count_errors(server_a: StandIn, server_b: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["--url", server_a.url, "--url-b", server_b.url, "--state-tokens", "32", "--questions", "2",
+         "--duration", "4", "--requests", "20", "--rounds", "4", "--warmup", "0"]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    a, b = report["servers"]["A"], report["servers"]["B"]
+    assert len(a["rounds"]) == len(b["rounds"]) == 4
+    assert a["requests_total"] == b["requests_total"] == 20
+    assert b["errors_by_status"] == {"429": 4}
+    assert b["requests_ok"] == 16
+    assert set(report["ratios_b_over_a"]) >= {"median_round_questions_per_s", "latency_p50"}
+
+
+def test_unreachable_server_is_counted_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    with StandIn() as closed:
+        url = closed.url
+    code = main(["--url", url, "--state-tokens", "16", "--questions", "1", "--duration", "1", "--requests", "3", "--warmup", "0"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["servers"]["A"]["errors_by_status"] == {"connection_error": 3}
+    assert report["servers"]["A"]["latency_ms"]["p50"] is None
+
+
+def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", "http://127.0.0.1:1", "--mix", "choice,poll"]) == 2
+    with pytest.raises(SystemExit):
+        main(["--url", "http://127.0.0.1:1", "--concurrency", "0"])
