@@ -128,7 +128,7 @@ def test_sdk_zstd_compressed_body_is_accepted(server_url: str, wire_answer: dict
 
 def test_sdk_compressed_large_state(server_url: str, zstd_available: None) -> None:
     recorder = Recorder()
-    state = {"messages": [{"from": "customer", "text": f"Message {i}: the refund for order #4471 has not arrived."} for i in range(60)]}
+    state = {"messages": [{"from": "customer", "text": f"Message {i}: the refund for order #4471 has not arrived."} for i in range(25)]}
     with sdk_client(server_url, recorder, compression="zstd") as client:
         result = client.system_one(state=state, questions=QUESTIONS)
     assert recorder.requests[-1].headers.get("content-encoding") == "zstd"
