@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefix-cache-mb",
         type=int,
         default=0,
-        help="Memory for a prefix KV cache across batches (not implemented yet: accepted, logged, unused).",
+        help="MiB of keys/values kept for recently read prompt prefixes (tree mode; 0 disables). A repeated "
+        "chat head + state then costs only the new tokens; reads with different cache salts never share.",
     )
 
     export_default = commands.add_parser(

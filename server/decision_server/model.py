@@ -4,6 +4,7 @@ Everything model-specific that the read strategies and the gRPC service touch go
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,13 @@ DTYPES: dict[str, torch.dtype] = {
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def _attention_layer_kv(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+        raise RuntimeError(f"cache layer {type(layer).__name__} holds no per-token keys/values")
+    return keys, values
 
 
 def pick_device() -> torch.device:
@@ -103,6 +111,66 @@ class LoadedModel:
             )
             logits: torch.Tensor = output.logits[0].float()
             return logits
+
+    def forward_with_cache(
+        self,
+        token_ids: list[int],
+        keep: list[int],
+        position_ids: list[int],
+        attention_mask: torch.Tensor | None,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Like `next_token_logits`, continuing from `past` keys/values, and returning the new tokens' ones.
+
+        `past` and the returned keys/values are (layers, kv_heads, tokens, head_dim); the mask, when given, covers
+        past + new keys, shape (1, 1, new, past + new).
+        """
+        from transformers import DynamicCache
+
+        device = self.device
+        cache = DynamicCache()
+        past_length = 0
+        if past is not None:
+            past_keys, past_values = past
+            past_length = past_keys.shape[2]
+            for layer in range(past_keys.shape[0]):
+                cache.update(past_keys[layer].unsqueeze(0), past_values[layer].unsqueeze(0), layer)
+        # transformers 5 renamed `past_key_values` to `cache`; the old name warns and goes away in 5.40.
+        parameters = inspect.signature(self.module.forward).parameters
+        cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        with torch.inference_mode():
+            output = self.module(
+                input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
+                position_ids=torch.tensor([position_ids], dtype=torch.long, device=device),
+                attention_mask=attention_mask,
+                use_cache=True,
+                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
+                **{cache_argument: cache},
+            )
+            # The cache object is filled in place, whatever the output field is called in this version.
+            layers = [_attention_layer_kv(layer) for layer in cache.layers]
+            keys = torch.stack([layer_keys[0, :, past_length:] for layer_keys, _ in layers])
+            values = torch.stack([layer_values[0, :, past_length:] for _, layer_values in layers])
+            logits: torch.Tensor = output.logits[0].float()
+        return logits, keys, values
+
+    def supports_prefix_cache(self) -> str | None:
+        """None when cached keys/values can be reused as-is, else the reason they cannot."""
+        if self.sliding_window() is not None:
+            return "sliding-window layers keep only part of the keys; cached prefixes would be wrong"
+        if self.attn_implementation not in ("sdpa", "eager"):
+            return f"tree reads with a cache need sdpa or eager attention, not {self.attn_implementation}"
+        layer_types = getattr(self.module.config.get_text_config(), "layer_types", None) or []
+        others = sorted(set(layer_types) - {"full_attention"})
+        if others:
+            # Linear-attention / recurrent layers carry a state, not per-token keys a tree can branch from.
+            return f"layers of type {', '.join(others)} have no per-token keys/values to reuse"
+        return None
+
+    def synchronize(self) -> None:
+        """Waits for queued device work, so wall-clock timings of a forward pass are real on CUDA."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def tree_attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """Turns a (T, T) boolean "query may attend key" matrix into the 4D mask this model's attention expects.

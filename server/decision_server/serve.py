@@ -69,18 +69,13 @@ def warm_up(model: LoadedModel) -> None:
 
 
 async def serve(config: ServeConfig) -> None:
-    if config.prefix_cache_mb:
-        logger.warning(
-            "prefix cache is not implemented yet; every read computes its whole prompt",
-            extra={"fields": {"prefix_cache_mb": config.prefix_cache_mb}},
-        )
     model = load_model(
         config.model_dir,
         dtype=config.dtype,
         threads=config.threads,
         needs_custom_mask=config.read_mode == "tree",
     )
-    strategy = make_read_strategy(config.read_mode, model)
+    strategy = make_read_strategy(config.read_mode, model, config.prefix_cache_mb)
     await asyncio.to_thread(warm_up, model)
 
     stop = asyncio.Event()
@@ -114,6 +109,7 @@ async def serve(config: ServeConfig) -> None:
                     "dtype": dtype_name(model.dtype),
                     "device": model.device_name,
                     "read_mode": strategy.name,
+                    "prefix_cache_mb": config.prefix_cache_mb,
                     "pid": os.getpid(),
                 }
             },

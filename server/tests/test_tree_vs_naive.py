@@ -137,11 +137,11 @@ def test_prompt_that_extends_another_reads_label_branch(tiny_qwen3: LoadedModel)
     assert tree.outcomes[0].label_logprobs[0] == pytest.approx(both + tree.outcomes[1].label_logprobs[0], abs=1e-5)
 
 
-@pytest.mark.parametrize("budget", [{"max_packed_tokens": 60}, {"max_logit_rows": 3}])
-def test_split_batches_equal_one_pass(tiny_qwen3: LoadedModel, budget: dict[str, int]) -> None:
+@pytest.mark.parametrize(("max_tokens", "max_rows"), [(60, 512), (4096, 3)])
+def test_split_batches_equal_one_pass(tiny_qwen3: LoadedModel, max_tokens: int, max_rows: int) -> None:
     reads = decision_batch(tiny_qwen3.path)
     whole = TreeReads(tiny_qwen3).run(reads)
-    split = TreeReads(tiny_qwen3, **budget).run(reads)
+    split = TreeReads(tiny_qwen3, max_packed_tokens=max_tokens, max_logit_rows=max_rows).run(reads)
     assert split.forward_passes > 1
     assert_same_reads(split, whole, tolerance=1e-5)
     # A prefix recomputed in another pass is counted again: honest about work done.

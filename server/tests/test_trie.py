@@ -59,7 +59,7 @@ def test_missing_nodes_predicts_insertion() -> None:
         read = ReadSpec(id=i, prompt=tuple(shared + tail) or (1,), labels=labels, cache_salt="s" if i % 5 else "t")
         predicted = trie.missing_nodes(read)
         before = len(trie)
-        _place(trie, read)
+        _place(trie, read, None)
         assert len(trie) - before == predicted
     # Parents always precede children: the packed order is a valid causal order.
     assert all(parent < node for node, parent in enumerate(trie.parents))

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import logging
+
 from decision_server.model import LoadedModel
+from decision_server.prefix_cache import PrefixCache
 from decision_server.reads.base import ReadStrategy, validate_read
 from decision_server.reads.naive import NaiveReads
 from decision_server.reads.tree import TreeReads
@@ -12,10 +15,28 @@ from decision_server.reads.types import BatchOutcome, InvalidReadError, ReadOutc
 READ_MODES: dict[str, type[ReadStrategy]] = {"tree": TreeReads, "naive": NaiveReads}
 
 
-def make_read_strategy(mode: str, model: LoadedModel) -> ReadStrategy:
+logger = logging.getLogger(__name__)
+
+
+def make_read_strategy(mode: str, model: LoadedModel, prefix_cache_mb: int = 0) -> ReadStrategy:
+    """The strategy for --read-mode `mode`; a prefix cache of `prefix_cache_mb` MiB when tree reads can use one."""
     if mode not in READ_MODES:
         raise ValueError(f"unknown read mode {mode!r}; choose {', '.join(READ_MODES)}")
-    return READ_MODES[mode](model)
+    if prefix_cache_mb < 0:
+        raise ValueError(f"--prefix-cache-mb must be 0 or more, got {prefix_cache_mb}")
+    if mode == "naive":
+        if prefix_cache_mb:
+            # The naive mode is the reference every other path is checked against: it never reuses anything.
+            logger.warning("prefix cache ignored in naive read mode", extra={"fields": {"mb": prefix_cache_mb}})
+        return NaiveReads(model)
+    cache = None
+    if prefix_cache_mb:
+        reason = model.supports_prefix_cache()
+        if reason is None:
+            cache = PrefixCache(prefix_cache_mb * 1024 * 1024)
+        else:
+            logger.warning("prefix cache disabled", extra={"fields": {"reason": reason, "mb": prefix_cache_mb}})
+    return TreeReads(model, prefix_cache=cache)
 
 
 __all__ = [

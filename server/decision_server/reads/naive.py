@@ -47,6 +47,7 @@ class NaiveReads(ReadStrategy):
     def _prefill(self, tokens: list[int], keep: list[int], batch: BatchOutcome) -> torch.Tensor:
         started = time.perf_counter()
         logits = self.model.next_token_logits(tokens, keep)
+        self.model.synchronize()
         batch.forward_seconds += time.perf_counter() - started
         batch.forward_passes += 1
         batch.packed_tokens += len(tokens)

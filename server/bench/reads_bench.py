@@ -1,0 +1,78 @@
+"""Forward-time benchmark of the read strategies: N reads sharing one long prompt head, tree vs naive.
+Run: python server/bench/reads_bench.py MODEL_DIR [--head 512] [--reads 8] [--runs 5] [--threads 2]"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from decision_server.model import load_model
+from decision_server.reads import NaiveReads, ReadSpec, TreeReads
+
+
+def make_reads(vocab: int, head: int, reads: int, tail: int, seed: int) -> list[ReadSpec]:
+    generator = torch.Generator().manual_seed(seed)
+    shared = torch.randint(0, vocab, (head,), generator=generator).tolist()
+    labels = tuple((int(token),) for token in torch.randint(0, vocab, (4,), generator=generator))
+    return [
+        ReadSpec(
+            id=index,
+            prompt=tuple(shared + torch.randint(0, vocab, (tail,), generator=generator).tolist()),
+            labels=labels,
+        )
+        for index in range(reads)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("--head", type=int, default=512, help="shared prompt tokens")
+    parser.add_argument("--tail", type=int, default=24, help="per-read question tokens")
+    parser.add_argument("--reads", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args()
+
+    model = load_model(args.model_dir, dtype=args.dtype, threads=args.threads)
+    reads = make_reads(model.token_limit, args.head, args.reads, args.tail, seed=0)
+    unique = args.head + args.reads * args.tail
+    print(
+        f"{args.reads} reads, {args.head}-token shared head + {args.tail}-token tails ({unique} unique tokens), "
+        f"{torch.get_num_threads()} threads, {model.device_name}, {args.dtype}"
+    )
+    results = {}
+    for strategy in (TreeReads(model), NaiveReads(model)):
+        strategy.run(reads[:1])  # warm-up
+        seconds = []
+        for _ in range(args.runs):
+            started = time.perf_counter()
+            batch = strategy.run(reads)
+            wall = time.perf_counter() - started
+            seconds.append(batch.forward_seconds)
+        results[strategy.name] = batch
+        print(
+            f"{strategy.name:>5}: forward median {statistics.median(seconds) * 1e3:8.1f} ms "
+            f"(min {min(seconds) * 1e3:.1f}, max {max(seconds) * 1e3:.1f}; last wall {wall * 1e3:.1f} ms), "
+            f"{batch.forward_passes} pass(es), {batch.packed_tokens} tokens fed"
+        )
+    single = TreeReads(model)
+    seconds = []
+    for _ in range(args.runs):
+        seconds.append(single.run([ReadSpec(id=0, prompt=tuple(range(unique)), labels=((1,),))]).forward_seconds)
+    print(f"bound: one plain prefill over {unique} tokens: median {statistics.median(seconds) * 1e3:.1f} ms")
+    worst = max(
+        abs(a - b)
+        for x, y in zip(results["tree"].outcomes, results["naive"].outcomes, strict=True)
+        for a, b in zip(x.label_logprobs, y.label_logprobs, strict=True)
+    )
+    print(f"max |tree - naive| label logprob: {worst:.2e}")
+
+
+if __name__ == "__main__":
+    main()
