@@ -87,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
+        # Checked before importing torch (seconds), so a wrong path fails at once with a clear message.
+        if not (args.model_dir / "config.json").is_file():
+            raise FileNotFoundError(f"{args.model_dir} is not a Hugging Face model folder (no config.json)")
         from decision_server.serve import ServeConfig, serve
 
         config = ServeConfig(

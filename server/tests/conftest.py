@@ -85,9 +85,18 @@ def reference_logprobs(reference: Any, tokens: list[int], all_logits: bool = Fal
     return torch.log_softmax(output.logits[0, -1].float(), dim=-1)
 
 
+_chains: dict[tuple[int, tuple[int, ...], tuple[int, ...]], float] = {}
+
+
 def reference_sequence_logprob(reference: Any, prompt: list[int], label: list[int]) -> float:
-    """log P(label | prompt) as the chain of conditionals, one plain prefill per label prefix."""
-    return sum(float(reference_logprobs(reference, prompt + label[:step])[token]) for step, token in enumerate(label))
+    """log P(label | prompt) as the chain of conditionals, one plain prefill per label prefix (memoised:
+    several tests score the same labels, and each chain costs a prefill per token)."""
+    key = (id(reference), tuple(prompt), tuple(label))
+    if key not in _chains:
+        _chains[key] = sum(
+            float(reference_logprobs(reference, prompt + label[:step])[token]) for step, token in enumerate(label)
+        )
+    return _chains[key]
 
 
 class InProcessShard:
@@ -140,6 +149,23 @@ def running_shard(
         finally:
             channel.close()
             shard.stop()
+
+
+@pytest.fixture(scope="session")
+def naive_outcomes() -> Callable[[LoadedModel, list[Any]], Any]:
+    """Naive reads of a batch, computed once per (model, batch) for the whole session: the reference is the
+    slowest thing the suite runs, and several tests compare against the same batch."""
+    from decision_server.reads import NaiveReads
+
+    memo: dict[tuple[int, tuple[Any, ...]], Any] = {}
+
+    def outcomes(model: LoadedModel, reads: list[Any]) -> Any:
+        key = (id(model), tuple(reads))
+        if key not in memo:
+            memo[key] = NaiveReads(model).run(reads)
+        return memo[key]
+
+    return outcomes
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ def test_serve_fails_loudly_on_a_missing_model() -> None:
     last = json.loads(finished.stderr.strip().splitlines()[-1])
     assert last["level"] == "ERROR"
     assert last["message"].startswith("serve failed:")
-    assert "no-such-model" in last["message"]
+    assert "no-such-model is not a Hugging Face model folder (no config.json)" in last["message"]
 
 
 def test_export_default_command_is_idempotent(smollm2_dir: Path) -> None:

@@ -85,7 +85,7 @@ def test_insert_after_eviction_of_the_prefix_stores_nothing() -> None:
 
 
 @pytest.mark.parametrize("name", ["smollm2", "tiny_qwen3"])
-def test_cached_reads_equal_naive_reads(request: pytest.FixtureRequest, name: str) -> None:
+def test_cached_reads_equal_naive_reads(request: pytest.FixtureRequest, naive_outcomes: Any, name: str) -> None:
     model = request.getfixturevalue(name)
     reads = decision_batch(model.path)
     strategy = TreeReads(model, prefix_cache=PrefixCache(64 << 20))
@@ -94,7 +94,7 @@ def test_cached_reads_equal_naive_reads(request: pytest.FixtureRequest, name: st
     assert [o.tokens_computed for o in cold.outcomes] == [
         o.tokens_computed for o in TreeReads(model).run(reads).outcomes
     ]
-    naive = NaiveReads(model).run(reads)
+    naive = naive_outcomes(model, reads)
     assert_same_reads(cold, naive)
 
     warm = strategy.run(reads)
@@ -137,13 +137,13 @@ def test_salted_reads_never_hit_each_others_cache(tiny_qwen3: LoadedModel) -> No
     assert same.label_logprobs == pytest.approx(other.label_logprobs, abs=1e-5)
 
 
-def test_a_tight_budget_evicts_and_stays_exact(tiny_qwen3: LoadedModel) -> None:
+def test_a_tight_budget_evicts_and_stays_exact(tiny_qwen3: LoadedModel, naive_outcomes: Any) -> None:
     config = tiny_qwen3.module.config
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
     reads = decision_batch(tiny_qwen3.path)
     cache = PrefixCache(per_token * 80)  # room for about one prompt
     strategy = TreeReads(tiny_qwen3, prefix_cache=cache)
-    naive = NaiveReads(tiny_qwen3).run(reads)
+    naive = naive_outcomes(tiny_qwen3, reads)
     for _ in range(3):
         assert_same_reads(strategy.run(reads), naive, tolerance=1e-5)
         assert 0 < cache.bytes_used <= cache.capacity_bytes

@@ -63,18 +63,18 @@ def assert_same_reads(tree: Any, naive: Any, tolerance: float = 1e-4) -> None:
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_tree_equals_naive_on_a_mixed_batch(request: pytest.FixtureRequest, name: str) -> None:
+def test_tree_equals_naive_on_a_mixed_batch(request: pytest.FixtureRequest, naive_outcomes: Any, name: str) -> None:
     model = request.getfixturevalue(name)
     reads = decision_batch(model.path)
     tree = TreeReads(model).run(reads)
-    naive = NaiveReads(model).run(reads)
+    naive = naive_outcomes(model, reads)
     assert_same_reads(tree, naive)
     assert tree.forward_passes == 1
     assert naive.forward_passes == len(reads) + sum(1 for r in reads for label in r.labels if len(label) > 1)
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_tree_counts_shared_prompt_tokens_once(request: pytest.FixtureRequest, name: str) -> None:
+def test_tree_counts_shared_prompt_tokens_once(request: pytest.FixtureRequest, naive_outcomes: Any, name: str) -> None:
     model = request.getfixturevalue(name)
     reads = decision_batch(model.path)
     tree = TreeReads(model).run(reads)
@@ -86,7 +86,7 @@ def test_tree_counts_shared_prompt_tokens_once(request: pytest.FixtureRequest, n
     shared = next(i for i, (a, b) in enumerate(zip(reads[0].prompt, reads[1].prompt, strict=False)) if a != b)
     assert shared > 10
     assert counts[1] == len(reads[1].prompt) - shared
-    naive = NaiveReads(model).run(reads)
+    naive = naive_outcomes(model, reads)
     multi = [sum(1 for label in read.labels if len(label) > 1) for read in reads]
     assert [o.tokens_computed for o in naive.outcomes] == [
         len(r.prompt) * (1 + m) for r, m in zip(reads, multi, strict=True)
