@@ -8,8 +8,10 @@ from pathlib import Path
 
 from launchers import JEVCOMPAT_BINARY
 
-# jevcompat waits up to 120 s per request (its default); the whole run gets a bound of its own.
-RUN_TIMEOUT_S = 540
+# Its 255-option case is a ~2,200-token prefill: about 20 s on two idle cores, several times that when the
+# cores are shared, so each request gets more than jevcompat's default 120 s; the whole run is bounded too.
+REQUEST_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 900
 
 
 def test_jevcompat_rates_the_server_conformant(server_url: str, tmp_path: Path) -> None:
@@ -20,7 +22,7 @@ def test_jevcompat_rates_the_server_conformant(server_url: str, tmp_path: Path) 
     env.pop("TYPESAFE_BASE_URL", None)
     try:
         run = subprocess.run(
-            [str(JEVCOMPAT_BINARY), "test", server_url, "--json", str(report), "--evidence", "5"],
+            [str(JEVCOMPAT_BINARY), "test", server_url, "--timeout", str(REQUEST_TIMEOUT_S), "--json", str(report), "--evidence", "5"],
             capture_output=True,
             text=True,
             timeout=RUN_TIMEOUT_S,
