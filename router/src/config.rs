@@ -6,12 +6,22 @@ use clap::Parser;
 
 pub use crate::profile::Compat;
 
+impl Config {
+    /// The model folder; clap guarantees it unless only the OpenAPI document was asked for.
+    pub fn model_dir(&self) -> PathBuf {
+        self.model_dir.clone().unwrap_or_default()
+    }
+}
+
 #[derive(Clone, Debug, Parser)]
 #[command(name = "decision-router", version, about = "HTTP front of decision-inference: wire shapes -> decision IR -> batched shard reads -> probabilities")]
 pub struct Config {
     /// Hugging Face model folder: tokenizer.json, tokenizer_config.json / chat_template.jinja, config.json.
-    #[arg(long, env = "MODEL_DIR")]
-    pub model_dir: PathBuf,
+    #[arg(long, env = "MODEL_DIR", required_unless_present = "print_openapi")]
+    pub model_dir: Option<PathBuf>,
+    /// Print the OpenAPI document and exit.
+    #[arg(long)]
+    pub print_openapi: bool,
     /// Base path of the shard sockets; rank r listens on `{base}-{r}`.
     #[arg(long, env = "SHARD_UDS_PATH", default_value = "/tmp/decision-server")]
     pub shard_uds_path: PathBuf,

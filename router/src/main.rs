@@ -4,6 +4,10 @@ use decision_router::{config::Config, server};
 #[tokio::main]
 async fn main() {
     let config = Config::parse();
+    if config.print_openapi {
+        print!("{}", decision_router::api::schema::openapi_json());
+        return;
+    }
     server::init_tracing(config.json_output);
     if let Err(e) = server::run(config).await {
         tracing::error!("{e}");

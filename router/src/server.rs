@@ -69,11 +69,11 @@ pub async fn run(config: Config) -> Result<(), String> {
 
 pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String> {
     let model_name = config.served_model_name.clone().unwrap_or_else(|| {
-        config.model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+        config.model_dir().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
     });
     let max_positions = shards.info.max_position_embeddings as usize;
     let strategy: Result<Arc<dyn prompt::ReadStrategy>, String> =
-        prompt::strategy_for(&shards.info.architecture, &config.model_dir, max_positions.max(1)).map(Arc::from);
+        prompt::strategy_for(&shards.info.architecture, &config.model_dir(), max_positions.max(1)).map(Arc::from);
     match &strategy {
         Ok(s) => {
             for kind in probe_kinds() {
@@ -114,6 +114,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(health_handler))
         .route("/info", get(info_handler))
         .route("/metrics", get(metrics_handler))
+        .route("/api-doc/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], api::schema::openapi_json()) }))
+        .route("/docs", get(docs_handler))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(RequestDecompressionLayer::new())
         .layer(middleware::from_fn(request_id))
@@ -282,7 +284,7 @@ async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
     };
     Json(json!({
         "model_id": state.model_name,
-        "model_dir": state.config.model_dir,
+        "model_dir": state.config.model_dir(),
         "architecture": info.architecture,
         "dtype": info.dtype,
         "device": info.device,
@@ -314,6 +316,35 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "metrics recorder unavailable").into_response()
     }
+}
+
+/// A self-contained reference page (no CDN: deployments are often offline) built from the OpenAPI document.
+async fn docs_handler() -> Response {
+    let doc: Value = serde_json::from_str(&api::schema::openapi_json()).unwrap_or_default();
+    let mut rows = String::new();
+    for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+        for (method, op) in item.as_object().into_iter().flatten() {
+            let statuses: Vec<&String> = op["responses"].as_object().map(|r| r.keys().collect()).unwrap_or_default();
+            rows.push_str(&format!(
+                "<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td></tr>",
+                method.to_uppercase(),
+                html_escape(path),
+                html_escape(&statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "))
+            ));
+        }
+    }
+    let schemas = html_escape(&serde_json::to_string_pretty(&doc["components"]).unwrap_or_default());
+    let page = format!(
+        "<!doctype html><meta charset=utf-8><title>decision-inference API</title>\
+         <h1>decision-inference API</h1><p>Machine-readable: <a href=/api-doc/openapi.json>/api-doc/openapi.json</a></p>\
+         <table border=1 cellpadding=4><tr><th>method</th><th>path</th><th>statuses</th></tr>{rows}</table>\
+         <h2>Schemas</h2><pre>{schemas}</pre>"
+    );
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 async fn shutdown_signal() {

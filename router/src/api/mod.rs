@@ -86,3 +86,4 @@ mod tests {
         assert_eq!(err.status().as_u16(), 400);
     }
 }
+pub mod schema;

@@ -1,0 +1,198 @@
+//! The OpenAPI document (`/api-doc/openapi.json`): request and response schemas of the three wire
+//! shapes, for clients and for generated-input tests. These types only describe; parsing is in the
+//! shape modules, which validate far more than a schema can say.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{OpenApi, ToSchema};
+
+/// Free text: a string, or an object / array rendered as JSON text.
+#[derive(Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Text {
+    String(String),
+    Json(Value),
+}
+
+/// A System One question (`type` is `choice`, `noul` or `score`).
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct SystemOneQuestion {
+    /// `choice` | `noul` | `score`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub instructions: Option<Text>,
+    /// choice: option name → description or null (1..255 options); noul: optional `true` / `false`
+    /// descriptions; score: ordered list of 1..10 levels.
+    pub criteria: Option<Value>,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct SystemOneRequest {
+    /// Any name; answered as the served model. `base:adapter` is refused.
+    pub model: Option<String>,
+    /// A string, or any JSON rendered as text.
+    pub state: Value,
+    pub instructions: Option<Text>,
+    /// Ordered map of question id → question (ids are any non-empty strings).
+    pub questions: BTreeMap<String, SystemOneQuestion>,
+    pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
+    pub cache_salt: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct SystemOneAnswer {
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// choice: the most probable option.
+    pub choice: Option<String>,
+    /// noul: P(true).
+    pub noul: Option<f64>,
+    /// score: Σ i·p_i.
+    pub score: Option<f64>,
+    pub legend: Option<BTreeMap<String, Value>>,
+    pub probabilities: Option<BTreeMap<String, f64>>,
+    pub confidence: Option<f64>,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct SystemOneUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct SystemOneResponse {
+    pub model: String,
+    pub answers: BTreeMap<String, SystemOneAnswer>,
+    pub usage: SystemOneUsage,
+    /// Per question: `label_mass` and `argmax_is_label`.
+    pub x_diagnostics: Option<BTreeMap<String, Value>>,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct ValidationDetail {
+    pub loc: Vec<Value>,
+    pub msg: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// 422: `detail` is a list of field errors; other errors: `detail` is `{error_type, message}`.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct SystemOneError {
+    pub detail: Value,
+}
+
+/// OpenAI shape: `predicate` | `choice` (2..255 typed values) | `score` (levels with labels).
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct OpenAiQuestion {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub instructions: Value,
+    pub name: Option<String>,
+    pub choices: Option<Vec<Value>>,
+    pub levels: Option<Vec<Value>>,
+}
+
+/// SGLang shape: `choice` (2..26 options) | `score` (2..10 levels) | `yes_no`.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct SglangQuestion {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub question: Option<String>,
+    pub options: Option<Vec<Value>>,
+    pub levels: Option<Vec<String>>,
+    pub yes: Option<String>,
+    pub no: Option<String>,
+}
+
+/// `/v1/decisions` takes OpenAI's shape (`model`, `input`, `questions` with `instructions`/`name`/`choices`)
+/// or SGLang's (`input`, `questions` with `id`/`question`/`options`, `temperature`, ...), told apart by fields.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DecisionsRequest {
+    pub model: Option<String>,
+    /// OpenAI: a string or a list of messages; SGLang: a non-blank string, object or array.
+    pub input: Value,
+    /// A list of `OpenAiQuestion` or of `SglangQuestion`.
+    pub questions: Vec<Value>,
+    pub safety_identifier: Option<String>,
+    pub prompt_cache_key: Option<String>,
+    pub temperature: Option<f64>,
+    pub prompt_format_version: Option<u32>,
+    pub return_prompt_token_ids: Option<bool>,
+    pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
+}
+
+/// OpenAI: `{model, answers: [...], usage}`; SGLang: `{object: "decisions", model, prompt_format_version, answers: {...}, usage}`.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DecisionsResponse {
+    pub model: String,
+    pub answers: Value,
+    pub usage: Value,
+    pub object: Option<String>,
+    pub prompt_format_version: Option<u32>,
+}
+
+/// OpenAI: `{"error": {message, type, param, code}}`; SGLang: `{object: "error", message, type, param, code}`.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct DecisionsError {
+    pub error: Option<Value>,
+    pub object: Option<String>,
+    pub message: Option<String>,
+}
+
+#[utoipa::path(post, path = "/v1/systemone", request_body = SystemOneRequest,
+    responses((status = 200, body = SystemOneResponse), (status = 422, body = SystemOneError),
+              (status = 400, body = SystemOneError), (status = 401, body = SystemOneError), (status = 413, body = SystemOneError),
+              (status = 501, body = SystemOneError), (status = 529, body = SystemOneError)))]
+fn systemone() {}
+
+#[utoipa::path(post, path = "/v1/decisions", request_body = DecisionsRequest,
+    responses((status = 200, body = DecisionsResponse), (status = 400, body = DecisionsError),
+              (status = 401, body = DecisionsError), (status = 413, body = DecisionsError), (status = 429, body = DecisionsError)))]
+fn decisions() {}
+
+#[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "TypeSafe's model list, with an OpenAI-style `data` list")))]
+fn models() {}
+
+#[utoipa::path(get, path = "/health", responses((status = 200, description = "every shard answered a Health RPC"), (status = 503, description = "a shard did not")))]
+fn health() {}
+
+#[utoipa::path(get, path = "/info", responses((status = 200, description = "model, dtype, shards, read mode, limits, version")))]
+fn info() {}
+
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus text format")))]
+fn metrics() {}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "decision-inference", description = "Language models as decision models: a probability for every allowed option."),
+    paths(systemone, decisions, models, health, info, metrics),
+    components(schemas(Text, SystemOneQuestion, SystemOneRequest, SystemOneAnswer, SystemOneUsage, SystemOneResponse, ValidationDetail,
+        SystemOneError, OpenAiQuestion, SglangQuestion, DecisionsRequest, DecisionsResponse, DecisionsError))
+)]
+pub struct ApiDoc;
+
+/// The document as pretty JSON, with the crate version (what `decision-router --print-openapi` prints).
+pub fn openapi_json() -> String {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    doc.to_pretty_json().unwrap_or_default() + "\n"
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn checked_in_document_matches_the_code() {
+        let checked_in = include_str!("../../../docs/openapi.json");
+        assert!(
+            checked_in == super::openapi_json(),
+            "docs/openapi.json drifted from the code: run `.venv/bin/decision-router --print-openapi > docs/openapi.json`"
+        );
+    }
+}
