@@ -45,6 +45,11 @@ impl Decider {
         let kept = keep_reads.then(|| reads.clone());
         let outcomes = self.queue.read(reads, input_tokens, request.cache_salt.clone()).await?;
         let cached_tokens = outcomes.iter().map(|o| o.tokens_cached as u64).sum::<u64>().min(input_tokens as u64);
+        let computed_tokens: u64 = outcomes.iter().map(|o| o.tokens_computed as u64).sum();
+        metrics::counter!("decision_prompt_tokens_total").increment(input_tokens as u64);
+        metrics::counter!("decision_cached_tokens_total").increment(cached_tokens);
+        metrics::counter!("decision_computed_tokens_total").increment(computed_tokens);
+        metrics::counter!("decision_questions_total").increment(outcomes.len() as u64);
         let answers = outcomes
             .into_iter()
             .zip(first_tokens)
