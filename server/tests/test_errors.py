@@ -86,3 +86,51 @@ def test_non_finite_health_probe_is_an_error(
             stub.Health(decision_pb2.HealthRequest(), timeout=60)
     assert failure.value.code() == grpc.StatusCode.INTERNAL
     assert "health probe on cpu returned nan" in failure.value.details()
+
+
+class SlowReads(ReadStrategy):
+    """Holds the model thread for a while, like a large batch would."""
+
+    name = "slow"
+
+    def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
+        import time
+
+        from decision_server.reads import ReadOutcome
+
+        time.sleep(2.0)
+        return BatchOutcome(
+            outcomes=[ReadOutcome(id=r.id, label_logprobs=[], greedy_token_id=0, tokens_computed=0) for r in reads]
+        )
+
+
+def test_health_answers_while_a_read_is_running(tiny_qwen3: LoadedModel, shard: Any) -> None:
+    import time
+
+    with shard(tiny_qwen3, SlowReads(tiny_qwen3)) as stub:
+        pending = [stub.Read.future(read_request([(i, [1, 2], [[3]])]), timeout=60) for i in range(2)]
+        time.sleep(0.2)
+        started = time.monotonic()
+        stub.Health(decision_pb2.HealthRequest(), timeout=60)
+        assert time.monotonic() - started < 1.0, "Health waited behind the running read"
+        # Reads are serialised on the model thread, and every one is answered.
+        assert sorted(f.result().results[0].id for f in pending) == [0, 1]
+
+
+def test_status_mapping() -> None:
+    import torch
+
+    from decision_server.errors import grpc_status_for, is_fatal
+    from decision_server.reads import InvalidReadError
+
+    assert grpc_status_for(InvalidReadError(5, "prompt has no tokens")) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "read 5: prompt has no tokens",
+    )
+    oom = torch.OutOfMemoryError("tried to allocate 8 GiB")
+    assert grpc_status_for(oom)[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert not is_fatal(oom)
+    device_fault = RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert grpc_status_for(device_fault) == (grpc.StatusCode.INTERNAL, f"RuntimeError: {device_fault}")
+    assert is_fatal(device_fault)
+    assert not is_fatal(ValueError("shape mismatch"))
