@@ -6,6 +6,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+import torch
+
 from decision_server.model import LoadedModel
 from decision_server.reads.types import BatchOutcome, InvalidReadError, ReadSpec
 
@@ -52,7 +54,9 @@ class ReadStrategy(ABC):
             validate_read(read, self.model.token_limit, self.model.max_position_embeddings)
         if not reads:
             return BatchOutcome(outcomes=[])
-        return self._run_valid(reads)
+        # All tensor work of a batch, cache bookkeeping included, happens without autograd tracking.
+        with torch.inference_mode():
+            return self._run_valid(reads)
 
     @abstractmethod
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
