@@ -14,7 +14,11 @@ impl Config {
 }
 
 #[derive(Clone, Debug, Parser)]
-#[command(name = "decision-router", version, about = "HTTP front of decision-inference: wire shapes -> decision IR -> batched shard reads -> probabilities")]
+#[command(
+    name = "decision-router",
+    version,
+    about = "HTTP front of decision-inference: wire shapes -> decision IR -> batched shard reads -> probabilities"
+)]
 pub struct Config {
     /// Hugging Face model folder: tokenizer.json, tokenizer_config.json / chat_template.jinja, config.json.
     #[arg(long, env = "MODEL_DIR", required_unless_present = "print_openapi")]

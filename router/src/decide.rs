@@ -26,8 +26,17 @@ pub struct Decider {
 impl Decider {
     /// `temperature` divides the label log-probabilities before the softmax (label mass is unaffected);
     /// `keep_reads` returns the prompt and label token ids too.
-    pub async fn decide(&self, request: DecisionRequest, temperature: f64, keep_reads: bool) -> Result<Decided, DecisionError> {
-        let strategy = self.strategy.as_ref().map_err(|reason| DecisionError::NotServable(reason.clone()))?.clone();
+    pub async fn decide(
+        &self,
+        request: DecisionRequest,
+        temperature: f64,
+        keep_reads: bool,
+    ) -> Result<Decided, DecisionError> {
+        let strategy = self
+            .strategy
+            .as_ref()
+            .map_err(|reason| DecisionError::NotServable(reason.clone()))?
+            .clone();
         // Rendering and tokenizing are CPU work: keep them off the async workers.
         let (request, reads) = tokio::task::spawn_blocking(move || {
             let reads = strategy.prepare(&request);
@@ -38,13 +47,26 @@ impl Decider {
         let reads = reads?;
         let input_tokens = unique_prompt_tokens(&reads);
         if input_tokens > self.limits.max_input_tokens {
-            return Err(DecisionError::TokensExceeded { got: input_tokens, limit: self.limits.max_input_tokens });
+            return Err(DecisionError::TokensExceeded {
+                got: input_tokens,
+                limit: self.limits.max_input_tokens,
+            });
         }
         let per_question_prompt_tokens = reads.iter().map(|r| r.token_ids.len() as u64).sum();
-        let first_tokens: Vec<Vec<u32>> = reads.iter().map(|r| r.labels.iter().filter_map(|l| l.first().copied()).collect()).collect();
+        let first_tokens: Vec<Vec<u32>> = reads
+            .iter()
+            .map(|r| r.labels.iter().filter_map(|l| l.first().copied()).collect())
+            .collect();
         let kept = keep_reads.then(|| reads.clone());
-        let outcomes = self.queue.read(reads, input_tokens, request.cache_salt.clone()).await?;
-        let cached_tokens = outcomes.iter().map(|o| o.tokens_cached as u64).sum::<u64>().min(input_tokens as u64);
+        let outcomes = self
+            .queue
+            .read(reads, input_tokens, request.cache_salt.clone())
+            .await?;
+        let cached_tokens = outcomes
+            .iter()
+            .map(|o| o.tokens_cached as u64)
+            .sum::<u64>()
+            .min(input_tokens as u64);
         let computed_tokens: u64 = outcomes.iter().map(|o| o.tokens_computed as u64).sum();
         metrics::counter!("decision_prompt_tokens_total").increment(input_tokens as u64);
         metrics::counter!("decision_cached_tokens_total").increment(cached_tokens);
@@ -53,10 +75,24 @@ impl Decider {
         let answers = outcomes
             .into_iter()
             .zip(first_tokens)
-            .map(|(o, firsts)| probability::answer(o.label_logprobs, firsts.contains(&o.greedy_token_id), temperature))
+            .map(|(o, firsts)| {
+                probability::answer(
+                    o.label_logprobs,
+                    firsts.contains(&o.greedy_token_id),
+                    temperature,
+                )
+            })
             .collect();
-        let usage = Usage { input_tokens: input_tokens as u64, cached_tokens, per_question_prompt_tokens };
-        Ok(Decided { request, decision: Decision { answers, usage }, reads: kept })
+        let usage = Usage {
+            input_tokens: input_tokens as u64,
+            cached_tokens,
+            per_question_prompt_tokens,
+        };
+        Ok(Decided {
+            request,
+            decision: Decision { answers, usage },
+            reads: kept,
+        })
     }
 }
 
@@ -80,12 +116,18 @@ mod tests {
     use super::*;
 
     fn read(ids: &[u32]) -> PreparedRead {
-        PreparedRead { token_ids: ids.to_vec(), labels: vec![] }
+        PreparedRead {
+            token_ids: ids.to_vec(),
+            labels: vec![],
+        }
     }
 
     #[test]
     fn shared_prefixes_count_once() {
-        assert_eq!(unique_prompt_tokens(&[read(&[1, 2, 3, 4]), read(&[1, 2, 5]), read(&[1, 2, 3, 6])]), 4 + 1 + 1);
+        assert_eq!(
+            unique_prompt_tokens(&[read(&[1, 2, 3, 4]), read(&[1, 2, 5]), read(&[1, 2, 3, 6])]),
+            4 + 1 + 1
+        );
         assert_eq!(unique_prompt_tokens(&[read(&[1, 2]), read(&[1, 2])]), 2);
         assert_eq!(unique_prompt_tokens(&[read(&[7]), read(&[8, 9])]), 3);
         assert_eq!(unique_prompt_tokens(&[]), 0);

@@ -48,7 +48,11 @@ pub struct FieldError {
 
 impl FieldError {
     pub fn new(loc: Vec<Loc>, kind: &'static str, msg: impl Into<String>) -> Self {
-        FieldError { loc, msg: msg.into(), kind }
+        FieldError {
+            loc,
+            msg: msg.into(),
+            kind,
+        }
     }
 
     /// The dotted form used in messages and in `param` fields: `questions.tone.criteria`.
@@ -70,7 +74,10 @@ pub enum DecisionError {
     #[error("invalid request: {}", .0.iter().map(|e| format!("{}: {}", e.param(), e.msg)).collect::<Vec<_>>().join("; "))]
     Invalid(Vec<FieldError>),
     #[error("{message}")]
-    BadRequest { param: Option<String>, message: String },
+    BadRequest {
+        param: Option<String>,
+        message: String,
+    },
     #[error("a read is the reply's first token, so thinking must be off (chat_template_kwargs.enable_thinking)")]
     ThinkingOn,
     #[error("missing or invalid API key")]
@@ -80,9 +87,17 @@ pub enum DecisionError {
     #[error("the request needs {got} prompt tokens; the limit is {limit} (max_input_tokens)")]
     TokensExceeded { got: usize, limit: usize },
     #[error("question '{question}': its prompt has {got} tokens; the model reads at most {limit} (max_position_embeddings)")]
-    PromptTooLong { question: String, got: usize, limit: usize },
+    PromptTooLong {
+        question: String,
+        got: usize,
+        limit: usize,
+    },
     #[error("the server is at capacity ({queued} reads queued, limit {limit}); retry after {retry_after_secs} s")]
-    Overloaded { queued: usize, limit: usize, retry_after_secs: u64 },
+    Overloaded {
+        queued: usize,
+        limit: usize,
+        retry_after_secs: u64,
+    },
     #[error("{0}")]
     NotServable(String),
     #[error("model shard failed: {0}")]
@@ -99,13 +114,17 @@ impl DecisionError {
             DecisionError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             DecisionError::BadRequest { .. } | DecisionError::ThinkingOn => StatusCode::BAD_REQUEST,
             DecisionError::Unauthorized => StatusCode::UNAUTHORIZED,
-            DecisionError::BodyTooLarge { .. } | DecisionError::TokensExceeded { .. } | DecisionError::PromptTooLong { .. } => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
+            DecisionError::BodyTooLarge { .. }
+            | DecisionError::TokensExceeded { .. }
+            | DecisionError::PromptTooLong { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             // 529 is TypeSafe's "overloaded"; its SDK backs off and retries on it.
-            DecisionError::Overloaded { .. } => StatusCode::from_u16(529).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
+            DecisionError::Overloaded { .. } => {
+                StatusCode::from_u16(529).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
+            }
             DecisionError::NotServable(_) => StatusCode::NOT_IMPLEMENTED,
-            DecisionError::Shard(_) | DecisionError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            DecisionError::Shard(_) | DecisionError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             DecisionError::ShardUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -113,19 +132,27 @@ impl DecisionError {
     /// TypeSafe's `error_type` vocabulary, extended with specific kinds.
     pub fn error_type(&self) -> &'static str {
         match self {
-            DecisionError::Invalid(_) | DecisionError::BadRequest { .. } | DecisionError::ThinkingOn => "invalid_request",
+            DecisionError::Invalid(_)
+            | DecisionError::BadRequest { .. }
+            | DecisionError::ThinkingOn => "invalid_request",
             DecisionError::Unauthorized => "authentication_error",
             DecisionError::BodyTooLarge { .. } => "request_too_large",
-            DecisionError::TokensExceeded { .. } | DecisionError::PromptTooLong { .. } => "tokens_exceeded",
+            DecisionError::TokensExceeded { .. } | DecisionError::PromptTooLong { .. } => {
+                "tokens_exceeded"
+            }
             DecisionError::Overloaded { .. } => "overloaded",
             DecisionError::NotServable(_) => "not_implemented",
-            DecisionError::Shard(_) | DecisionError::ShardUnavailable(_) | DecisionError::Internal(_) => "unknown",
+            DecisionError::Shard(_)
+            | DecisionError::ShardUnavailable(_)
+            | DecisionError::Internal(_) => "unknown",
         }
     }
 
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
-            DecisionError::Overloaded { retry_after_secs, .. } => Some(*retry_after_secs),
+            DecisionError::Overloaded {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
             DecisionError::ShardUnavailable(_) => Some(1),
             _ => None,
         }
@@ -140,27 +167,67 @@ mod tests {
     fn every_client_error_is_4xx_and_only_server_faults_are_5xx() {
         let client = [
             DecisionError::Invalid(vec![]),
-            DecisionError::BadRequest { param: None, message: "x".into() },
+            DecisionError::BadRequest {
+                param: None,
+                message: "x".into(),
+            },
             DecisionError::ThinkingOn,
             DecisionError::Unauthorized,
             DecisionError::BodyTooLarge { limit: 1 },
             DecisionError::TokensExceeded { got: 2, limit: 1 },
-            DecisionError::PromptTooLong { question: "q".into(), got: 2, limit: 1 },
+            DecisionError::PromptTooLong {
+                question: "q".into(),
+                got: 2,
+                limit: 1,
+            },
         ];
         for e in &client {
             assert!(e.status().is_client_error(), "{e:?} -> {}", e.status());
         }
-        assert_eq!(DecisionError::Overloaded { queued: 1, limit: 1, retry_after_secs: 1 }.status().as_u16(), 529);
-        assert_eq!(DecisionError::NotServable("no".into()).status(), StatusCode::NOT_IMPLEMENTED);
-        assert_eq!(DecisionError::Shard("x".into()).status(), StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(DecisionError::ShardUnavailable("x".into()).status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(DecisionError::Unauthorized.error_type(), "authentication_error");
-        assert_eq!(DecisionError::TokensExceeded { got: 2, limit: 1 }.error_type(), "tokens_exceeded");
+        assert_eq!(
+            DecisionError::Overloaded {
+                queued: 1,
+                limit: 1,
+                retry_after_secs: 1
+            }
+            .status()
+            .as_u16(),
+            529
+        );
+        assert_eq!(
+            DecisionError::NotServable("no".into()).status(),
+            StatusCode::NOT_IMPLEMENTED
+        );
+        assert_eq!(
+            DecisionError::Shard("x".into()).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(
+            DecisionError::ShardUnavailable("x".into()).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            DecisionError::Unauthorized.error_type(),
+            "authentication_error"
+        );
+        assert_eq!(
+            DecisionError::TokensExceeded { got: 2, limit: 1 }.error_type(),
+            "tokens_exceeded"
+        );
     }
 
     #[test]
     fn param_drops_body_prefix() {
-        let e = FieldError::new(vec!["body".into(), "questions".into(), "tone".into(), 2usize.into()], "value_error", "bad");
+        let e = FieldError::new(
+            vec![
+                "body".into(),
+                "questions".into(),
+                "tone".into(),
+                2usize.into(),
+            ],
+            "value_error",
+            "bad",
+        );
         assert_eq!(e.param(), "questions.tone.2");
     }
 }

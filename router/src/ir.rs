@@ -42,7 +42,10 @@ pub enum QuestionKind {
     /// Pick one of the options, in request order.
     Choice { options: Vec<ChoiceOption> },
     /// Yes or no, each side optionally described.
-    YesNo { yes: Option<String>, no: Option<String> },
+    YesNo {
+        yes: Option<String>,
+        no: Option<String>,
+    },
     /// One of the ordered levels; level i is worth i.
     Score { levels: Vec<String> },
 }

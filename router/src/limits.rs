@@ -13,6 +13,12 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_questions: 512, max_choices: 255, max_levels: 10, max_input_tokens: 65_536, max_body_bytes: 8 << 20 }
+        Limits {
+            max_questions: 512,
+            max_choices: 255,
+            max_levels: 10,
+            max_input_tokens: 65_536,
+            max_body_bytes: 8 << 20,
+        }
     }
 }

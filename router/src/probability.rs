@@ -19,8 +19,17 @@ pub fn softmax(logprobs: &[f64], temperature: f64) -> Vec<f64> {
 /// Builds an answer from a read: renormalised probabilities, label mass and whether the greedy token is a label.
 pub fn answer(label_logprobs: Vec<f64>, argmax_is_label: bool, temperature: f64) -> Answer {
     let probabilities = softmax(&label_logprobs, temperature);
-    let label_mass = label_logprobs.iter().map(|lp| lp.exp()).sum::<f64>().min(1.0);
-    Answer { probabilities, label_mass, argmax_is_label, label_logprobs }
+    let label_mass = label_logprobs
+        .iter()
+        .map(|lp| lp.exp())
+        .sum::<f64>()
+        .min(1.0);
+    Answer {
+        probabilities,
+        label_mass,
+        argmax_is_label,
+        label_logprobs,
+    }
 }
 
 /// Index of the most probable label; ties go to the earlier label.
@@ -56,7 +65,11 @@ pub fn score_confidence(p: &[f64]) -> f64 {
         return 1.0;
     }
     let mode = argmax(p) as f64;
-    let spread: f64 = p.iter().enumerate().map(|(i, pi)| pi * (i as f64 - mode).abs()).sum();
+    let spread: f64 = p
+        .iter()
+        .enumerate()
+        .map(|(i, pi)| pi * (i as f64 - mode).abs())
+        .sum();
     let center = (n as f64 - 1.0) / 2.0;
     let u = (0..n).map(|i| (i as f64 - center).abs()).sum::<f64>() / n as f64;
     (1.0 - spread / u).clamp(0.0, 1.0)
@@ -91,7 +104,10 @@ mod tests {
     #[test]
     fn score_confidence_clips_at_zero() {
         // All mass at the far ends: spread 1.5·... exceeds U.
-        assert_eq!(score_confidence(&[0.5, 0.0, 0.0, 0.0, 0.5]), 0.0_f64.max(1.0 - 2.0 / 1.2));
+        assert_eq!(
+            score_confidence(&[0.5, 0.0, 0.0, 0.0, 0.5]),
+            0.0_f64.max(1.0 - 2.0 / 1.2)
+        );
         assert!(score_confidence(&[0.5, 0.0, 0.0, 0.0, 0.5]) >= 0.0);
     }
 
@@ -114,7 +130,10 @@ mod tests {
 
     #[test]
     fn impossible_labels_spread_evenly() {
-        assert_eq!(softmax(&[f64::NEG_INFINITY, f64::NEG_INFINITY], 1.0), vec![0.5, 0.5]);
+        assert_eq!(
+            softmax(&[f64::NEG_INFINITY, f64::NEG_INFINITY], 1.0),
+            vec![0.5, 0.5]
+        );
     }
 
     #[test]

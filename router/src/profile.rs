@@ -64,11 +64,17 @@ impl Compat {
     pub fn status(&self, error: &DecisionError, shape: Shape) -> StatusCode {
         match error {
             DecisionError::Invalid(_) => match (shape, self) {
-                (Shape::SystemOne, Compat::Typesafe | Compat::Sglang) => StatusCode::UNPROCESSABLE_ENTITY,
+                (Shape::SystemOne, Compat::Typesafe | Compat::Sglang) => {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                }
                 _ => StatusCode::BAD_REQUEST,
             },
             // 529 is TypeSafe's "overloaded" (its SDK backs off on it); the others use 429.
-            DecisionError::Overloaded { .. } if shape == Shape::SystemOne && *self == Compat::Typesafe => error.status(),
+            DecisionError::Overloaded { .. }
+                if shape == Shape::SystemOne && *self == Compat::Typesafe =>
+            {
+                error.status()
+            }
             DecisionError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             other => other.status(),
         }
@@ -78,9 +84,21 @@ impl Compat {
     /// with one output token per question (vLLM) or none (SGLang).
     pub fn usage(&self, usage: &Usage, questions: usize) -> CountedUsage {
         match self {
-            Compat::Typesafe => CountedUsage { input_tokens: usage.input_tokens, cached_tokens: usage.cached_tokens, output_tokens: 0 },
-            Compat::Vllm => CountedUsage { input_tokens: usage.per_question_prompt_tokens, cached_tokens: 0, output_tokens: questions as u64 },
-            Compat::Sglang => CountedUsage { input_tokens: usage.per_question_prompt_tokens, cached_tokens: 0, output_tokens: 0 },
+            Compat::Typesafe => CountedUsage {
+                input_tokens: usage.input_tokens,
+                cached_tokens: usage.cached_tokens,
+                output_tokens: 0,
+            },
+            Compat::Vllm => CountedUsage {
+                input_tokens: usage.per_question_prompt_tokens,
+                cached_tokens: 0,
+                output_tokens: questions as u64,
+            },
+            Compat::Sglang => CountedUsage {
+                input_tokens: usage.per_question_prompt_tokens,
+                cached_tokens: 0,
+                output_tokens: 0,
+            },
         }
     }
 
@@ -102,30 +120,87 @@ mod tests {
     use super::*;
 
     fn answer(p: Vec<f64>, mass: f64) -> Answer {
-        Answer { label_logprobs: p.iter().map(|x| (x * mass).ln()).collect(), probabilities: p, label_mass: mass, argmax_is_label: true }
+        Answer {
+            label_logprobs: p.iter().map(|x| (x * mass).ln()).collect(),
+            probabilities: p,
+            label_mass: mass,
+            argmax_is_label: true,
+        }
     }
 
     #[test]
     fn validation_and_overload_statuses_follow_the_table() {
         let invalid = DecisionError::Invalid(vec![]);
-        assert_eq!(Compat::Typesafe.status(&invalid, Shape::SystemOne).as_u16(), 422);
-        assert_eq!(Compat::Sglang.status(&invalid, Shape::SystemOne).as_u16(), 422);
-        assert_eq!(Compat::Vllm.status(&invalid, Shape::SystemOne).as_u16(), 400);
-        assert_eq!(Compat::Typesafe.status(&invalid, Shape::OpenAi).as_u16(), 400);
-        assert_eq!(Compat::Typesafe.status(&invalid, Shape::Sglang).as_u16(), 400);
-        let busy = DecisionError::Overloaded { queued: 1, limit: 1, retry_after_secs: 1 };
-        assert_eq!(Compat::Typesafe.status(&busy, Shape::SystemOne).as_u16(), 529);
+        assert_eq!(
+            Compat::Typesafe.status(&invalid, Shape::SystemOne).as_u16(),
+            422
+        );
+        assert_eq!(
+            Compat::Sglang.status(&invalid, Shape::SystemOne).as_u16(),
+            422
+        );
+        assert_eq!(
+            Compat::Vllm.status(&invalid, Shape::SystemOne).as_u16(),
+            400
+        );
+        assert_eq!(
+            Compat::Typesafe.status(&invalid, Shape::OpenAi).as_u16(),
+            400
+        );
+        assert_eq!(
+            Compat::Typesafe.status(&invalid, Shape::Sglang).as_u16(),
+            400
+        );
+        let busy = DecisionError::Overloaded {
+            queued: 1,
+            limit: 1,
+            retry_after_secs: 1,
+        };
+        assert_eq!(
+            Compat::Typesafe.status(&busy, Shape::SystemOne).as_u16(),
+            529
+        );
         assert_eq!(Compat::Vllm.status(&busy, Shape::SystemOne).as_u16(), 429);
         assert_eq!(Compat::Typesafe.status(&busy, Shape::OpenAi).as_u16(), 429);
-        assert_eq!(Compat::Typesafe.status(&DecisionError::Unauthorized, Shape::OpenAi).as_u16(), 401);
+        assert_eq!(
+            Compat::Typesafe
+                .status(&DecisionError::Unauthorized, Shape::OpenAi)
+                .as_u16(),
+            401
+        );
     }
 
     #[test]
     fn usage_per_profile() {
-        let u = Usage { input_tokens: 100, cached_tokens: 40, per_question_prompt_tokens: 250 };
-        assert_eq!(Compat::Typesafe.usage(&u, 3), CountedUsage { input_tokens: 100, cached_tokens: 40, output_tokens: 0 });
-        assert_eq!(Compat::Vllm.usage(&u, 3), CountedUsage { input_tokens: 250, cached_tokens: 0, output_tokens: 3 });
-        assert_eq!(Compat::Sglang.usage(&u, 3), CountedUsage { input_tokens: 250, cached_tokens: 0, output_tokens: 0 });
+        let u = Usage {
+            input_tokens: 100,
+            cached_tokens: 40,
+            per_question_prompt_tokens: 250,
+        };
+        assert_eq!(
+            Compat::Typesafe.usage(&u, 3),
+            CountedUsage {
+                input_tokens: 100,
+                cached_tokens: 40,
+                output_tokens: 0
+            }
+        );
+        assert_eq!(
+            Compat::Vllm.usage(&u, 3),
+            CountedUsage {
+                input_tokens: 250,
+                cached_tokens: 0,
+                output_tokens: 3
+            }
+        );
+        assert_eq!(
+            Compat::Sglang.usage(&u, 3),
+            CountedUsage {
+                input_tokens: 250,
+                cached_tokens: 0,
+                output_tokens: 0
+            }
+        );
     }
 
     #[test]
@@ -134,7 +209,10 @@ mod tests {
         let choice = QuestionKind::Choice { options: vec![] };
         assert!((Compat::Typesafe.confidence(&choice, &a).unwrap() - 0.76).abs() < 1e-12);
         assert!((Compat::Vllm.confidence(&choice, &a).unwrap() - 0.44).abs() < 1e-12);
-        let yes_no = QuestionKind::YesNo { yes: None, no: None };
+        let yes_no = QuestionKind::YesNo {
+            yes: None,
+            no: None,
+        };
         assert_eq!(Compat::Typesafe.confidence(&yes_no, &a), None);
         assert!((Compat::Vllm.confidence(&yes_no, &a).unwrap() - 0.44).abs() < 1e-12);
     }

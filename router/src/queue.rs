@@ -54,23 +54,48 @@ impl Queue {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         tokio::spawn(batcher(rx, shards, config.clone(), queued.clone()));
-        Queue { tx, queued, max_queued_reads: config.max_queued_reads }
+        Queue {
+            tx,
+            queued,
+            max_queued_reads: config.max_queued_reads,
+        }
     }
 
     /// Enqueues a request's reads; resolves when the shard has answered them all.
-    pub async fn read(&self, reads: Vec<PreparedRead>, tokens: usize, cache_salt: String) -> Result<Vec<ReadOutcome>, DecisionError> {
+    pub async fn read(
+        &self,
+        reads: Vec<PreparedRead>,
+        tokens: usize,
+        cache_salt: String,
+    ) -> Result<Vec<ReadOutcome>, DecisionError> {
         let n = reads.len();
         let queued = self.queued.fetch_add(n, Ordering::SeqCst);
         if queued + n > self.max_queued_reads && queued > 0 {
             self.queued.fetch_sub(n, Ordering::SeqCst);
-            return Err(DecisionError::Overloaded { queued, limit: self.max_queued_reads, retry_after_secs: 1 });
+            return Err(DecisionError::Overloaded {
+                queued,
+                limit: self.max_queued_reads,
+                retry_after_secs: 1,
+            });
         }
         let (reply, rx) = oneshot::channel();
-        if self.tx.send(Entry { reads, cache_salt, tokens, reply }).is_err() {
+        if self
+            .tx
+            .send(Entry {
+                reads,
+                cache_salt,
+                tokens,
+                reply,
+            })
+            .is_err()
+        {
             self.queued.fetch_sub(n, Ordering::SeqCst);
-            return Err(DecisionError::ShardUnavailable("the read queue has stopped".into()));
+            return Err(DecisionError::ShardUnavailable(
+                "the read queue has stopped".into(),
+            ));
         }
-        rx.await.map_err(|_| DecisionError::Internal("the read queue dropped a request".into()))?
+        rx.await
+            .map_err(|_| DecisionError::Internal("the read queue dropped a request".into()))?
     }
 
     pub fn queued_reads(&self) -> usize {
@@ -78,7 +103,12 @@ impl Queue {
     }
 }
 
-async fn batcher(mut rx: mpsc::UnboundedReceiver<Entry>, shards: ShardSet, config: QueueConfig, queued: Arc<AtomicUsize>) {
+async fn batcher(
+    mut rx: mpsc::UnboundedReceiver<Entry>,
+    shards: ShardSet,
+    config: QueueConfig,
+    queued: Arc<AtomicUsize>,
+) {
     let mut carry: Option<Entry> = None;
     loop {
         let first = match carry.take() {
@@ -105,7 +135,8 @@ async fn batcher(mut rx: mpsc::UnboundedReceiver<Entry>, shards: ShardSet, confi
             batch.push(entry);
         }
         // A client that went away has dropped its receiver: its reads are not computed.
-        let (live, gone): (Vec<Entry>, Vec<Entry>) = batch.into_iter().partition(|e| !e.reply.is_closed());
+        let (live, gone): (Vec<Entry>, Vec<Entry>) =
+            batch.into_iter().partition(|e| !e.reply.is_closed());
         let dropped: usize = gone.iter().map(|e| e.reads.len()).sum();
         if dropped > 0 {
             metrics::counter!("decision_reads_dropped_total").increment(dropped as u64);
@@ -125,7 +156,13 @@ async fn run_batch(shards: &ShardSet, batch: Vec<Entry>, queued: &AtomicUsize) {
             reads.push(pb::Read {
                 id: reads.len() as u64,
                 token_ids: read.token_ids.clone(),
-                labels: read.labels.iter().map(|l| pb::LabelSequence { token_ids: l.clone() }).collect(),
+                labels: read
+                    .labels
+                    .iter()
+                    .map(|l| pb::LabelSequence {
+                        token_ids: l.clone(),
+                    })
+                    .collect(),
                 cache_salt: entry.cache_salt.clone(),
             });
         }
@@ -139,7 +176,8 @@ async fn run_batch(shards: &ShardSet, batch: Vec<Entry>, queued: &AtomicUsize) {
     queued.fetch_sub(n, Ordering::SeqCst);
     match result {
         Ok(response) => {
-            metrics::histogram!("decision_shard_forward_seconds").record(response.forward_micros as f64 / 1e6);
+            metrics::histogram!("decision_shard_forward_seconds")
+                .record(response.forward_micros as f64 / 1e6);
             let mut results: Vec<Option<pb::ReadResult>> = vec![None; n];
             for r in response.results {
                 if let Some(slot) = results.get_mut(r.id as usize) {
@@ -160,7 +198,8 @@ async fn run_batch(shards: &ShardSet, batch: Vec<Entry>, queued: &AtomicUsize) {
                         })
                     })
                     .collect();
-                let answer = mine.ok_or_else(|| DecisionError::Shard("the shard left a read unanswered".into()));
+                let answer = mine
+                    .ok_or_else(|| DecisionError::Shard("the shard left a read unanswered".into()));
                 let _ = entry.reply.send(answer);
             }
         }

@@ -38,8 +38,11 @@ pub struct AppState {
 }
 
 pub fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -49,7 +52,9 @@ pub fn init_tracing(json: bool) {
 
 fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
-    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().ok()).clone()
+    HANDLE
+        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
+        .clone()
 }
 
 /// Connects to the shards, checks the model's labels, and serves until SIGINT/SIGTERM.
@@ -61,19 +66,37 @@ pub async fn run(config: Config) -> Result<(), String> {
     let state = build_state(config, shards)?;
     let addr: SocketAddr = format!("{}:{}", state.config.hostname, state.config.port)
         .parse()
-        .map_err(|e| format!("invalid listen address {}:{}: {e}", state.config.hostname, state.config.port))?;
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "invalid listen address {}:{}: {e}",
+                state.config.hostname, state.config.port
+            )
+        })?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, model = %state.model_name, "router ready");
-    axum::serve(listener, app(Arc::new(state))).with_graceful_shutdown(shutdown_signal()).await.map_err(|e| e.to_string())
+    axum::serve(listener, app(Arc::new(state)))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String> {
     let model_name = config.served_model_name.clone().unwrap_or_else(|| {
-        config.model_dir().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+        config
+            .model_dir()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
     });
     let max_positions = shards.info.max_position_embeddings as usize;
-    let strategy: Result<Arc<dyn prompt::ReadStrategy>, String> =
-        prompt::strategy_for(&shards.info.architecture, &config.model_dir(), max_positions.max(1)).map(Arc::from);
+    let strategy: Result<Arc<dyn prompt::ReadStrategy>, String> = prompt::strategy_for(
+        &shards.info.architecture,
+        &config.model_dir(),
+        max_positions.max(1),
+    )
+    .map(Arc::from);
     match &strategy {
         Ok(s) => {
             for kind in probe_kinds() {
@@ -84,7 +107,11 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         }
         Err(reason) => tracing::warn!("decision routes will answer 501: {reason}"),
     }
-    let limits = Limits { max_input_tokens: config.max_input_tokens, max_body_bytes: config.max_body_bytes, ..Limits::default() };
+    let limits = Limits {
+        max_input_tokens: config.max_input_tokens,
+        max_body_bytes: config.max_body_bytes,
+        ..Limits::default()
+    };
     let queue = Queue::start(
         shards.clone(),
         QueueConfig {
@@ -93,15 +120,35 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
             max_queued_reads: config.max_queued_reads,
         },
     );
-    Ok(AppState { model_name, decider: Decider { strategy, queue, limits }, shards, metrics: metrics_handle(), config })
+    Ok(AppState {
+        model_name,
+        decider: Decider {
+            strategy,
+            queue,
+            limits,
+        },
+        shards,
+        metrics: metrics_handle(),
+        config,
+    })
 }
 
 fn probe_kinds() -> Vec<crate::ir::QuestionKind> {
     use crate::ir::{ChoiceOption, QuestionKind};
     vec![
-        QuestionKind::Choice { options: vec![ChoiceOption { name: "a".into(), description: None }] },
-        QuestionKind::YesNo { yes: None, no: None },
-        QuestionKind::Score { levels: vec!["0".into()] },
+        QuestionKind::Choice {
+            options: vec![ChoiceOption {
+                name: "a".into(),
+                description: None,
+            }],
+        },
+        QuestionKind::YesNo {
+            yes: None,
+            no: None,
+        },
+        QuestionKind::Score {
+            levels: vec!["0".into()],
+        },
     ]
 }
 
@@ -114,7 +161,15 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/health", get(health_handler))
         .route("/info", get(info_handler))
         .route("/metrics", get(metrics_handler))
-        .route("/api-doc/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], api::schema::openapi_json()) }))
+        .route(
+            "/api-doc/openapi.json",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    api::schema::openapi_json(),
+                )
+            }),
+        )
         .route("/docs", get(docs_handler))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(RequestDecompressionLayer::new())
@@ -142,8 +197,15 @@ async fn request_id(request: Request, next: Next) -> Response {
     };
     let status = response.status().as_u16();
     metrics::counter!("decision_http_requests_total", "path" => path.clone(), "status" => status.to_string()).increment(1);
-    metrics::histogram!("decision_http_request_duration_seconds", "path" => path).record(started.elapsed().as_secs_f64());
-    span.in_scope(|| tracing::info!(status, elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "done"));
+    metrics::histogram!("decision_http_request_duration_seconds", "path" => path)
+        .record(started.elapsed().as_secs_f64());
+    span.in_scope(|| {
+        tracing::info!(
+            status,
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            "done"
+        )
+    });
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
@@ -152,11 +214,16 @@ async fn request_id(request: Request, next: Next) -> Response {
 
 /// `Authorization: Bearer <key>` when an API key is configured; any header is fine otherwise.
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), DecisionError> {
-    let Some(expected) = state.config.api_key.as_deref() else { return Ok(()) };
+    let Some(expected) = state.config.api_key.as_deref() else {
+        return Ok(());
+    };
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim);
     match given {
         Some(key) if constant_time_eq(key.as_bytes(), expected.as_bytes()) => Ok(()),
@@ -169,12 +236,18 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The body as JSON, or the error each shape reports for a body it cannot read.
-pub fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Value, DecisionError> {
+pub fn json_body(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Value, DecisionError> {
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             DecisionError::BodyTooLarge { limit }
         } else {
-            DecisionError::BadRequest { param: None, message: format!("cannot read the request body: {}", rejection.body_text()) }
+            DecisionError::BadRequest {
+                param: None,
+                message: format!("cannot read the request body: {}", rejection.body_text()),
+            }
         }
     })?;
     serde_json::from_slice(&bytes).map_err(|e| {
@@ -201,19 +274,31 @@ fn error_response(state: &AppState, shape: Shape, error: DecisionError) -> Respo
     };
     let mut response = (status, Json(body)).into_response();
     if let Some(secs) = error.retry_after_secs() {
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
 }
 
-async fn systemone_handler(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+async fn systemone_handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let result = async {
         authorize(&state, &headers)?;
         let value = json_body(body, state.decider.limits.max_body_bytes)?;
         let compat = state.config.compat;
         let request = systemone::parse(&value, &state.decider.limits, compat)?;
         let decided = state.decider.decide(request, 1.0, false).await?;
-        Ok::<_, DecisionError>(systemone::format(&decided.request, &value["questions"], &decided.decision, &state.model_name, compat))
+        Ok::<_, DecisionError>(systemone::format(
+            &decided.request,
+            &value["questions"],
+            &decided.decision,
+            &state.model_name,
+            compat,
+        ))
     }
     .await;
     match result {
@@ -223,7 +308,11 @@ async fn systemone_handler(State(state): State<Arc<AppState>>, headers: HeaderMa
 }
 
 /// `/v1/decisions` serves OpenAI's and SGLang's shapes, told apart by their fields.
-async fn decisions_handler(State(state): State<Arc<AppState>>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+async fn decisions_handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let mut shape = Shape::OpenAi;
     let result = async {
         authorize(&state, &headers)?;
@@ -233,14 +322,33 @@ async fn decisions_handler(State(state): State<Arc<AppState>>, headers: HeaderMa
         if shape == Shape::Sglang {
             let parsed = sglang::parse(&value, limits)?;
             let (temperature, keep) = (parsed.temperature, parsed.return_prompt_token_ids);
-            let decided = state.decider.decide(parsed.request, temperature, keep).await?;
-            let parsed = sglang::Parsed { request: decided.request, ..parsed };
-            Ok::<_, DecisionError>(sglang::format(&parsed, &decided.decision, decided.reads.as_deref(), &state.model_name))
+            let decided = state
+                .decider
+                .decide(parsed.request, temperature, keep)
+                .await?;
+            let parsed = sglang::Parsed {
+                request: decided.request,
+                ..parsed
+            };
+            Ok::<_, DecisionError>(sglang::format(
+                &parsed,
+                &decided.decision,
+                decided.reads.as_deref(),
+                &state.model_name,
+            ))
         } else {
             let parsed = openai::parse(&value, limits, state.config.compat)?;
             let decided = state.decider.decide(parsed.request, 1.0, false).await?;
-            let parsed = openai::Parsed { request: decided.request, echo: parsed.echo };
-            Ok(openai::format(&parsed, &decided.decision, &state.model_name, state.config.compat))
+            let parsed = openai::Parsed {
+                request: decided.request,
+                echo: parsed.echo,
+            };
+            Ok(openai::format(
+                &parsed,
+                &decided.decision,
+                &state.model_name,
+                state.config.compat,
+            ))
         }
     }
     .await;
@@ -255,7 +363,10 @@ async fn models_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) 
         return error_response(&state, Shape::SystemOne, e);
     }
     let name = &state.model_name;
-    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     Json(json!({
         "models": [{
             "name": name,
@@ -271,7 +382,11 @@ async fn models_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) 
 async fn health_handler(State(state): State<Arc<AppState>>) -> Response {
     match state.shards.health().await {
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "unavailable", "message": e.to_string()}))).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "message": e.to_string()})),
+        )
+            .into_response(),
     }
 }
 
@@ -312,9 +427,17 @@ async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
 async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
     if let Some(handle) = &state.metrics {
         metrics::gauge!("decision_queued_reads").set(state.decider.queue.queued_reads() as f64);
-        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], handle.render()).into_response()
+        (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "metrics recorder unavailable").into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder unavailable",
+        )
+            .into_response()
     }
 }
 
@@ -324,16 +447,26 @@ async fn docs_handler() -> Response {
     let mut rows = String::new();
     for (path, item) in doc["paths"].as_object().into_iter().flatten() {
         for (method, op) in item.as_object().into_iter().flatten() {
-            let statuses: Vec<&String> = op["responses"].as_object().map(|r| r.keys().collect()).unwrap_or_default();
+            let statuses: Vec<&String> = op["responses"]
+                .as_object()
+                .map(|r| r.keys().collect())
+                .unwrap_or_default();
             rows.push_str(&format!(
                 "<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td></tr>",
                 method.to_uppercase(),
                 html_escape(path),
-                html_escape(&statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "))
+                html_escape(
+                    &statuses
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
             ));
         }
     }
-    let schemas = html_escape(&serde_json::to_string_pretty(&doc["components"]).unwrap_or_default());
+    let schemas =
+        html_escape(&serde_json::to_string_pretty(&doc["components"]).unwrap_or_default());
     let page = format!(
         "<!doctype html><meta charset=utf-8><title>decision-inference API</title>\
          <h1>decision-inference API</h1><p>Machine-readable: <a href=/api-doc/openapi.json>/api-doc/openapi.json</a></p>\
@@ -344,7 +477,9 @@ async fn docs_handler() -> Response {
 }
 
 fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 async fn shutdown_signal() {

@@ -1,7 +1,7 @@
 //! The router's side of the gRPC contract: connects to every rank of the model, sends each read
 //! batch to all of them, and keeps rank 0's answer (ranks compute together; rank 0 holds the result).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use decision_proto::v1::{self as pb, decision_shard_client::DecisionShardClient};
@@ -21,12 +21,19 @@ impl ShardSet {
     pub async fn connect(base: &Path) -> Result<Self, String> {
         let first = decision_proto::rank_socket(base, 0);
         let mut rank0 = connect_with_retry(&first).await?;
-        let info = rank0.info(pb::InfoRequest {}).await.map_err(|s| format!("Info on {}: {}", first.display(), s.message()))?.into_inner();
+        let info = rank0
+            .info(pb::InfoRequest {})
+            .await
+            .map_err(|s| format!("Info on {}: {}", first.display(), s.message()))?
+            .into_inner();
         let mut clients = vec![rank0];
         for rank in 1..info.world_size.max(1) {
             clients.push(connect_with_retry(&decision_proto::rank_socket(base, rank)).await?);
         }
-        Ok(ShardSet { clients, info: info.clone() })
+        Ok(ShardSet {
+            clients,
+            info: info.clone(),
+        })
     }
 
     pub fn world_size(&self) -> usize {
@@ -35,11 +42,22 @@ impl ShardSet {
 
     /// A real Health RPC on every rank.
     pub async fn health(&self) -> Result<(), DecisionError> {
-        let calls = self.clients.iter().cloned().map(|mut c| async move { c.health(pb::HealthRequest {}).await });
+        let calls = self
+            .clients
+            .iter()
+            .cloned()
+            .map(|mut c| async move { c.health(pb::HealthRequest {}).await });
         for (rank, result) in join_all(calls).await.into_iter().enumerate() {
-            let probe = result.map_err(|s| DecisionError::ShardUnavailable(format!("rank {rank}: {}", s.message())))?.into_inner().probe;
+            let probe = result
+                .map_err(|s| {
+                    DecisionError::ShardUnavailable(format!("rank {rank}: {}", s.message()))
+                })?
+                .into_inner()
+                .probe;
             if !probe.is_finite() {
-                return Err(DecisionError::ShardUnavailable(format!("rank {rank}: health probe is not finite")));
+                return Err(DecisionError::ShardUnavailable(format!(
+                    "rank {rank}: health probe is not finite"
+                )));
             }
         }
         Ok(())
@@ -66,13 +84,18 @@ impl ShardSet {
 
 fn status_error(rank: usize, status: tonic::Status) -> DecisionError {
     match status.code() {
-        tonic::Code::InvalidArgument => DecisionError::Internal(format!("rank {rank} refused the read: {}", status.message())),
-        tonic::Code::Unavailable | tonic::Code::Cancelled => DecisionError::ShardUnavailable(format!("rank {rank}: {}", status.message())),
+        tonic::Code::InvalidArgument => DecisionError::Internal(format!(
+            "rank {rank} refused the read: {}",
+            status.message()
+        )),
+        tonic::Code::Unavailable | tonic::Code::Cancelled => {
+            DecisionError::ShardUnavailable(format!("rank {rank}: {}", status.message()))
+        }
         _ => DecisionError::Shard(format!("rank {rank}: {}", status.message())),
     }
 }
 
-async fn connect_with_retry(path: &PathBuf) -> Result<DecisionShardClient<Channel>, String> {
+async fn connect_with_retry(path: &Path) -> Result<DecisionShardClient<Channel>, String> {
     let mut last = String::new();
     for _ in 0..40 {
         match decision_proto::connect_uds(path).await {
@@ -81,5 +104,8 @@ async fn connect_with_retry(path: &PathBuf) -> Result<DecisionShardClient<Channe
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Err(format!("cannot connect to shard at {}: {last}", path.display()))
+    Err(format!(
+        "cannot connect to shard at {}: {last}",
+        path.display()
+    ))
 }

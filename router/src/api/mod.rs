@@ -1,8 +1,8 @@
 //! Wire shapes: each parses into the decision IR and formats answers and errors its own way.
 
-pub mod systemone;
 pub mod openai;
 pub mod sglang;
+pub mod systemone;
 
 use serde_json::Value;
 
@@ -15,17 +15,30 @@ pub fn decisions_shape(body: &Value) -> Result<Shape, DecisionError> {
     let mut sglang = Vec::new();
     let mut openai = Vec::new();
     if let Some(obj) = body.as_object() {
-        for key in ["temperature", "prompt_format_version", "return_prompt_token_ids"] {
+        for key in [
+            "temperature",
+            "prompt_format_version",
+            "return_prompt_token_ids",
+        ] {
             if obj.contains_key(key) {
                 sglang.push(key.to_owned());
             }
         }
-        for key in ["safety_identifier", "prompt_cache_key", "prompt_cache_options"] {
+        for key in [
+            "safety_identifier",
+            "prompt_cache_key",
+            "prompt_cache_options",
+        ] {
             if obj.contains_key(key) {
                 openai.push(key.to_owned());
             }
         }
-        for q in obj.get("questions").and_then(Value::as_array).into_iter().flatten() {
+        for q in obj
+            .get("questions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let Some(q) = q.as_object() else { continue };
             for key in ["question", "id", "options", "yes", "no"] {
                 if q.contains_key(key) {
@@ -76,10 +89,14 @@ mod tests {
     #[test]
     fn tells_shapes_apart_and_refuses_mixtures() {
         let openai = json!({"model": "m", "input": "x", "questions": [{"type": "predicate", "instructions": "i"}]});
-        let sglang = json!({"input": "x", "questions": [{"id": "a", "type": "yes_no", "question": "q"}]});
+        let sglang =
+            json!({"input": "x", "questions": [{"id": "a", "type": "yes_no", "question": "q"}]});
         assert_eq!(decisions_shape(&openai).unwrap(), Shape::OpenAi);
         assert_eq!(decisions_shape(&sglang).unwrap(), Shape::Sglang);
-        assert_eq!(decisions_shape(&json!({"input": "x", "temperature": 1})).unwrap(), Shape::Sglang);
+        assert_eq!(
+            decisions_shape(&json!({"input": "x", "temperature": 1})).unwrap(),
+            Shape::Sglang
+        );
         let mixed = json!({"input": "x", "questions": [{"id": "a", "type": "predicate", "instructions": "i"}]});
         let err = decisions_shape(&mixed).unwrap_err();
         assert!(err.to_string().contains("mixes"));

@@ -10,15 +10,31 @@ use crate::limits::Limits;
 use crate::probability;
 use crate::profile::Compat;
 
-const TOP_LEVEL: [&str; 8] =
-    ["model", "input", "questions", "safety_identifier", "prompt_cache_key", "prompt_cache_options", "chat_template_kwargs", "metadata"];
+const TOP_LEVEL: [&str; 8] = [
+    "model",
+    "input",
+    "questions",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_options",
+    "chat_template_kwargs",
+    "metadata",
+];
 
 /// What the response needs to echo that the IR does not carry: each question's type, name and typed values.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Echo {
-    Predicate { name: Option<String> },
-    Choice { name: Option<String>, values: Vec<Value> },
-    Score { name: Option<String>, labels: Vec<String> },
+    Predicate {
+        name: Option<String>,
+    },
+    Choice {
+        name: Option<String>,
+        values: Vec<Value>,
+    },
+    Score {
+        name: Option<String>,
+        labels: Vec<String>,
+    },
 }
 
 pub struct Parsed {
@@ -27,7 +43,9 @@ pub struct Parsed {
 }
 
 fn loc(path: &[Loc]) -> Vec<Loc> {
-    std::iter::once(Loc::from("body")).chain(path.iter().cloned()).collect()
+    std::iter::once(Loc::from("body"))
+        .chain(path.iter().cloned())
+        .collect()
 }
 
 fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
@@ -35,22 +53,40 @@ fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
 }
 
 pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, DecisionError> {
-    let obj = body.as_object().ok_or_else(|| DecisionError::Invalid(vec![err(&[], "type_error", "the body must be a JSON object")]))?;
+    let obj = body.as_object().ok_or_else(|| {
+        DecisionError::Invalid(vec![err(
+            &[],
+            "type_error",
+            "the body must be a JSON object",
+        )])
+    })?;
     let mut errors = Vec::new();
     for key in obj.keys() {
         if !TOP_LEVEL.contains(&key.as_str()) {
-            errors.push(err(&[key.as_str().into()], "unknown_parameter", format!("Unrecognized request argument supplied: {key}")));
+            errors.push(err(
+                &[key.as_str().into()],
+                "unknown_parameter",
+                format!("Unrecognized request argument supplied: {key}"),
+            ));
         }
     }
     match obj.get("model") {
         Some(Value::String(name)) => super::systemone::check_model_name(name)?,
         None => errors.push(err(&["model".into()], "missing", "model is required")),
-        Some(_) => errors.push(err(&["model".into()], "invalid_type", "model must be a string")),
+        Some(_) => errors.push(err(
+            &["model".into()],
+            "invalid_type",
+            "model must be a string",
+        )),
     }
     for key in ["safety_identifier", "prompt_cache_key"] {
         if let Some(v) = obj.get(key) {
             if !v.is_string() && !v.is_null() {
-                errors.push(err(&[key.into()], "invalid_type", format!("{key} must be a string")));
+                errors.push(err(
+                    &[key.into()],
+                    "invalid_type",
+                    format!("{key} must be a string"),
+                ));
             }
         }
     }
@@ -65,7 +101,11 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(_) => {
-            errors.push(err(&["chat_template_kwargs".into()], "invalid_type", "chat_template_kwargs must be an object"));
+            errors.push(err(
+                &["chat_template_kwargs".into()],
+                "invalid_type",
+                "chat_template_kwargs must be an object",
+            ));
             Map::new()
         }
     };
@@ -73,13 +113,19 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
     let mut questions = Vec::new();
     let mut echo = Vec::new();
     match obj.get("questions") {
-        Some(Value::Array(items)) if items.is_empty() => {
-            errors.push(err(&["questions".into()], "too_short", "questions must hold at least one question"))
-        }
+        Some(Value::Array(items)) if items.is_empty() => errors.push(err(
+            &["questions".into()],
+            "too_short",
+            "questions must hold at least one question",
+        )),
         Some(Value::Array(items)) if items.len() > limits.max_questions => errors.push(err(
             &["questions".into()],
             "too_long",
-            format!("at most {} questions per request (max_questions), got {}", limits.max_questions, items.len()),
+            format!(
+                "at most {} questions per request (max_questions), got {}",
+                limits.max_questions,
+                items.len()
+            ),
         )),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
@@ -89,13 +135,25 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
                 }
             }
         }
-        None => errors.push(err(&["questions".into()], "missing", "questions is required")),
-        Some(_) => errors.push(err(&["questions".into()], "invalid_type", "questions must be a list")),
+        None => errors.push(err(
+            &["questions".into()],
+            "missing",
+            "questions is required",
+        )),
+        Some(_) => errors.push(err(
+            &["questions".into()],
+            "invalid_type",
+            "questions must be a list",
+        )),
     }
     if !errors.is_empty() {
         return Err(DecisionError::Invalid(errors));
     }
-    let cache_salt = obj.get("prompt_cache_key").and_then(Value::as_str).unwrap_or_default().to_owned();
+    let cache_salt = obj
+        .get("prompt_cache_key")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
     let request = DecisionRequest {
         state: Value::String(state),
         instructions: None,
@@ -116,26 +174,45 @@ fn input_text(input: &Value, errors: &mut Vec<FieldError>) -> String {
             for (i, message) in messages.iter().enumerate() {
                 let at = [Loc::from("input"), Loc::Index(i)];
                 let Some(m) = message.as_object() else {
-                    errors.push(err(&at, "invalid_type", "each input item must be a message object"));
+                    errors.push(err(
+                        &at,
+                        "invalid_type",
+                        "each input item must be a message object",
+                    ));
                     continue;
                 };
                 match m.get("type").and_then(Value::as_str) {
                     None | Some("message") => {}
                     Some(other) => {
-                        errors.push(err(&at, "unsupported_value", format!("input items of type '{other}' are not supported; send messages")));
+                        errors.push(err(
+                            &at,
+                            "unsupported_value",
+                            format!(
+                                "input items of type '{other}' are not supported; send messages"
+                            ),
+                        ));
                         continue;
                     }
                 }
                 match m.get("role").and_then(Value::as_str) {
                     Some("user" | "system" | "developer" | "assistant") => {}
-                    _ => errors.push(err(&[at[0].clone(), at[1].clone(), "role".into()], "invalid_value", "role must be user, system, developer or assistant")),
+                    _ => errors.push(err(
+                        &[at[0].clone(), at[1].clone(), "role".into()],
+                        "invalid_value",
+                        "role must be user, system, developer or assistant",
+                    )),
                 }
                 match m.get("content") {
                     Some(Value::String(s)) => texts.push(s.clone()),
                     Some(Value::Array(parts)) => {
                         let mut part_texts = Vec::with_capacity(parts.len());
                         for (j, part) in parts.iter().enumerate() {
-                            let ploc = [at[0].clone(), at[1].clone(), "content".into(), Loc::Index(j)];
+                            let ploc = [
+                                at[0].clone(),
+                                at[1].clone(),
+                                "content".into(),
+                                Loc::Index(j),
+                            ];
                             match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
                                 (Some("input_text" | "output_text" | "text"), Some(t)) => part_texts.push(t.to_owned()),
                                 (Some("input_json" | "json"), _) => match part.get("json") {
@@ -150,23 +227,39 @@ fn input_text(input: &Value, errors: &mut Vec<FieldError>) -> String {
                         }
                         texts.push(part_texts.join("\n"));
                     }
-                    _ => errors.push(err(&[at[0].clone(), at[1].clone(), "content".into()], "invalid_type", "content must be a string or a list of parts")),
+                    _ => errors.push(err(
+                        &[at[0].clone(), at[1].clone(), "content".into()],
+                        "invalid_type",
+                        "content must be a string or a list of parts",
+                    )),
                 }
             }
             texts.join("\n\n")
         }
         Value::Array(_) => {
-            errors.push(err(&["input".into()], "too_short", "input must hold at least one message"));
+            errors.push(err(
+                &["input".into()],
+                "too_short",
+                "input must hold at least one message",
+            ));
             String::new()
         }
         _ => {
-            errors.push(err(&["input".into()], "invalid_type", "input must be a string or a list of messages"));
+            errors.push(err(
+                &["input".into()],
+                "invalid_type",
+                "input must be a string or a list of messages",
+            ));
             String::new()
         }
     }
 }
 
-fn instructions_text(value: Option<&Value>, at: &[Loc], errors: &mut Vec<FieldError>) -> Option<String> {
+fn instructions_text(
+    value: Option<&Value>,
+    at: &[Loc],
+    errors: &mut Vec<FieldError>,
+) -> Option<String> {
     let mut path = at.to_vec();
     path.push("instructions".into());
     match value {
@@ -174,10 +267,17 @@ fn instructions_text(value: Option<&Value>, at: &[Loc], errors: &mut Vec<FieldEr
         Some(Value::Array(parts)) if !parts.is_empty() => {
             let mut texts = Vec::new();
             for part in parts {
-                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                match (
+                    part.get("type").and_then(Value::as_str),
+                    part.get("text").and_then(Value::as_str),
+                ) {
                     (Some("input_text" | "text"), Some(t)) => texts.push(t.to_owned()),
                     _ => {
-                        errors.push(err(&path, "unsupported_value", "instructions parts must be input_text parts"));
+                        errors.push(err(
+                            &path,
+                            "unsupported_value",
+                            "instructions parts must be input_text parts",
+                        ));
                         return None;
                     }
                 }
@@ -189,13 +289,23 @@ fn instructions_text(value: Option<&Value>, at: &[Loc], errors: &mut Vec<FieldEr
             None
         }
         Some(_) => {
-            errors.push(err(&path, "invalid_value", "instructions must be a non-empty string or a list of input_text parts"));
+            errors.push(err(
+                &path,
+                "invalid_value",
+                "instructions must be a non-empty string or a list of input_text parts",
+            ));
             None
         }
     }
 }
 
-fn parse_question(i: usize, item: &Value, limits: &Limits, max_choices: usize, errors: &mut Vec<FieldError>) -> Option<(Question, Echo)> {
+fn parse_question(
+    i: usize,
+    item: &Value,
+    limits: &Limits,
+    max_choices: usize,
+    errors: &mut Vec<FieldError>,
+) -> Option<(Question, Echo)> {
     let at = [Loc::from("questions"), Loc::Index(i)];
     let sub = |k: &str| [at[0].clone(), at[1].clone(), Loc::from(k)];
     let Some(obj) = item.as_object() else {
@@ -209,13 +319,21 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, max_choices: usize, e
         "choice" => &["type", "instructions", "name", "choices"],
         "score" => &["type", "instructions", "name", "levels"],
         _ => {
-            errors.push(err(&sub("type"), "invalid_value", "type must be 'predicate', 'choice' or 'score'"));
+            errors.push(err(
+                &sub("type"),
+                "invalid_value",
+                "type must be 'predicate', 'choice' or 'score'",
+            ));
             return None;
         }
     };
     for key in obj.keys() {
         if !allowed.contains(&key.as_str()) {
-            errors.push(err(&sub(key), "unknown_parameter", format!("unknown field '{key}' for a {kind} question")));
+            errors.push(err(
+                &sub(key),
+                "unknown_parameter",
+                format!("unknown field '{key}' for a {kind} question"),
+            ));
         }
     }
     let name = match obj.get("name") {
@@ -229,47 +347,108 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, max_choices: usize, e
     let instructions = instructions_text(obj.get("instructions"), &at, errors);
     let (options, echo) = match kind {
         "predicate" => (
-            vec![ChoiceOption { name: "false".into(), description: None }, ChoiceOption { name: "true".into(), description: None }],
+            vec![
+                ChoiceOption {
+                    name: "false".into(),
+                    description: None,
+                },
+                ChoiceOption {
+                    name: "true".into(),
+                    description: None,
+                },
+            ],
             Echo::Predicate { name: name.clone() },
         ),
         "choice" => {
             let Some(items) = obj.get("choices").and_then(Value::as_array) else {
-                errors.push(err(&sub("choices"), "missing", "a choice question needs a list of choices"));
+                errors.push(err(
+                    &sub("choices"),
+                    "missing",
+                    "a choice question needs a list of choices",
+                ));
                 return None;
             };
             if items.len() < 2 || items.len() > max_choices {
-                errors.push(err(&sub("choices"), "invalid_length", format!("provide between 2 and {max_choices} choices, got {}", items.len())));
+                errors.push(err(
+                    &sub("choices"),
+                    "invalid_length",
+                    format!(
+                        "provide between 2 and {max_choices} choices, got {}",
+                        items.len()
+                    ),
+                ));
                 return None;
             }
             let mut options = Vec::new();
             let mut values: Vec<Value> = Vec::new();
             for (j, choice) in items.iter().enumerate() {
-                let cloc = [at[0].clone(), at[1].clone(), "choices".into(), Loc::Index(j)];
+                let cloc = [
+                    at[0].clone(),
+                    at[1].clone(),
+                    "choices".into(),
+                    Loc::Index(j),
+                ];
                 let value = choice.get("value");
                 match value {
                     Some(v @ (Value::String(_) | Value::Bool(_))) => {
                         if values.contains(v) {
-                            errors.push(err(&cloc, "duplicate_value", format!("choice {v} appears twice; each choice must be unique")));
+                            errors.push(err(
+                                &cloc,
+                                "duplicate_value",
+                                format!("choice {v} appears twice; each choice must be unique"),
+                            ));
                         }
                         values.push(v.clone());
                         // vLLM's adapter names an option by the JSON of its value: strings quoted, booleans bare.
-                        options.push(ChoiceOption { name: json_text::dumps(v, Separators::Default), description: description(choice, &cloc, errors) });
+                        options.push(ChoiceOption {
+                            name: json_text::dumps(v, Separators::Default),
+                            description: description(choice, &cloc, errors),
+                        });
                     }
-                    _ => errors.push(err(&cloc, "invalid_type", "each choice needs a 'value' that is a string or a boolean")),
+                    _ => errors.push(err(
+                        &cloc,
+                        "invalid_type",
+                        "each choice needs a 'value' that is a string or a boolean",
+                    )),
                 }
-                if let Some(extra) = choice.as_object().and_then(|c| c.keys().find(|k| !matches!(k.as_str(), "value" | "description"))) {
-                    errors.push(err(&cloc, "unknown_parameter", format!("unknown field '{extra}' in a choice")));
+                if let Some(extra) = choice.as_object().and_then(|c| {
+                    c.keys()
+                        .find(|k| !matches!(k.as_str(), "value" | "description"))
+                }) {
+                    errors.push(err(
+                        &cloc,
+                        "unknown_parameter",
+                        format!("unknown field '{extra}' in a choice"),
+                    ));
                 }
             }
-            (options, Echo::Choice { name: name.clone(), values })
+            (
+                options,
+                Echo::Choice {
+                    name: name.clone(),
+                    values,
+                },
+            )
         }
         _ => {
             let Some(items) = obj.get("levels").and_then(Value::as_array) else {
-                errors.push(err(&sub("levels"), "missing", "a score question needs a list of levels"));
+                errors.push(err(
+                    &sub("levels"),
+                    "missing",
+                    "a score question needs a list of levels",
+                ));
                 return None;
             };
             if items.len() < 2 || items.len() > limits.max_levels {
-                errors.push(err(&sub("levels"), "invalid_length", format!("provide between 2 and {} levels, got {}", limits.max_levels, items.len())));
+                errors.push(err(
+                    &sub("levels"),
+                    "invalid_length",
+                    format!(
+                        "provide between 2 and {} levels, got {}",
+                        limits.max_levels,
+                        items.len()
+                    ),
+                ));
                 return None;
             }
             let mut options = Vec::new();
@@ -279,22 +458,49 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, max_choices: usize, e
                 match level.get("label") {
                     Some(Value::String(label)) if !label.trim().is_empty() => {
                         labels.push(label.clone());
-                        options.push(ChoiceOption { name: label.clone(), description: description(level, &lloc, errors) });
+                        options.push(ChoiceOption {
+                            name: label.clone(),
+                            description: description(level, &lloc, errors),
+                        });
                     }
-                    _ => errors.push(err(&lloc, "invalid_value", "each level needs a non-empty string 'label'")),
+                    _ => errors.push(err(
+                        &lloc,
+                        "invalid_value",
+                        "each level needs a non-empty string 'label'",
+                    )),
                 }
-                if let Some(extra) = level.as_object().and_then(|c| c.keys().find(|k| !matches!(k.as_str(), "label" | "description"))) {
-                    errors.push(err(&lloc, "unknown_parameter", format!("unknown field '{extra}' in a level")));
+                if let Some(extra) = level.as_object().and_then(|c| {
+                    c.keys()
+                        .find(|k| !matches!(k.as_str(), "label" | "description"))
+                }) {
+                    errors.push(err(
+                        &lloc,
+                        "unknown_parameter",
+                        format!("unknown field '{extra}' in a level"),
+                    ));
                 }
             }
-            (options, Echo::Score { name: name.clone(), labels })
+            (
+                options,
+                Echo::Score {
+                    name: name.clone(),
+                    labels,
+                },
+            )
         }
     };
     if errors.len() > before {
         return None;
     }
     let id = name.unwrap_or_else(|| format!("questions[{i}]"));
-    Some((Question { id, instructions, kind: QuestionKind::Choice { options } }, echo))
+    Some((
+        Question {
+            id,
+            instructions,
+            kind: QuestionKind::Choice { options },
+        },
+        echo,
+    ))
 }
 
 fn description(item: &Value, at: &[Loc], errors: &mut Vec<FieldError>) -> Option<String> {
@@ -360,16 +566,36 @@ pub fn format(parsed: &Parsed, decision: &Decision, model: &str, compat: Compat)
 /// OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`.
 pub fn error_body(error: &DecisionError) -> Value {
     let (kind, code, param) = match error {
-        DecisionError::Invalid(fields) => ("invalid_request_error", fields.first().map(|f| f.kind), fields.first().map(FieldError::param)),
-        DecisionError::BadRequest { param, .. } => ("invalid_request_error", Some("invalid_value"), param.clone()),
-        DecisionError::ThinkingOn => ("invalid_request_error", Some("invalid_value"), Some("chat_template_kwargs".into())),
+        DecisionError::Invalid(fields) => (
+            "invalid_request_error",
+            fields.first().map(|f| f.kind),
+            fields.first().map(FieldError::param),
+        ),
+        DecisionError::BadRequest { param, .. } => (
+            "invalid_request_error",
+            Some("invalid_value"),
+            param.clone(),
+        ),
+        DecisionError::ThinkingOn => (
+            "invalid_request_error",
+            Some("invalid_value"),
+            Some("chat_template_kwargs".into()),
+        ),
         DecisionError::Unauthorized => ("invalid_request_error", Some("invalid_api_key"), None),
-        DecisionError::BodyTooLarge { .. } => ("invalid_request_error", Some("request_too_large"), None),
-        DecisionError::TokensExceeded { .. } | DecisionError::PromptTooLong { .. } => {
-            ("invalid_request_error", Some("context_length_exceeded"), Some("input".into()))
+        DecisionError::BodyTooLarge { .. } => {
+            ("invalid_request_error", Some("request_too_large"), None)
         }
+        DecisionError::TokensExceeded { .. } | DecisionError::PromptTooLong { .. } => (
+            "invalid_request_error",
+            Some("context_length_exceeded"),
+            Some("input".into()),
+        ),
         DecisionError::Overloaded { .. } => ("rate_limit_error", Some("rate_limit_exceeded"), None),
-        DecisionError::NotServable(_) => ("invalid_request_error", Some("model_not_supported"), Some("model".into())),
+        DecisionError::NotServable(_) => (
+            "invalid_request_error",
+            Some("model_not_supported"),
+            Some("model".into()),
+        ),
         _ => ("server_error", None, None),
     };
     json!({"error": {"message": error.to_string(), "type": kind, "param": param, "code": code}})
@@ -405,20 +631,43 @@ mod tests {
         }));
         assert_eq!(p.request.state, json!("part 1\npart 2\n\nsecond"));
         let names = |q: &Question| match &q.kind {
-            QuestionKind::Choice { options } => options.iter().map(|o| (o.name.clone(), o.description.clone())).collect::<Vec<_>>(),
+            QuestionKind::Choice { options } => options
+                .iter()
+                .map(|o| (o.name.clone(), o.description.clone()))
+                .collect::<Vec<_>>(),
             _ => panic!("not a choice"),
         };
-        assert_eq!(names(&p.request.questions[0]), vec![("false".into(), None), ("true".into(), None)]);
-        assert_eq!(names(&p.request.questions[1]), vec![("\"true\"".into(), None), ("true".into(), Some("the boolean".into()))]);
-        assert_eq!(names(&p.request.questions[2]), vec![("low".into(), Some("fine".into())), ("high".into(), None)]);
-        assert_eq!(p.echo[1], Echo::Choice { name: None, values: vec![json!("true"), json!(true)] });
+        assert_eq!(
+            names(&p.request.questions[0]),
+            vec![("false".into(), None), ("true".into(), None)]
+        );
+        assert_eq!(
+            names(&p.request.questions[1]),
+            vec![
+                ("\"true\"".into(), None),
+                ("true".into(), Some("the boolean".into()))
+            ]
+        );
+        assert_eq!(
+            names(&p.request.questions[2]),
+            vec![("low".into(), Some("fine".into())), ("high".into(), None)]
+        );
+        assert_eq!(
+            p.echo[1],
+            Echo::Choice {
+                name: None,
+                values: vec![json!("true"), json!(true)]
+            }
+        );
         let text = crate::ir::Wording::Vllm.user_message("S", &p.request.questions[2]);
         assert_eq!(text, "S\n\nQuestion: How bad?\nA: low - fine\nB: high\nAnswer with the letter of one option only.");
     }
 
     #[test]
     fn typed_values_are_distinct_but_duplicates_are_refused() {
-        let dup = invalid(json!({"model": "m", "input": "x", "questions": [{"type": "choice", "instructions": "i", "choices": [{"value": "a"}, {"value": "a"}]}]}));
+        let dup = invalid(
+            json!({"model": "m", "input": "x", "questions": [{"type": "choice", "instructions": "i", "choices": [{"value": "a"}, {"value": "a"}]}]}),
+        );
         assert_eq!(dup[0].param(), "questions.0.choices.1");
     }
 
@@ -426,22 +675,63 @@ mod tests {
     fn refusals_name_the_field() {
         let q = |question: Value| json!({"model": "m", "input": "x", "questions": [question]});
         let cases = vec![
-            (json!({"input": "x", "questions": [{"type": "predicate", "instructions": "i"}]}), "model"),
-            (json!({"model": "m", "questions": [{"type": "predicate", "instructions": "i"}]}), "input"),
-            (json!({"model": "m", "input": "x", "questions": []}), "questions"),
-            (json!({"model": "m", "input": "x", "questions": [], "temperature": 1}), "temperature"),
-            (json!({"model": "m", "input": 5, "questions": [{"type": "predicate", "instructions": "i"}]}), "input"),
+            (
+                json!({"input": "x", "questions": [{"type": "predicate", "instructions": "i"}]}),
+                "model",
+            ),
+            (
+                json!({"model": "m", "questions": [{"type": "predicate", "instructions": "i"}]}),
+                "input",
+            ),
+            (
+                json!({"model": "m", "input": "x", "questions": []}),
+                "questions",
+            ),
+            (
+                json!({"model": "m", "input": "x", "questions": [], "temperature": 1}),
+                "temperature",
+            ),
+            (
+                json!({"model": "m", "input": 5, "questions": [{"type": "predicate", "instructions": "i"}]}),
+                "input",
+            ),
             (q(json!({"type": "predicate"})), "questions.0.instructions"),
-            (q(json!({"type": "predicate", "instructions": "i", "extra": 1})), "questions.0.extra"),
-            (q(json!({"type": "choice", "instructions": "i", "choices": [{"value": "a"}]})), "questions.0.choices"),
-            (q(json!({"type": "choice", "instructions": "i", "choices": [{"value": 1}, {"value": "b"}]})), "questions.0.choices.0"),
-            (q(json!({"type": "score", "instructions": "i", "levels": [{"label": "a"}]})), "questions.0.levels"),
-            (q(json!({"type": "score", "instructions": "i", "levels": [{"label": ""}, {"label": "b"}]})), "questions.0.levels.0"),
-            (q(json!({"type": "rank", "instructions": "i"})), "questions.0.type"),
+            (
+                q(json!({"type": "predicate", "instructions": "i", "extra": 1})),
+                "questions.0.extra",
+            ),
+            (
+                q(json!({"type": "choice", "instructions": "i", "choices": [{"value": "a"}]})),
+                "questions.0.choices",
+            ),
+            (
+                q(
+                    json!({"type": "choice", "instructions": "i", "choices": [{"value": 1}, {"value": "b"}]}),
+                ),
+                "questions.0.choices.0",
+            ),
+            (
+                q(json!({"type": "score", "instructions": "i", "levels": [{"label": "a"}]})),
+                "questions.0.levels",
+            ),
+            (
+                q(
+                    json!({"type": "score", "instructions": "i", "levels": [{"label": ""}, {"label": "b"}]}),
+                ),
+                "questions.0.levels.0",
+            ),
+            (
+                q(json!({"type": "rank", "instructions": "i"})),
+                "questions.0.type",
+            ),
         ];
         for (body, field) in cases {
             let fields = invalid(body.clone());
-            assert!(fields.iter().any(|f| f.param() == field), "{body}: {:?}", fields.iter().map(FieldError::param).collect::<Vec<_>>());
+            assert!(
+                fields.iter().any(|f| f.param() == field),
+                "{body}: {:?}",
+                fields.iter().map(FieldError::param).collect::<Vec<_>>()
+            );
         }
     }
 
@@ -451,23 +741,54 @@ mod tests {
             {"type": "predicate", "instructions": "i", "name": "p"},
             {"type": "choice", "instructions": "i", "choices": [{"value": "true"}, {"value": true}]},
             {"type": "score", "instructions": "i", "levels": [{"label": "lo"}, {"label": "hi"}]}]}));
-        let a = |p: Vec<f64>| Answer { label_logprobs: vec![], probabilities: p, label_mass: 1.0, argmax_is_label: true };
-        let d = Decision { answers: vec![a(vec![0.3, 0.7]), a(vec![0.2, 0.8]), a(vec![0.25, 0.75])], usage: Usage { input_tokens: 10, cached_tokens: 4, per_question_prompt_tokens: 30 } };
+        let a = |p: Vec<f64>| Answer {
+            label_logprobs: vec![],
+            probabilities: p,
+            label_mass: 1.0,
+            argmax_is_label: true,
+        };
+        let d = Decision {
+            answers: vec![a(vec![0.3, 0.7]), a(vec![0.2, 0.8]), a(vec![0.25, 0.75])],
+            usage: Usage {
+                input_tokens: 10,
+                cached_tokens: 4,
+                per_question_prompt_tokens: 30,
+            },
+        };
         let out = format(&p, &d, "served", Compat::Typesafe);
-        assert_eq!(out["answers"][0], json!({"type": "predicate", "name": "p", "probability": 0.7}));
+        assert_eq!(
+            out["answers"][0],
+            json!({"type": "predicate", "name": "p", "probability": 0.7})
+        );
         assert_eq!(out["answers"][1]["choice"], json!(true));
         assert_eq!(out["answers"][1]["name"], Value::Null);
-        assert_eq!(out["answers"][1]["probabilities"][0], json!({"value": "true", "probability": 0.2}));
-        assert_eq!(out["answers"][2]["probabilities"][1], json!({"value": 1, "label": "hi", "probability": 0.75}));
+        assert_eq!(
+            out["answers"][1]["probabilities"][0],
+            json!({"value": "true", "probability": 0.2})
+        );
+        assert_eq!(
+            out["answers"][2]["probabilities"][1],
+            json!({"value": 1, "label": "hi", "probability": 0.75})
+        );
         assert_eq!(out["answers"][2]["score"], json!(0.75));
-        assert_eq!(out["usage"]["input_tokens_details"], json!({"cached_tokens": 4, "cache_write_tokens": 0}));
+        assert_eq!(
+            out["usage"]["input_tokens_details"],
+            json!({"cached_tokens": 4, "cache_write_tokens": 0})
+        );
         assert_eq!(out["usage"]["total_tokens"], json!(10));
         assert_eq!(out["model"], "served");
     }
 
     #[test]
     fn error_shape() {
-        let e = error_body(&DecisionError::Invalid(vec![FieldError::new(loc(&["questions".into(), Loc::Index(0)]), "missing", "m")]));
-        assert_eq!(e, json!({"error": {"message": "invalid request: questions.0: m", "type": "invalid_request_error", "param": "questions.0", "code": "missing"}}));
+        let e = error_body(&DecisionError::Invalid(vec![FieldError::new(
+            loc(&["questions".into(), Loc::Index(0)]),
+            "missing",
+            "m",
+        )]));
+        assert_eq!(
+            e,
+            json!({"error": {"message": "invalid request: questions.0: m", "type": "invalid_request_error", "param": "questions.0", "code": "missing"}})
+        );
     }
 }

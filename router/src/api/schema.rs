@@ -171,10 +171,26 @@ fn metrics() {}
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "decision-inference", description = "Language models as decision models: a probability for every allowed option."),
+    info(
+        title = "decision-inference",
+        description = "Language models as decision models: a probability for every allowed option."
+    ),
     paths(systemone, decisions, models, health, info, metrics),
-    components(schemas(Text, SystemOneQuestion, SystemOneRequest, SystemOneAnswer, SystemOneUsage, SystemOneResponse, ValidationDetail,
-        SystemOneError, OpenAiQuestion, SglangQuestion, DecisionsRequest, DecisionsResponse, DecisionsError))
+    components(schemas(
+        Text,
+        SystemOneQuestion,
+        SystemOneRequest,
+        SystemOneAnswer,
+        SystemOneUsage,
+        SystemOneResponse,
+        ValidationDetail,
+        SystemOneError,
+        OpenAiQuestion,
+        SglangQuestion,
+        DecisionsRequest,
+        DecisionsResponse,
+        DecisionsError
+    ))
 )]
 pub struct ApiDoc;
 

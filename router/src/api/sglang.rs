@@ -19,17 +19,33 @@ pub struct Parsed {
 }
 
 fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
-    FieldError::new(std::iter::once(Loc::from("body")).chain(path.iter().cloned()).collect(), kind, msg)
+    FieldError::new(
+        std::iter::once(Loc::from("body"))
+            .chain(path.iter().cloned())
+            .collect(),
+        kind,
+        msg,
+    )
 }
 
 pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
-    let obj = body.as_object().ok_or_else(|| DecisionError::Invalid(vec![err(&[], "type_error", "the body must be a JSON object")]))?;
+    let obj = body.as_object().ok_or_else(|| {
+        DecisionError::Invalid(vec![err(
+            &[],
+            "type_error",
+            "the body must be a JSON object",
+        )])
+    })?;
     let mut errors = Vec::new();
     if let Some(model) = obj.get("model") {
         match model {
             Value::Null => {}
             Value::String(name) => super::systemone::check_model_name(name)?,
-            _ => errors.push(err(&["model".into()], "type_error", "model must be a string")),
+            _ => errors.push(err(
+                &["model".into()],
+                "type_error",
+                "model must be a string",
+            )),
         }
     }
     let state = match obj.get("input") {
@@ -40,15 +56,25 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
             Value::Null
         }
         Some(_) => {
-            errors.push(err(&["input".into()], "value_error", "input must be a non-blank string, object or array"));
+            errors.push(err(
+                &["input".into()],
+                "value_error",
+                "input must be a non-blank string, object or array",
+            ));
             Value::Null
         }
     };
     let temperature = match obj.get("temperature") {
         None | Some(Value::Null) => 1.0,
-        Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0 && t.is_finite()) => n.as_f64().unwrap_or(1.0),
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t > 0.0 && t.is_finite()) => {
+            n.as_f64().unwrap_or(1.0)
+        }
         Some(_) => {
-            errors.push(err(&["temperature".into()], "value_error", "temperature must be a number greater than 0"));
+            errors.push(err(
+                &["temperature".into()],
+                "value_error",
+                "temperature must be a number greater than 0",
+            ));
             1.0
         }
     };
@@ -65,7 +91,11 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => {
-            errors.push(err(&["return_prompt_token_ids".into()], "type_error", "return_prompt_token_ids must be a boolean"));
+            errors.push(err(
+                &["return_prompt_token_ids".into()],
+                "type_error",
+                "return_prompt_token_ids must be a boolean",
+            ));
             false
         }
     };
@@ -73,53 +103,101 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(_) => {
-            errors.push(err(&["chat_template_kwargs".into()], "type_error", "chat_template_kwargs must be an object"));
+            errors.push(err(
+                &["chat_template_kwargs".into()],
+                "type_error",
+                "chat_template_kwargs must be an object",
+            ));
             Map::new()
         }
     };
     let mut questions: Vec<Question> = Vec::new();
     match obj.get("questions") {
-        Some(Value::Array(items)) if items.is_empty() => errors.push(err(&["questions".into()], "too_short", "questions must not be empty")),
+        Some(Value::Array(items)) if items.is_empty() => errors.push(err(
+            &["questions".into()],
+            "too_short",
+            "questions must not be empty",
+        )),
         Some(Value::Array(items)) if items.len() > limits.max_questions => errors.push(err(
             &["questions".into()],
             "too_long",
-            format!("at most {} questions per request (max_questions), got {}", limits.max_questions, items.len()),
+            format!(
+                "at most {} questions per request (max_questions), got {}",
+                limits.max_questions,
+                items.len()
+            ),
         )),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
                 if let Some(q) = parse_question(i, item, limits, &mut errors) {
                     if questions.iter().any(|other| other.id == q.id) {
-                        errors.push(err(&["questions".into(), Loc::Index(i), "id".into()], "value_error", format!("duplicate question id '{}'", q.id)));
+                        errors.push(err(
+                            &["questions".into(), Loc::Index(i), "id".into()],
+                            "value_error",
+                            format!("duplicate question id '{}'", q.id),
+                        ));
                     }
                     questions.push(q);
                 }
             }
         }
-        None => errors.push(err(&["questions".into()], "missing", "questions is required")),
-        Some(_) => errors.push(err(&["questions".into()], "type_error", "questions must be a list")),
+        None => errors.push(err(
+            &["questions".into()],
+            "missing",
+            "questions is required",
+        )),
+        Some(_) => errors.push(err(
+            &["questions".into()],
+            "type_error",
+            "questions must be a list",
+        )),
     }
     if !errors.is_empty() {
         return Err(DecisionError::Invalid(errors));
     }
-    let request = DecisionRequest { state, instructions: None, questions, chat_template_kwargs, cache_salt: String::new(), wording: Wording::Sglang };
-    Ok(Parsed { request, temperature, return_prompt_token_ids })
+    let request = DecisionRequest {
+        state,
+        instructions: None,
+        questions,
+        chat_template_kwargs,
+        cache_salt: String::new(),
+        wording: Wording::Sglang,
+    };
+    Ok(Parsed {
+        request,
+        temperature,
+        return_prompt_token_ids,
+    })
 }
 
 fn is_empty_container(v: &Value) -> bool {
     matches!(v, Value::Object(m) if m.is_empty()) || matches!(v, Value::Array(a) if a.is_empty())
 }
 
-fn parse_question(i: usize, item: &Value, limits: &Limits, errors: &mut Vec<FieldError>) -> Option<Question> {
+fn parse_question(
+    i: usize,
+    item: &Value,
+    limits: &Limits,
+    errors: &mut Vec<FieldError>,
+) -> Option<Question> {
     let at = |k: &str| vec![Loc::from("questions"), Loc::Index(i), Loc::from(k)];
     let Some(obj) = item.as_object() else {
-        errors.push(err(&["questions".into(), Loc::Index(i)], "type_error", "a question must be an object"));
+        errors.push(err(
+            &["questions".into(), Loc::Index(i)],
+            "type_error",
+            "a question must be an object",
+        ));
         return None;
     };
     let before = errors.len();
     let id = match obj.get("id") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         _ => {
-            errors.push(err(&at("id"), "value_error", "id must be a non-empty string"));
+            errors.push(err(
+                &at("id"),
+                "value_error",
+                "id must be a non-empty string",
+            ));
             String::new()
         }
     };
@@ -127,7 +205,11 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, errors: &mut Vec<Fiel
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
         Some(_) => {
-            errors.push(err(&at("question"), "type_error", "question must be a string"));
+            errors.push(err(
+                &at("question"),
+                "type_error",
+                "question must be a string",
+            ));
             None
         }
     };
@@ -137,13 +219,21 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, errors: &mut Vec<Fiel
         "score" => &["id", "type", "question", "levels"],
         "yes_no" => &["id", "type", "question", "yes", "no"],
         _ => {
-            errors.push(err(&at("type"), "value_error", "type must be 'choice', 'score' or 'yes_no'"));
+            errors.push(err(
+                &at("type"),
+                "value_error",
+                "type must be 'choice', 'score' or 'yes_no'",
+            ));
             return None;
         }
     };
     for key in obj.keys() {
         if !allowed.contains(&key.as_str()) {
-            errors.push(err(&at(key), "extra_forbidden", format!("unknown field '{key}' for a {kind} question")));
+            errors.push(err(
+                &at(key),
+                "extra_forbidden",
+                format!("unknown field '{key}' for a {kind} question"),
+            ));
         }
     }
     let kind = match kind {
@@ -153,13 +243,28 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, errors: &mut Vec<Fiel
                 return None;
             };
             if items.len() < 2 || items.len() > MAX_OPTIONS {
-                errors.push(err(&at("options"), "value_error", format!("a choice needs 2 to {MAX_OPTIONS} options, got {}", items.len())));
+                errors.push(err(
+                    &at("options"),
+                    "value_error",
+                    format!(
+                        "a choice needs 2 to {MAX_OPTIONS} options, got {}",
+                        items.len()
+                    ),
+                ));
                 return None;
             }
             let mut options = Vec::new();
             for (j, option) in items.iter().enumerate() {
-                let oloc = vec![Loc::from("questions"), Loc::Index(i), Loc::from("options"), Loc::Index(j)];
-                let name = option.get("name").and_then(Value::as_str).filter(|n| !n.trim().is_empty());
+                let oloc = vec![
+                    Loc::from("questions"),
+                    Loc::Index(i),
+                    Loc::from("options"),
+                    Loc::Index(j),
+                ];
+                let name = option
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.trim().is_empty());
                 let description = match option.get("description") {
                     None | Some(Value::Null) => None,
                     Some(Value::String(s)) => Some(s.clone()),
@@ -169,11 +274,18 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, errors: &mut Vec<Fiel
                     }
                 };
                 match name {
-                    Some(n) if options.iter().any(|o: &ChoiceOption| o.name == n) => {
-                        errors.push(err(&oloc, "value_error", format!("duplicate option name '{n}'")))
-                    }
-                    Some(n) => options.push(ChoiceOption { name: n.to_owned(), description }),
-                    None => errors.push(err(&oloc, "value_error", "each option needs a non-blank name")),
+                    Some(n) if options.iter().any(|o: &ChoiceOption| o.name == n) => errors.push(
+                        err(&oloc, "value_error", format!("duplicate option name '{n}'")),
+                    ),
+                    Some(n) => options.push(ChoiceOption {
+                        name: n.to_owned(),
+                        description,
+                    }),
+                    None => errors.push(err(
+                        &oloc,
+                        "value_error",
+                        "each option needs a non-blank name",
+                    )),
                 }
             }
             QuestionKind::Choice { options }
@@ -184,10 +296,21 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, errors: &mut Vec<Fiel
                 return None;
             };
             if items.len() < 2 || items.len() > limits.max_levels {
-                errors.push(err(&at("levels"), "value_error", format!("a score needs 2 to {} levels, got {}", limits.max_levels, items.len())));
+                errors.push(err(
+                    &at("levels"),
+                    "value_error",
+                    format!(
+                        "a score needs 2 to {} levels, got {}",
+                        limits.max_levels,
+                        items.len()
+                    ),
+                ));
                 return None;
             }
-            let levels: Vec<String> = items.iter().filter_map(|l| l.as_str().map(str::to_owned)).collect();
+            let levels: Vec<String> = items
+                .iter()
+                .filter_map(|l| l.as_str().map(str::to_owned))
+                .collect();
             if levels.len() != items.len() {
                 errors.push(err(&at("levels"), "type_error", "levels must be strings"));
             }
@@ -202,18 +325,36 @@ fn parse_question(i: usize, item: &Value, limits: &Limits, errors: &mut Vec<Fiel
                     None
                 }
             };
-            QuestionKind::YesNo { yes: side("yes", errors), no: side("no", errors) }
+            QuestionKind::YesNo {
+                yes: side("yes", errors),
+                no: side("no", errors),
+            }
         }
     };
     if errors.len() > before {
         return None;
     }
-    Some(Question { id, instructions, kind })
+    Some(Question {
+        id,
+        instructions,
+        kind,
+    })
 }
 
-pub fn format(parsed: &Parsed, decision: &Decision, reads: Option<&[PreparedRead]>, model: &str) -> Value {
+pub fn format(
+    parsed: &Parsed,
+    decision: &Decision,
+    reads: Option<&[PreparedRead]>,
+    model: &str,
+) -> Value {
     let mut answers = Map::new();
-    for (i, (question, answer)) in parsed.request.questions.iter().zip(&decision.answers).enumerate() {
+    for (i, (question, answer)) in parsed
+        .request
+        .questions
+        .iter()
+        .zip(&decision.answers)
+        .enumerate()
+    {
         let p = &answer.probabilities;
         let mut value = match &question.kind {
             QuestionKind::Choice { options } => json!({
@@ -221,7 +362,9 @@ pub fn format(parsed: &Parsed, decision: &Decision, reads: Option<&[PreparedRead
                 "choice": options[probability::argmax(p)].name,
                 "probabilities": options.iter().zip(p).map(|(o, pi)| (o.name.clone(), json!(pi))).collect::<Map<_, _>>(),
             }),
-            QuestionKind::YesNo { .. } => json!({"type": "yes_no", "probabilities": {"yes": p[0], "no": p[1]}}),
+            QuestionKind::YesNo { .. } => {
+                json!({"type": "yes_no", "probabilities": {"yes": p[0], "no": p[1]}})
+            }
             QuestionKind::Score { levels } => json!({
                 "type": "score",
                 "score": probability::expected_score(p),
@@ -232,7 +375,11 @@ pub fn format(parsed: &Parsed, decision: &Decision, reads: Option<&[PreparedRead
         obj.insert("label_mass".into(), json!(answer.label_mass));
         if let Some(read) = reads.and_then(|r| r.get(i)) {
             obj.insert("prompt_token_ids".into(), json!(read.token_ids));
-            let labels: Vec<Value> = read.labels.iter().map(|l| if l.len() == 1 { json!(l[0]) } else { json!(l) }).collect();
+            let labels: Vec<Value> = read
+                .labels
+                .iter()
+                .map(|l| if l.len() == 1 { json!(l[0]) } else { json!(l) })
+                .collect();
             obj.insert("label_token_ids".into(), Value::Array(labels));
         }
         answers.insert(question.id.clone(), value);
@@ -281,26 +428,60 @@ mod tests {
         assert_eq!(p.temperature, 0.5);
         assert!(p.return_prompt_token_ids);
         assert_eq!(p.request.wording, Wording::Sglang);
-        assert_eq!(p.request.questions[1].kind, QuestionKind::YesNo { yes: None, no: Some("calm".into()) });
+        assert_eq!(
+            p.request.questions[1].kind,
+            QuestionKind::YesNo {
+                yes: None,
+                no: Some("calm".into())
+            }
+        );
     }
 
     #[test]
     fn refusals_name_the_field() {
         let base = |q: Value| json!({"input": "x", "questions": [q]});
         let cases = vec![
-            (json!({"input": " ", "questions": [{"id": "a", "type": "yes_no"}]}), "input"),
-            (json!({"questions": [{"id": "a", "type": "yes_no"}]}), "input"),
-            (json!({"input": "x", "temperature": 0, "questions": [{"id": "a", "type": "yes_no"}]}), "temperature"),
-            (json!({"input": "x", "prompt_format_version": 2, "questions": [{"id": "a", "type": "yes_no"}]}), "prompt_format_version"),
-            (json!({"input": "x", "questions": [{"id": "a", "type": "yes_no"}, {"id": "a", "type": "yes_no"}]}), "questions.1.id"),
-            (base(json!({"id": "a", "type": "choice", "options": [{"name": "x"}]})), "questions.0.options"),
-            (base(json!({"id": "a", "type": "score", "levels": ["x"]})), "questions.0.levels"),
-            (base(json!({"id": "a", "type": "yes_no", "extra": 1})), "questions.0.extra"),
+            (
+                json!({"input": " ", "questions": [{"id": "a", "type": "yes_no"}]}),
+                "input",
+            ),
+            (
+                json!({"questions": [{"id": "a", "type": "yes_no"}]}),
+                "input",
+            ),
+            (
+                json!({"input": "x", "temperature": 0, "questions": [{"id": "a", "type": "yes_no"}]}),
+                "temperature",
+            ),
+            (
+                json!({"input": "x", "prompt_format_version": 2, "questions": [{"id": "a", "type": "yes_no"}]}),
+                "prompt_format_version",
+            ),
+            (
+                json!({"input": "x", "questions": [{"id": "a", "type": "yes_no"}, {"id": "a", "type": "yes_no"}]}),
+                "questions.1.id",
+            ),
+            (
+                base(json!({"id": "a", "type": "choice", "options": [{"name": "x"}]})),
+                "questions.0.options",
+            ),
+            (
+                base(json!({"id": "a", "type": "score", "levels": ["x"]})),
+                "questions.0.levels",
+            ),
+            (
+                base(json!({"id": "a", "type": "yes_no", "extra": 1})),
+                "questions.0.extra",
+            ),
             (base(json!({"type": "yes_no"})), "questions.0.id"),
         ];
         for (body, field) in cases {
             match parse(&body, &Limits::default()) {
-                Err(DecisionError::Invalid(f)) => assert!(f.iter().any(|e| e.param() == field), "{body}: {:?}", f.iter().map(FieldError::param).collect::<Vec<_>>()),
+                Err(DecisionError::Invalid(f)) => assert!(
+                    f.iter().any(|e| e.param() == field),
+                    "{body}: {:?}",
+                    f.iter().map(FieldError::param).collect::<Vec<_>>()
+                ),
                 _ => panic!("{body} was accepted"),
             }
         }
@@ -308,7 +489,10 @@ mod tests {
 
     #[test]
     fn error_shape() {
-        let e = error_body(&DecisionError::Invalid(vec![err(&["temperature".into()], "value_error", "m")]), 400);
+        let e = error_body(
+            &DecisionError::Invalid(vec![err(&["temperature".into()], "value_error", "m")]),
+            400,
+        );
         assert_eq!(e["object"], "error");
         assert_eq!(e["param"], "temperature");
         assert_eq!(e["code"], 400);

@@ -10,8 +10,15 @@ use crate::probability;
 use crate::profile::Compat;
 
 /// Parses and validates a System One request; every problem found is reported, each naming its field.
-pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<DecisionRequest, DecisionError> {
-    let limits = &Limits { max_choices: compat.max_choice_options(limits.max_choices), ..limits.clone() };
+pub fn parse(
+    body: &Value,
+    limits: &Limits,
+    compat: Compat,
+) -> Result<DecisionRequest, DecisionError> {
+    let limits = &Limits {
+        max_choices: compat.max_choice_options(limits.max_choices),
+        ..limits.clone()
+    };
     let mut errors = Vec::new();
     let Some(obj) = body.as_object() else {
         return Err(DecisionError::Invalid(vec![FieldError::new(
@@ -24,12 +31,20 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<DecisionRe
         match model {
             Value::Null => {}
             Value::String(name) => check_model_name(name)?,
-            _ => errors.push(FieldError::new(loc(&["model"]), "string_type", "model must be a string")),
+            _ => errors.push(FieldError::new(
+                loc(&["model"]),
+                "string_type",
+                "model must be a string",
+            )),
         }
     }
     let state = match obj.get("state") {
         None => {
-            errors.push(FieldError::new(loc(&["state"]), "missing", "state is required"));
+            errors.push(FieldError::new(
+                loc(&["state"]),
+                "missing",
+                "state is required",
+            ));
             Value::Null
         }
         Some(v) => v.clone(),
@@ -42,7 +57,11 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<DecisionRe
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(_) => {
-            errors.push(FieldError::new(loc(&["chat_template_kwargs"]), "dict_type", "chat_template_kwargs must be an object"));
+            errors.push(FieldError::new(
+                loc(&["chat_template_kwargs"]),
+                "dict_type",
+                "chat_template_kwargs must be an object",
+            ));
             Map::new()
         }
     };
@@ -50,13 +69,21 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<DecisionRe
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
         Some(_) => {
-            errors.push(FieldError::new(loc(&["cache_salt"]), "string_type", "cache_salt must be a string"));
+            errors.push(FieldError::new(
+                loc(&["cache_salt"]),
+                "string_type",
+                "cache_salt must be a string",
+            ));
             String::new()
         }
     };
     let questions = match obj.get("questions") {
         None => {
-            errors.push(FieldError::new(loc(&["questions"]), "missing", "questions is required"));
+            errors.push(FieldError::new(
+                loc(&["questions"]),
+                "missing",
+                "questions is required",
+            ));
             Vec::new()
         }
         Some(Value::Object(map)) => parse_questions(map, limits, &mut errors),
@@ -72,7 +99,14 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<DecisionRe
     if !errors.is_empty() {
         return Err(DecisionError::Invalid(errors));
     }
-    Ok(DecisionRequest { state, instructions, questions, chat_template_kwargs, cache_salt, wording: compat.systemone_wording() })
+    Ok(DecisionRequest {
+        state,
+        instructions,
+        questions,
+        chat_template_kwargs,
+        cache_salt,
+        wording: compat.systemone_wording(),
+    })
 }
 
 /// Any model name is accepted and answered as the served model, except the `base:adapter` form.
@@ -80,14 +114,19 @@ pub fn check_model_name(name: &str) -> Result<(), DecisionError> {
     if name.contains(':') {
         return Err(DecisionError::BadRequest {
             param: Some("model".into()),
-            message: format!("model '{name}': adapters ('base:adapter') are not supported by this server"),
+            message: format!(
+                "model '{name}': adapters ('base:adapter') are not supported by this server"
+            ),
         });
     }
     Ok(())
 }
 
 fn loc(path: &[&str]) -> Vec<Loc> {
-    std::iter::once("body").chain(path.iter().copied()).map(Loc::from).collect()
+    std::iter::once("body")
+        .chain(path.iter().copied())
+        .map(Loc::from)
+        .collect()
 }
 
 fn at(base: &[Loc], more: impl Into<Loc>) -> Vec<Loc> {
@@ -100,24 +139,43 @@ fn at(base: &[Loc], more: impl Into<Loc>) -> Vec<Loc> {
 fn text_field(value: &Value, loc: Vec<Loc>, errors: &mut Vec<FieldError>) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
-        Value::Object(_) | Value::Array(_) => Some(crate::json_text::dumps(value, crate::json_text::Separators::Default)),
+        Value::Object(_) | Value::Array(_) => Some(crate::json_text::dumps(
+            value,
+            crate::json_text::Separators::Default,
+        )),
         _ => {
-            errors.push(FieldError::new(loc, "string_type", "must be a string, an object or an array"));
+            errors.push(FieldError::new(
+                loc,
+                "string_type",
+                "must be a string, an object or an array",
+            ));
             None
         }
     }
 }
 
-fn parse_questions(map: &Map<String, Value>, limits: &Limits, errors: &mut Vec<FieldError>) -> Vec<Question> {
+fn parse_questions(
+    map: &Map<String, Value>,
+    limits: &Limits,
+    errors: &mut Vec<FieldError>,
+) -> Vec<Question> {
     let base = loc(&["questions"]);
     if map.is_empty() {
-        errors.push(FieldError::new(base.clone(), "too_short", "questions must hold at least one question"));
+        errors.push(FieldError::new(
+            base.clone(),
+            "too_short",
+            "questions must hold at least one question",
+        ));
     }
     if map.len() > limits.max_questions {
         errors.push(FieldError::new(
             base.clone(),
             "too_long",
-            format!("at most {} questions per request (max_questions), got {}", limits.max_questions, map.len()),
+            format!(
+                "at most {} questions per request (max_questions), got {}",
+                limits.max_questions,
+                map.len()
+            ),
         ));
         return Vec::new();
     }
@@ -125,7 +183,11 @@ fn parse_questions(map: &Map<String, Value>, limits: &Limits, errors: &mut Vec<F
     for (id, spec) in map {
         let qloc = at(&base, id.clone());
         if id.trim().is_empty() {
-            errors.push(FieldError::new(qloc.clone(), "value_error", "question ids must be non-blank strings"));
+            errors.push(FieldError::new(
+                qloc.clone(),
+                "value_error",
+                "question ids must be non-blank strings",
+            ));
         }
         if let Some(q) = parse_question(id, spec, &qloc, limits, errors) {
             questions.push(q);
@@ -134,9 +196,19 @@ fn parse_questions(map: &Map<String, Value>, limits: &Limits, errors: &mut Vec<F
     questions
 }
 
-fn parse_question(id: &str, spec: &Value, qloc: &[Loc], limits: &Limits, errors: &mut Vec<FieldError>) -> Option<Question> {
+fn parse_question(
+    id: &str,
+    spec: &Value,
+    qloc: &[Loc],
+    limits: &Limits,
+    errors: &mut Vec<FieldError>,
+) -> Option<Question> {
     let Some(obj) = spec.as_object() else {
-        errors.push(FieldError::new(qloc.to_vec(), "model_attributes_type", "a question must be an object"));
+        errors.push(FieldError::new(
+            qloc.to_vec(),
+            "model_attributes_type",
+            "a question must be an object",
+        ));
         return None;
     };
     let before = errors.len();
@@ -157,11 +229,17 @@ fn parse_question(id: &str, spec: &Value, qloc: &[Loc], limits: &Limits, errors:
     let cloc = at(qloc, "criteria");
     let kind = match obj.get("type") {
         None => {
-            errors.push(FieldError::new(at(qloc, "type"), "missing", "type is required (choice, noul or score)"));
+            errors.push(FieldError::new(
+                at(qloc, "type"),
+                "missing",
+                "type is required (choice, noul or score)",
+            ));
             None
         }
         Some(Value::String(t)) if t == "choice" => parse_choice(criteria, &cloc, limits, errors),
-        Some(Value::String(t)) if t == "noul" => parse_noul(criteria, instructions.as_deref(), qloc, errors),
+        Some(Value::String(t)) if t == "noul" => {
+            parse_noul(criteria, instructions.as_deref(), qloc, errors)
+        }
         Some(Value::String(t)) if t == "score" => parse_score(criteria, &cloc, limits, errors),
         Some(other) => {
             errors.push(FieldError::new(
@@ -175,24 +253,53 @@ fn parse_question(id: &str, spec: &Value, qloc: &[Loc], limits: &Limits, errors:
     if errors.len() > before {
         return None;
     }
-    kind.map(|kind| Question { id: id.to_owned(), instructions, kind })
+    kind.map(|kind| Question {
+        id: id.to_owned(),
+        instructions,
+        kind,
+    })
 }
 
-fn parse_choice(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Vec<FieldError>) -> Option<QuestionKind> {
+fn parse_choice(
+    criteria: &Value,
+    cloc: &[Loc],
+    limits: &Limits,
+    errors: &mut Vec<FieldError>,
+) -> Option<QuestionKind> {
     let Value::Object(map) = criteria else {
-        let msg = if criteria.is_null() { "a choice needs criteria: an object of option name -> description or null" } else { "choice criteria must be an object of option name -> description or null" };
-        errors.push(FieldError::new(cloc.to_vec(), if criteria.is_null() { "missing" } else { "dict_type" }, msg));
+        let msg = if criteria.is_null() {
+            "a choice needs criteria: an object of option name -> description or null"
+        } else {
+            "choice criteria must be an object of option name -> description or null"
+        };
+        errors.push(FieldError::new(
+            cloc.to_vec(),
+            if criteria.is_null() {
+                "missing"
+            } else {
+                "dict_type"
+            },
+            msg,
+        ));
         return None;
     };
     if map.is_empty() {
-        errors.push(FieldError::new(cloc.to_vec(), "too_short", "a choice needs at least one option"));
+        errors.push(FieldError::new(
+            cloc.to_vec(),
+            "too_short",
+            "a choice needs at least one option",
+        ));
         return None;
     }
     if map.len() > limits.max_choices {
         errors.push(FieldError::new(
             cloc.to_vec(),
             "too_long",
-            format!("at most {} options per choice (max_choices), got {}", limits.max_choices, map.len()),
+            format!(
+                "at most {} options per choice (max_choices), got {}",
+                limits.max_choices,
+                map.len()
+            ),
         ));
         return None;
     }
@@ -201,11 +308,19 @@ fn parse_choice(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Ve
     for (name, description) in map {
         let oloc = at(cloc, name.clone());
         if name.trim().is_empty() {
-            errors.push(FieldError::new(oloc.clone(), "value_error", "option names must be non-blank"));
-        } else if name.chars().any(char::is_control) {
-            errors.push(FieldError::new(oloc.clone(), "value_error", "option names must not contain control or line-break characters"));
+            errors.push(FieldError::new(
+                oloc.clone(),
+                "value_error",
+                "option names must be non-blank",
+            ));
+        } else if name.chars().any(is_line_break_or_control) {
+            errors.push(FieldError::new(
+                oloc.clone(),
+                "value_error",
+                "option names must not contain control or line-break characters",
+            ));
         }
-        let folded = name.trim().to_lowercase();
+        let folded = caseless::default_case_fold_str(name.trim());
         if seen.contains(&folded) {
             errors.push(FieldError::new(oloc.clone(), "value_error", format!("option '{name}' duplicates another option (names are compared trimmed and case-folded)")));
         }
@@ -214,12 +329,25 @@ fn parse_choice(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Ve
             Value::Null => None,
             v => text_field(v, oloc, errors),
         };
-        options.push(ChoiceOption { name: name.clone(), description });
+        options.push(ChoiceOption {
+            name: name.clone(),
+            description,
+        });
     }
     Some(QuestionKind::Choice { options })
 }
 
-fn parse_noul(criteria: &Value, instructions: Option<&str>, qloc: &[Loc], errors: &mut Vec<FieldError>) -> Option<QuestionKind> {
+/// Control characters and everything Python's `str.splitlines` breaks on (U+2028, U+2029 included).
+fn is_line_break_or_control(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+fn parse_noul(
+    criteria: &Value,
+    instructions: Option<&str>,
+    qloc: &[Loc],
+    errors: &mut Vec<FieldError>,
+) -> Option<QuestionKind> {
     let cloc = at(qloc, "criteria");
     let (mut yes, mut no) = (None, None);
     match criteria {
@@ -233,7 +361,9 @@ fn parse_noul(criteria: &Value, instructions: Option<&str>, qloc: &[Loc], errors
                         errors.push(FieldError::new(
                             at(&cloc, key.clone()),
                             "extra_forbidden",
-                            format!("noul criteria may only describe 'true' and 'false', not '{key}'"),
+                            format!(
+                                "noul criteria may only describe 'true' and 'false', not '{key}'"
+                            ),
                         ));
                         continue;
                     }
@@ -262,25 +392,47 @@ fn parse_noul(criteria: &Value, instructions: Option<&str>, qloc: &[Loc], errors
     Some(QuestionKind::YesNo { yes, no })
 }
 
-fn parse_score(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Vec<FieldError>) -> Option<QuestionKind> {
+fn parse_score(
+    criteria: &Value,
+    cloc: &[Loc],
+    limits: &Limits,
+    errors: &mut Vec<FieldError>,
+) -> Option<QuestionKind> {
     let Value::Array(items) = criteria else {
         let (kind, msg) = match criteria {
-            Value::Null => ("missing", "a score needs criteria: an ordered list of levels"),
-            Value::Object(_) => ("list_type", "score criteria must be an ordered list of levels, not a map"),
-            _ => ("list_type", "score criteria must be an ordered list of levels"),
+            Value::Null => (
+                "missing",
+                "a score needs criteria: an ordered list of levels",
+            ),
+            Value::Object(_) => (
+                "list_type",
+                "score criteria must be an ordered list of levels, not a map",
+            ),
+            _ => (
+                "list_type",
+                "score criteria must be an ordered list of levels",
+            ),
         };
         errors.push(FieldError::new(cloc.to_vec(), kind, msg));
         return None;
     };
     if items.is_empty() {
-        errors.push(FieldError::new(cloc.to_vec(), "too_short", "a score needs at least one level"));
+        errors.push(FieldError::new(
+            cloc.to_vec(),
+            "too_short",
+            "a score needs at least one level",
+        ));
         return None;
     }
     if items.len() > limits.max_levels {
         errors.push(FieldError::new(
             cloc.to_vec(),
             "too_long",
-            format!("at most {} levels per score (max_levels), got {}", limits.max_levels, items.len()),
+            format!(
+                "at most {} levels per score (max_levels), got {}",
+                limits.max_levels,
+                items.len()
+            ),
         ));
         return None;
     }
@@ -289,7 +441,11 @@ fn parse_score(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Vec
         let lloc = at(cloc, i);
         match item {
             Value::String(s) if s.trim().is_empty() => {
-                errors.push(FieldError::new(lloc, "value_error", "score levels must be non-blank"));
+                errors.push(FieldError::new(
+                    lloc,
+                    "value_error",
+                    "score levels must be non-blank",
+                ));
             }
             v => {
                 if let Some(text) = text_field(v, lloc, errors) {
@@ -302,7 +458,13 @@ fn parse_score(criteria: &Value, cloc: &[Loc], limits: &Limits, errors: &mut Vec
 }
 
 /// Formats answers in the System One shape, with the profile's extension fields.
-pub fn format(request: &DecisionRequest, raw_questions: &Value, decision: &Decision, model: &str, compat: Compat) -> Value {
+pub fn format(
+    request: &DecisionRequest,
+    raw_questions: &Value,
+    decision: &Decision,
+    model: &str,
+    compat: Compat,
+) -> Value {
     let mut answers = Map::new();
     let mut diagnostics = Map::new();
     for (question, answer) in request.questions.iter().zip(&decision.answers) {
@@ -310,8 +472,11 @@ pub fn format(request: &DecisionRequest, raw_questions: &Value, decision: &Decis
         let confidence = compat.confidence(&question.kind, answer);
         let mut value = match &question.kind {
             QuestionKind::Choice { options } => {
-                let probabilities: Map<String, Value> =
-                    options.iter().zip(p).map(|(o, pi)| (o.name.clone(), json!(pi))).collect();
+                let probabilities: Map<String, Value> = options
+                    .iter()
+                    .zip(p)
+                    .map(|(o, pi)| (o.name.clone(), json!(pi)))
+                    .collect();
                 json!({"type": "choice", "choice": options[probability::argmax(p)].name, "probabilities": probabilities})
             }
             QuestionKind::YesNo { .. } if compat == Compat::Vllm => {
@@ -320,10 +485,21 @@ pub fn format(request: &DecisionRequest, raw_questions: &Value, decision: &Decis
             QuestionKind::YesNo { .. } => json!({"type": "noul", "noul": p[0]}),
             QuestionKind::Score { .. } => {
                 // The legend echoes the levels exactly as sent (objects stay objects).
-                let sent = raw_questions.get(&question.id).and_then(|q| q.get("criteria")).and_then(|c| c.as_array());
-                let legend: Map<String, Value> =
-                    sent.into_iter().flatten().enumerate().map(|(i, l)| (i.to_string(), l.clone())).collect();
-                let probabilities: Map<String, Value> = p.iter().enumerate().map(|(i, pi)| (i.to_string(), json!(pi))).collect();
+                let sent = raw_questions
+                    .get(&question.id)
+                    .and_then(|q| q.get("criteria"))
+                    .and_then(|c| c.as_array());
+                let legend: Map<String, Value> = sent
+                    .into_iter()
+                    .flatten()
+                    .enumerate()
+                    .map(|(i, l)| (i.to_string(), l.clone()))
+                    .collect();
+                let probabilities: Map<String, Value> = p
+                    .iter()
+                    .enumerate()
+                    .map(|(i, pi)| (i.to_string(), json!(pi)))
+                    .collect();
                 json!({"type": "score", "score": probability::expected_score(p), "legend": legend, "probabilities": probabilities})
             }
         };
@@ -354,8 +530,14 @@ pub fn format(request: &DecisionRequest, raw_questions: &Value, decision: &Decis
             obj.insert("x_cached_tokens".into(), json!(usage.cached_tokens));
         }
         Compat::Vllm => {
-            let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            obj.insert("id".into(), json!(format!("decision-{}", uuid::Uuid::new_v4().simple())));
+            let created = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            obj.insert(
+                "id".into(),
+                json!(format!("decision-{}", uuid::Uuid::new_v4().simple())),
+            );
             obj.insert("object".into(), json!("structured_decision"));
             obj.insert("created".into(), json!(created));
             obj.insert("diagnostics".into(), Value::Object(diagnostics));
@@ -375,7 +557,9 @@ pub fn error_body(error: &DecisionError) -> Value {
                 "type": f.kind,
             })).collect::<Vec<_>>()
         }),
-        other => json!({"detail": {"error_type": other.error_type(), "message": other.to_string()}}),
+        other => {
+            json!({"detail": {"error_type": other.error_type(), "message": other.to_string()}})
+        }
     }
 }
 
@@ -422,13 +606,30 @@ mod tests {
             r.questions[0].kind,
             QuestionKind::Choice {
                 options: vec![
-                    ChoiceOption { name: "billing".into(), description: Some("payments".into()) },
-                    ChoiceOption { name: "tech".into(), description: None }
+                    ChoiceOption {
+                        name: "billing".into(),
+                        description: Some("payments".into())
+                    },
+                    ChoiceOption {
+                        name: "tech".into(),
+                        description: None
+                    }
                 ]
             }
         );
-        assert_eq!(r.questions[1].kind, QuestionKind::YesNo { yes: Some("money is moving".into()), no: None });
-        assert_eq!(r.questions[2].kind, QuestionKind::Score { levels: vec!["calm".into(), "annoyed".into(), "furious".into()] });
+        assert_eq!(
+            r.questions[1].kind,
+            QuestionKind::YesNo {
+                yes: Some("money is moving".into()),
+                no: None
+            }
+        );
+        assert_eq!(
+            r.questions[2].kind,
+            QuestionKind::Score {
+                levels: vec!["calm".into(), "annoyed".into(), "furious".into()]
+            }
+        );
     }
 
     #[test]
@@ -436,7 +637,15 @@ mod tests {
         let body = json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": {"a": {"k": [1, 2]}}}}, "instructions": ["x"]});
         let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
         assert_eq!(r.instructions.as_deref(), Some("[\"x\"]"));
-        assert_eq!(r.questions[0].kind, QuestionKind::Choice { options: vec![ChoiceOption { name: "a".into(), description: Some("{\"k\": [1, 2]}".into()) }] });
+        assert_eq!(
+            r.questions[0].kind,
+            QuestionKind::Choice {
+                options: vec![ChoiceOption {
+                    name: "a".into(),
+                    description: Some("{\"k\": [1, 2]}".into())
+                }]
+            }
+        );
     }
 
     #[test]
@@ -444,48 +653,127 @@ mod tests {
         let q = |spec: Value| json!({"state": "s", "questions": {"q": spec}});
         let cases: Vec<(Value, &str)> = vec![
             (json!([1]), ""),
-            (json!({"questions": {"q": {"type": "noul", "instructions": "x"}}}), "state"),
+            (
+                json!({"questions": {"q": {"type": "noul", "instructions": "x"}}}),
+                "state",
+            ),
             (json!({"state": "s"}), "questions"),
             (json!({"state": "s", "questions": {}}), "questions"),
             (json!({"state": "s", "questions": []}), "questions"),
-            (json!({"state": "s", "model": 3, "questions": {"q": {"type": "noul", "instructions": "x"}}}), "model"),
-            (json!({"state": "s", "questions": {" ": {"type": "noul", "instructions": "x"}}}), "questions. "),
+            (
+                json!({"state": "s", "model": 3, "questions": {"q": {"type": "noul", "instructions": "x"}}}),
+                "model",
+            ),
+            (
+                json!({"state": "s", "questions": {" ": {"type": "noul", "instructions": "x"}}}),
+                "questions. ",
+            ),
             (q(json!("text")), "questions.q"),
             (q(json!({"instructions": "x"})), "questions.q.type"),
-            (q(json!({"type": "ranking", "instructions": "x"})), "questions.q.type"),
-            (q(json!({"type": "noul", "instructions": "x", "extra": 1})), "questions.q.extra"),
-            (q(json!({"type": "choice", "criteria": ["a", "b"]})), "questions.q.criteria"),
+            (
+                q(json!({"type": "ranking", "instructions": "x"})),
+                "questions.q.type",
+            ),
+            (
+                q(json!({"type": "noul", "instructions": "x", "extra": 1})),
+                "questions.q.extra",
+            ),
+            (
+                q(json!({"type": "choice", "criteria": ["a", "b"]})),
+                "questions.q.criteria",
+            ),
             (q(json!({"type": "choice"})), "questions.q.criteria"),
-            (q(json!({"type": "choice", "criteria": {}})), "questions.q.criteria"),
-            (q(json!({"type": "choice", "criteria": {" ": null}})), "questions.q.criteria. "),
-            (q(json!({"type": "choice", "criteria": {"a\nb": null}})), "questions.q.criteria.a\nb"),
-            (q(json!({"type": "choice", "criteria": {"Yes": null, " yes ": null}})), "questions.q.criteria. yes "),
-            (q(json!({"type": "choice", "criteria": {"a": 5}})), "questions.q.criteria.a"),
+            (
+                q(json!({"type": "choice", "criteria": {}})),
+                "questions.q.criteria",
+            ),
+            (
+                q(json!({"type": "choice", "criteria": {" ": null}})),
+                "questions.q.criteria. ",
+            ),
+            (
+                q(json!({"type": "choice", "criteria": {"a\nb": null}})),
+                "questions.q.criteria.a\nb",
+            ),
+            (
+                q(json!({"type": "choice", "criteria": {"Yes": null, " yes ": null}})),
+                "questions.q.criteria. yes ",
+            ),
+            (
+                q(json!({"type": "choice", "criteria": {"a": 5}})),
+                "questions.q.criteria.a",
+            ),
             (q(json!({"type": "noul"})), "questions.q"),
-            (q(json!({"type": "noul", "criteria": {"maybe": "x"}, "instructions": "x"})), "questions.q.criteria.maybe"),
-            (q(json!({"type": "noul", "criteria": ["x"], "instructions": "x"})), "questions.q.criteria"),
-            (q(json!({"type": "score", "criteria": {"0": "low"}})), "questions.q.criteria"),
-            (q(json!({"type": "score", "criteria": []})), "questions.q.criteria"),
-            (q(json!({"type": "score", "criteria": ["a", ""]})), "questions.q.criteria.1"),
-            (q(json!({"type": "score", "criteria": ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"]})), "questions.q.criteria"),
-            (q(json!({"type": "noul", "instructions": 7})), "questions.q.instructions"),
-            (json!({"state": "s", "instructions": 1, "questions": {"q": {"type": "noul", "instructions": "x"}}}), "instructions"),
-            (json!({"state": "s", "chat_template_kwargs": [], "questions": {"q": {"type": "noul", "instructions": "x"}}}), "chat_template_kwargs"),
+            (
+                q(json!({"type": "noul", "criteria": {"maybe": "x"}, "instructions": "x"})),
+                "questions.q.criteria.maybe",
+            ),
+            (
+                q(json!({"type": "noul", "criteria": ["x"], "instructions": "x"})),
+                "questions.q.criteria",
+            ),
+            (
+                q(json!({"type": "score", "criteria": {"0": "low"}})),
+                "questions.q.criteria",
+            ),
+            (
+                q(json!({"type": "score", "criteria": []})),
+                "questions.q.criteria",
+            ),
+            (
+                q(json!({"type": "score", "criteria": ["a", ""]})),
+                "questions.q.criteria.1",
+            ),
+            (
+                q(
+                    json!({"type": "score", "criteria": ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10"]}),
+                ),
+                "questions.q.criteria",
+            ),
+            (
+                q(json!({"type": "noul", "instructions": 7})),
+                "questions.q.instructions",
+            ),
+            (
+                json!({"state": "s", "instructions": 1, "questions": {"q": {"type": "noul", "instructions": "x"}}}),
+                "instructions",
+            ),
+            (
+                json!({"state": "s", "chat_template_kwargs": [], "questions": {"q": {"type": "noul", "instructions": "x"}}}),
+                "chat_template_kwargs",
+            ),
         ];
         for (body, field) in cases {
             let fields = invalid(body.clone());
-            assert!(locs(&fields).iter().any(|l| l == field), "{body} -> {:?}, expected {field:?}", locs(&fields));
-            assert!(fields.iter().all(|f| matches!(f.loc.first(), Some(Loc::Key(k)) if k == "body")));
+            assert!(
+                locs(&fields).iter().any(|l| l == field),
+                "{body} -> {:?}, expected {field:?}",
+                locs(&fields)
+            );
+            assert!(fields
+                .iter()
+                .all(|f| matches!(f.loc.first(), Some(Loc::Key(k)) if k == "body")));
         }
     }
 
     #[test]
     fn too_many_questions_and_options_name_the_limit() {
-        let many: Map<String, Value> = (0..limits().max_questions + 1).map(|i| (format!("q{i}"), json!({"type": "noul", "instructions": "x"}))).collect();
+        let many: Map<String, Value> = (0..limits().max_questions + 1)
+            .map(|i| {
+                (
+                    format!("q{i}"),
+                    json!({"type": "noul", "instructions": "x"}),
+                )
+            })
+            .collect();
         let fields = invalid(json!({"state": "s", "questions": many}));
         assert!(fields[0].msg.contains("max_questions"));
-        let options: Map<String, Value> = (0..limits().max_choices + 1).map(|i| (format!("o{i}"), Value::Null)).collect();
-        let fields = invalid(json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": options}}}));
+        let options: Map<String, Value> = (0..limits().max_choices + 1)
+            .map(|i| (format!("o{i}"), Value::Null))
+            .collect();
+        let fields = invalid(
+            json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": options}}}),
+        );
         assert!(fields[0].msg.contains("max_choices"));
     }
 
@@ -503,13 +791,22 @@ mod tests {
         let body = json!({"state": "s", "questions": {"é 🚀 id": {"type": "choice", "criteria": {"Ünï 🚀": null, "b": "d"}}}});
         let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
         assert_eq!(r.questions[0].id, "é 🚀 id");
-        assert!(matches!(&r.questions[0].kind, QuestionKind::Choice { options } if options[0].name == "Ünï 🚀"));
+        assert!(
+            matches!(&r.questions[0].kind, QuestionKind::Choice { options } if options[0].name == "Ünï 🚀")
+        );
     }
 
     #[test]
     fn error_bodies() {
-        let v = error_body(&DecisionError::Invalid(vec![FieldError::new(loc(&["questions", "tone", "criteria"]), "list_type", "m")]));
-        assert_eq!(v, json!({"detail": [{"loc": ["body", "questions", "tone", "criteria"], "msg": "m", "type": "list_type"}]}));
+        let v = error_body(&DecisionError::Invalid(vec![FieldError::new(
+            loc(&["questions", "tone", "criteria"]),
+            "list_type",
+            "m",
+        )]));
+        assert_eq!(
+            v,
+            json!({"detail": [{"loc": ["body", "questions", "tone", "criteria"], "msg": "m", "type": "list_type"}]})
+        );
         let v = error_body(&DecisionError::Unauthorized);
         assert_eq!(v["detail"]["error_type"], "authentication_error");
     }
@@ -522,49 +819,94 @@ mod tests {
             "urgent": {"type": "noul", "instructions": "u"},
             "tone": {"type": "score", "criteria": ["calm", {"label": "annoyed"}, "furious"]}}});
         let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
-        let ans = |p: Vec<f64>| Answer { label_logprobs: p.iter().map(|x| x.ln()).collect(), probabilities: p, label_mass: 0.9, argmax_is_label: true };
+        let ans = |p: Vec<f64>| Answer {
+            label_logprobs: p.iter().map(|x| x.ln()).collect(),
+            probabilities: p,
+            label_mass: 0.9,
+            argmax_is_label: true,
+        };
         let d = Decision {
-            answers: vec![ans(vec![0.88, 0.12]), ans(vec![0.25, 0.75]), ans(vec![0.0, 0.95, 0.05])],
-            usage: Usage { input_tokens: 42, cached_tokens: 0, per_question_prompt_tokens: 100 },
+            answers: vec![
+                ans(vec![0.88, 0.12]),
+                ans(vec![0.25, 0.75]),
+                ans(vec![0.0, 0.95, 0.05]),
+            ],
+            usage: Usage {
+                input_tokens: 42,
+                cached_tokens: 0,
+                per_question_prompt_tokens: 100,
+            },
         };
         let out = format(&r, &body["questions"], &d, "m", Compat::Typesafe);
         assert_eq!(out["answers"]["team"]["choice"], "billing");
         assert!((out["answers"]["team"]["confidence"].as_f64().unwrap() - 0.76).abs() < 1e-12);
-        assert_eq!(out["answers"]["urgent"], json!({"type": "noul", "noul": 0.25}));
+        assert_eq!(
+            out["answers"]["urgent"],
+            json!({"type": "noul", "noul": 0.25})
+        );
         assert!((out["answers"]["tone"]["score"].as_f64().unwrap() - 1.05).abs() < 1e-12);
         assert!((out["answers"]["tone"]["confidence"].as_f64().unwrap() - 0.925).abs() < 1e-12);
-        assert_eq!(out["answers"]["tone"]["legend"], json!({"0": "calm", "1": {"label": "annoyed"}, "2": "furious"}));
-        assert_eq!(out["usage"], json!({"input_tokens": 42, "output_tokens": 0}));
-        assert_eq!(out["x_diagnostics"]["team"], json!({"label_mass": 0.9, "argmax_is_label": true}));
+        assert_eq!(
+            out["answers"]["tone"]["legend"],
+            json!({"0": "calm", "1": {"label": "annoyed"}, "2": "furious"})
+        );
+        assert_eq!(
+            out["usage"],
+            json!({"input_tokens": 42, "output_tokens": 0})
+        );
+        assert_eq!(
+            out["x_diagnostics"]["team"],
+            json!({"label_mass": 0.9, "argmax_is_label": true})
+        );
         let keys: Vec<&String> = out["answers"].as_object().unwrap().keys().collect();
         assert_eq!(keys, vec!["team", "urgent", "tone"]);
 
         let vllm = format(&r, &body["questions"], &d, "m", Compat::Vllm);
         assert_eq!(vllm["object"], "structured_decision");
         assert!(vllm["id"].as_str().unwrap().starts_with("decision-"));
-        assert!((vllm["answers"]["team"]["confidence"].as_f64().unwrap() - 0.88 * 0.9).abs() < 1e-12);
-        assert!((vllm["answers"]["urgent"]["confidence"].as_f64().unwrap() - 0.75 * 0.9).abs() < 1e-12);
-        assert_eq!(vllm["answers"]["urgent"]["probabilities"], json!({"true": 0.25, "false": 0.75}));
-        assert_eq!(vllm["usage"], json!({"input_tokens": 100, "output_tokens": 3}));
-        assert_eq!(vllm["diagnostics"]["tone"], json!({"label_mass": 0.9, "argmax_is_label": true}));
+        assert!(
+            (vllm["answers"]["team"]["confidence"].as_f64().unwrap() - 0.88 * 0.9).abs() < 1e-12
+        );
+        assert!(
+            (vllm["answers"]["urgent"]["confidence"].as_f64().unwrap() - 0.75 * 0.9).abs() < 1e-12
+        );
+        assert_eq!(
+            vllm["answers"]["urgent"]["probabilities"],
+            json!({"true": 0.25, "false": 0.75})
+        );
+        assert_eq!(
+            vllm["usage"],
+            json!({"input_tokens": 100, "output_tokens": 3})
+        );
+        assert_eq!(
+            vllm["diagnostics"]["tone"],
+            json!({"label_mass": 0.9, "argmax_is_label": true})
+        );
         assert!(vllm.get("x_diagnostics").is_none());
 
         let sglang = format(&r, &body["questions"], &d, "m", Compat::Sglang);
         assert_eq!(sglang["answers"]["team"]["x_label_mass"], json!(0.9));
         assert!(sglang["answers"]["urgent"].get("confidence").is_none());
-        assert_eq!(sglang["usage"], json!({"input_tokens": 100, "output_tokens": 0}));
+        assert_eq!(
+            sglang["usage"],
+            json!({"input_tokens": 100, "output_tokens": 0})
+        );
     }
 
     #[test]
     fn vllm_profile_refuses_more_than_26_options_and_sglang_uses_its_wording() {
         let options: Map<String, Value> = (0..27).map(|i| (format!("o{i}"), Value::Null)).collect();
-        let body = json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": options}}});
+        let body =
+            json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": options}}});
         assert!(parse(&body, &limits(), Compat::Typesafe).is_ok());
         assert!(parse(&body, &limits(), Compat::Sglang).is_ok());
         match parse(&body, &limits(), Compat::Vllm) {
             Err(DecisionError::Invalid(f)) => assert!(f[0].msg.contains("at most 26")),
             other => panic!("{other:?}"),
         }
-        assert_eq!(parse(&body, &limits(), Compat::Sglang).unwrap().wording, crate::ir::Wording::Sglang);
+        assert_eq!(
+            parse(&body, &limits(), Compat::Sglang).unwrap().wording,
+            crate::ir::Wording::Sglang
+        );
     }
 }

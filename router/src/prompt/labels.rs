@@ -26,49 +26,103 @@ pub struct LabelVocabulary {
 
 impl LabelVocabulary {
     /// Renders a probe conversation and checks every label set against its reply prefix.
-    pub fn check(tokenizer: &Tokenizer, template: &ChatTemplate, kwargs: &serde_json::Map<String, serde_json::Value>) -> Result<Self, String> {
+    pub fn check(
+        tokenizer: &Tokenizer,
+        template: &ChatTemplate,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Self, String> {
         let probe = template
             .render(&[Message::new("user", "probe")], true, kwargs)
             .map_err(|e| format!("rendering the label-check probe failed: {e}"))?;
-        let encoding = tokenizer.encode(probe.as_str(), false).map_err(|e| format!("tokenizing the probe failed: {e}"))?;
+        let encoding = tokenizer
+            .encode(probe.as_str(), false)
+            .map_err(|e| format!("tokenizing the probe failed: {e}"))?;
         let ids = encoding.get_ids();
-        let added: HashSet<u32> = tokenizer.get_added_tokens_decoder().keys().copied().collect();
+        let added: HashSet<u32> = tokenizer
+            .get_added_tokens_decoder()
+            .keys()
+            .copied()
+            .collect();
         let (tail, tail_text) = match ids.iter().rposition(|id| added.contains(id)) {
-            Some(pos) => (ids[pos + 1..].to_vec(), probe[encoding.get_offsets()[pos].1..].to_owned()),
+            Some(pos) => (
+                ids[pos + 1..].to_vec(),
+                probe[encoding.get_offsets()[pos].1..].to_owned(),
+            ),
             None => (ids.to_vec(), probe.clone()),
         };
         let check = |labels: &[&str]| check_set(tokenizer, &tail, &tail_text, labels);
-        let codes = end_of_turn(tokenizer, template, kwargs).and_then(|eot| code_sequences(tokenizer, &tail, &tail_text, eot));
-        let two_letter_codes: Vec<String> = (0..wording::MAX_OPTION_CODES).map(wording::two_letter_code).collect();
-        let two_letter = check(&two_letter_codes.iter().map(String::as_str).collect::<Vec<_>>());
-        Ok(LabelVocabulary { letters: check(&LETTERS), yes_no: check(&YES_NO), digits: check(&DIGITS), codes, two_letter, tail })
+        let codes = end_of_turn(tokenizer, template, kwargs)
+            .and_then(|eot| code_sequences(tokenizer, &tail, &tail_text, eot));
+        let two_letter_codes: Vec<String> = (0..wording::MAX_OPTION_CODES)
+            .map(wording::two_letter_code)
+            .collect();
+        let two_letter = check(
+            &two_letter_codes
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        );
+        Ok(LabelVocabulary {
+            letters: check(&LETTERS),
+            yes_no: check(&YES_NO),
+            digits: check(&DIGITS),
+            codes,
+            two_letter,
+            tail,
+        })
     }
 
     /// The label token sequence of each of `n` answers under a scheme, or why this model cannot read them.
     pub fn sequences(&self, scheme: LabelScheme, n: usize) -> Result<Vec<Vec<u32>>, String> {
         let singles = |set: &Result<Vec<u32>, String>| {
-            set.as_ref().map(|ids| ids.iter().take(n).map(|&id| vec![id]).collect()).map_err(Clone::clone)
+            set.as_ref()
+                .map(|ids| ids.iter().take(n).map(|&id| vec![id]).collect())
+                .map_err(Clone::clone)
         };
         match scheme {
             LabelScheme::Letters => singles(&self.letters),
             LabelScheme::YesNo => singles(&self.yes_no),
             LabelScheme::Digits => singles(&self.digits),
             LabelScheme::TwoLetterTokens => singles(&self.two_letter),
-            LabelScheme::ExactCodes => self.codes.as_ref().map(|c| c.iter().take(n).cloned().collect()).map_err(Clone::clone),
+            LabelScheme::ExactCodes => self
+                .codes
+                .as_ref()
+                .map(|c| c.iter().take(n).cloned().collect())
+                .map_err(Clone::clone),
         }
     }
 }
 
 /// The token that closes an assistant turn in this template (e.g. `<|im_end|>`), found by rendering
 /// a finished reply and taking the added token that follows it.
-fn end_of_turn(tokenizer: &Tokenizer, template: &ChatTemplate, kwargs: &serde_json::Map<String, serde_json::Value>) -> Result<u32, String> {
+fn end_of_turn(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    kwargs: &serde_json::Map<String, serde_json::Value>,
+) -> Result<u32, String> {
     const REPLY: &str = "Probe reply";
     let text = template
-        .render(&[Message::new("user", "probe"), Message::new("assistant", REPLY)], false, kwargs)
+        .render(
+            &[
+                Message::new("user", "probe"),
+                Message::new("assistant", REPLY),
+            ],
+            false,
+            kwargs,
+        )
         .map_err(|e| format!("rendering a finished reply failed: {e}"))?;
-    let end = text.rfind(REPLY).map(|i| i + REPLY.len()).ok_or("the chat template drops assistant replies")?;
-    let encoding = tokenizer.encode(text.as_str(), false).map_err(|e| e.to_string())?;
-    let added: HashSet<u32> = tokenizer.get_added_tokens_decoder().keys().copied().collect();
+    let end = text
+        .rfind(REPLY)
+        .map(|i| i + REPLY.len())
+        .ok_or("the chat template drops assistant replies")?;
+    let encoding = tokenizer
+        .encode(text.as_str(), false)
+        .map_err(|e| e.to_string())?;
+    let added: HashSet<u32> = tokenizer
+        .get_added_tokens_decoder()
+        .keys()
+        .copied()
+        .collect();
     encoding
         .get_ids()
         .iter()
@@ -76,17 +130,28 @@ fn end_of_turn(tokenizer: &Tokenizer, template: &ChatTemplate, kwargs: &serde_js
         .find(|(_, (start, _))| *start >= end)
         .map(|(id, _)| *id)
         .filter(|id| added.contains(id))
-        .ok_or_else(|| "the chat template closes a reply with no special end-of-turn token".to_owned())
+        .ok_or_else(|| {
+            "the chat template closes a reply with no special end-of-turn token".to_owned()
+        })
 }
 
-fn code_sequences(tokenizer: &Tokenizer, tail: &[u32], tail_text: &str, eot: u32) -> Result<Vec<Vec<u32>>, String> {
+fn code_sequences(
+    tokenizer: &Tokenizer,
+    tail: &[u32],
+    tail_text: &str,
+    eot: u32,
+) -> Result<Vec<Vec<u32>>, String> {
     let mut sequences = Vec::with_capacity(wording::MAX_OPTION_CODES);
     for code in (0..wording::MAX_OPTION_CODES).map(wording::option_code) {
         let text = format!("{tail_text}{code}");
-        let encoded = tokenizer.encode(text.as_str(), false).map_err(|e| format!("tokenizing label '{code}' failed: {e}"))?;
+        let encoded = tokenizer
+            .encode(text.as_str(), false)
+            .map_err(|e| format!("tokenizing label '{code}' failed: {e}"))?;
         let got = encoded.get_ids();
         if got.len() <= tail.len() || &got[..tail.len()] != tail {
-            return Err(format!("label '{code}' changes the chat template's reply prefix when tokenized"));
+            return Err(format!(
+                "label '{code}' changes the chat template's reply prefix when tokenized"
+            ));
         }
         let mut sequence = got[tail.len()..].to_vec();
         sequence.push(eot);
@@ -95,11 +160,18 @@ fn code_sequences(tokenizer: &Tokenizer, tail: &[u32], tail_text: &str, eot: u32
     Ok(sequences)
 }
 
-fn check_set(tokenizer: &Tokenizer, tail: &[u32], tail_text: &str, labels: &[&str]) -> Result<Vec<u32>, String> {
+fn check_set(
+    tokenizer: &Tokenizer,
+    tail: &[u32],
+    tail_text: &str,
+    labels: &[&str],
+) -> Result<Vec<u32>, String> {
     let mut ids = Vec::with_capacity(labels.len());
     for label in labels {
         let text = format!("{tail_text}{label}");
-        let encoded = tokenizer.encode(text.as_str(), false).map_err(|e| format!("tokenizing label '{label}' failed: {e}"))?;
+        let encoded = tokenizer
+            .encode(text.as_str(), false)
+            .map_err(|e| format!("tokenizing label '{label}' failed: {e}"))?;
         let got = encoded.get_ids();
         if got.len() != tail.len() + 1 || &got[..tail.len()] != tail {
             return Err(format!(
@@ -109,7 +181,9 @@ fn check_set(tokenizer: &Tokenizer, tail: &[u32], tail_text: &str, labels: &[&st
         }
         let id = got[tail.len()];
         if ids.contains(&id) {
-            return Err(format!("label '{label}' shares token {id} with another label of its set"));
+            return Err(format!(
+                "label '{label}' shares token {id} with another label of its set"
+            ));
         }
         ids.push(id);
     }

@@ -31,9 +31,14 @@ pub trait ReadStrategy: Send + Sync {
 }
 
 /// Picks the read strategy for a model, by architecture (the registry).
-pub fn strategy_for(architecture: &str, model_dir: &Path, max_positions: usize) -> Result<Box<dyn ReadStrategy>, String> {
+pub fn strategy_for(
+    architecture: &str,
+    model_dir: &Path,
+    max_positions: usize,
+) -> Result<Box<dyn ReadStrategy>, String> {
     if architecture.ends_with("ForCausalLM") || architecture.ends_with("LMHeadModel") {
-        return NextTokenStrategy::load(model_dir, max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>);
+        return NextTokenStrategy::load(model_dir, max_positions)
+            .map(|s| Box::new(s) as Box<dyn ReadStrategy>);
     }
     Err(format!("no read strategy for architecture '{architecture}': next-token reads need a causal language model"))
 }
@@ -50,11 +55,16 @@ pub struct NextTokenStrategy {
 impl NextTokenStrategy {
     pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, String> {
         let tokenizer_path = model_dir.join("tokenizer.json");
-        let tokenizer =
-            Tokenizer::from_file(&tokenizer_path).map_err(|e| format!("cannot load {}: {e}", tokenizer_path.display()))?;
+        let tokenizer = Tokenizer::from_file(&tokenizer_path)
+            .map_err(|e| format!("cannot load {}: {e}", tokenizer_path.display()))?;
         let template = ChatTemplate::from_model_dir(model_dir).map_err(|e| e.to_string())?;
         let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))?;
-        Ok(NextTokenStrategy { tokenizer, template, labels, max_positions })
+        Ok(NextTokenStrategy {
+            tokenizer,
+            template,
+            labels,
+            max_positions,
+        })
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -96,11 +106,20 @@ impl NextTokenStrategy {
 }
 
 impl NextTokenStrategy {
-    fn label_sequences(&self, kind: &QuestionKind, wording: Wording) -> Result<Vec<Vec<u32>>, String> {
+    fn label_sequences(
+        &self,
+        kind: &QuestionKind,
+        wording: Wording,
+    ) -> Result<Vec<Vec<u32>>, String> {
         let n = kind.arity();
         self.labels
             .sequences(wording.scheme(kind, n), n)
-            .map_err(|reason| format!("this model cannot answer {} questions with {n} answers: {reason}", kind_name(kind)))
+            .map_err(|reason| {
+                format!(
+                    "this model cannot answer {} questions with {n} answers: {reason}",
+                    kind_name(kind)
+                )
+            })
     }
 }
 
@@ -115,7 +134,8 @@ impl ReadStrategy for NextTokenStrategy {
 
     fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError> {
         for question in &request.questions {
-            self.label_sequences(&question.kind, request.wording).map_err(DecisionError::NotServable)?;
+            self.label_sequences(&question.kind, request.wording)
+                .map_err(DecisionError::NotServable)?;
             let max = request.wording.max_arity(&question.kind);
             if question.kind.arity() > max {
                 return Err(DecisionError::NotServable(format!(
@@ -128,10 +148,14 @@ impl ReadStrategy for NextTokenStrategy {
         let texts = self.render(request)?;
         let mut reads = Vec::with_capacity(texts.len());
         for (question, text) in request.questions.iter().zip(texts) {
-            let encoding =
-                self.tokenizer.encode(text.as_str(), false).map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))?;
+            let encoding = self
+                .tokenizer
+                .encode(text.as_str(), false)
+                .map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))?;
             let token_ids = encoding.get_ids().to_vec();
-            let labels = self.label_sequences(&question.kind, request.wording).map_err(DecisionError::NotServable)?;
+            let labels = self
+                .label_sequences(&question.kind, request.wording)
+                .map_err(DecisionError::NotServable)?;
             // The label check holds only if the prompt ends with the probed reply prefix.
             if !token_ids.ends_with(&self.labels.tail) {
                 return Err(DecisionError::Internal(format!(
@@ -190,7 +214,9 @@ mod tests {
 
     #[test]
     fn reasoning_block_detection() {
-        assert!(!leaves_reasoning_open("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        assert!(!leaves_reasoning_open(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
         assert!(leaves_reasoning_open("<|im_start|>assistant\n<think>\n"));
         assert!(!leaves_reasoning_open("plain"));
     }
@@ -199,10 +225,16 @@ mod tests {
     fn thinking_on_is_refused_and_off_is_forced() {
         let mut on = Map::new();
         on.insert("enable_thinking".into(), Value::Bool(true));
-        assert!(matches!(checked_kwargs(&on), Err(DecisionError::ThinkingOn)));
+        assert!(matches!(
+            checked_kwargs(&on),
+            Err(DecisionError::ThinkingOn)
+        ));
         let mut text = Map::new();
         text.insert("enable_thinking".into(), Value::String("yes".into()));
-        assert!(matches!(checked_kwargs(&text), Err(DecisionError::ThinkingOn)));
+        assert!(matches!(
+            checked_kwargs(&text),
+            Err(DecisionError::ThinkingOn)
+        ));
         let off = checked_kwargs(&Map::new()).unwrap();
         assert_eq!(off.get("enable_thinking"), Some(&Value::Bool(false)));
     }
@@ -211,11 +243,18 @@ mod tests {
 /// Model folders built by `make fixtures` (the embedded SmolLM2 export and the tiny Qwen3).
 #[cfg(test)]
 pub(crate) fn fixture_dir(name: &str) -> std::path::PathBuf {
-    let cache = std::env::var_os("DECISION_CACHE_DIR").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/decision-inference")
-    });
+    let cache = std::env::var_os("DECISION_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/decision-inference")
+        });
     let dir = cache.join("models").join(name);
-    assert!(dir.join("tokenizer.json").is_file(), "fixture {} is missing: run `make fixtures` first", dir.display());
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "fixture {} is missing: run `make fixtures` first",
+        dir.display()
+    );
     dir
 }
 
@@ -242,11 +281,29 @@ mod model_tests {
                 id: "team".into(),
                 instructions: Some("Which team?".into()),
                 kind: QuestionKind::Choice {
-                    options: (0..n_options).map(|i| ChoiceOption { name: format!("team {i}"), description: None }).collect(),
+                    options: (0..n_options)
+                        .map(|i| ChoiceOption {
+                            name: format!("team {i}"),
+                            description: None,
+                        })
+                        .collect(),
                 },
             },
-            Question { id: "urgent".into(), instructions: Some("Urgent?".into()), kind: QuestionKind::YesNo { yes: None, no: None } },
-            Question { id: "tone".into(), instructions: None, kind: QuestionKind::Score { levels: vec!["calm".into(), "angry".into()] } },
+            Question {
+                id: "urgent".into(),
+                instructions: Some("Urgent?".into()),
+                kind: QuestionKind::YesNo {
+                    yes: None,
+                    no: None,
+                },
+            },
+            Question {
+                id: "tone".into(),
+                instructions: None,
+                kind: QuestionKind::Score {
+                    levels: vec!["calm".into(), "angry".into()],
+                },
+            },
         ]
     }
 
@@ -269,7 +326,11 @@ mod model_tests {
         let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 4096).unwrap();
         let reads = s.prepare(&request(all_kinds(3))).unwrap();
         let text = s.render(&request(all_kinds(3))).unwrap();
-        assert!(text[0].ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{:?}", text[0]);
+        assert!(
+            text[0].ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            "{:?}",
+            text[0]
+        );
         assert_eq!(s.tokenizer.decode(&s.labels.tail, false).unwrap(), "\n\n");
         assert_eq!(reads.len(), 3);
         assert_eq!(reads[0].labels.len(), 3);
@@ -286,9 +347,17 @@ mod model_tests {
             "<|im_start|>system\nYou route tickets.<|im_end|>\n<|im_start|>user\n{\"ticket\": \"Refund not received\", \"days\": 12}\n\nQuestion: Which team?\nA: team 0\nB: team 1\nAnswer with the letter of one option only.<|im_end|>\n<|im_start|>assistant\n"
         );
         let reads = s.prepare(&request(all_kinds(2))).unwrap();
-        let letters: Vec<String> = reads[0].labels.iter().map(|l| s.tokenizer.decode(l, false).unwrap()).collect();
+        let letters: Vec<String> = reads[0]
+            .labels
+            .iter()
+            .map(|l| s.tokenizer.decode(l, false).unwrap())
+            .collect();
         assert_eq!(letters, vec!["A", "B"]);
-        let yes_no: Vec<String> = reads[1].labels.iter().map(|l| s.tokenizer.decode(l, false).unwrap()).collect();
+        let yes_no: Vec<String> = reads[1]
+            .labels
+            .iter()
+            .map(|l| s.tokenizer.decode(l, false).unwrap())
+            .collect();
         assert_eq!(yes_no, vec!["yes", "no"]);
     }
 
@@ -299,18 +368,29 @@ mod model_tests {
         let labels = &reads[0].labels;
         assert_eq!(labels.len(), 255);
         let eot = s.tokenizer.token_to_id("<|im_end|>").unwrap();
-        assert!(labels.iter().all(|l| l.len() >= 2 && *l.last().unwrap() == eot));
-        assert_eq!(s.tokenizer.decode(&labels[27][..labels[27].len() - 1], false).unwrap(), "AB");
+        assert!(labels
+            .iter()
+            .all(|l| l.len() >= 2 && *l.last().unwrap() == eot));
+        assert_eq!(
+            s.tokenizer
+                .decode(&labels[27][..labels[27].len() - 1], false)
+                .unwrap(),
+            "AB"
+        );
     }
 
     #[test]
     fn thinking_on_and_prompts_too_long_are_refused() {
         let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 24).unwrap();
         let mut r = request(all_kinds(2));
-        r.chat_template_kwargs.insert("enable_thinking".into(), Value::Bool(true));
+        r.chat_template_kwargs
+            .insert("enable_thinking".into(), Value::Bool(true));
         assert!(matches!(s.prepare(&r), Err(DecisionError::ThinkingOn)));
         let long = request(all_kinds(2));
-        assert!(matches!(s.prepare(&long), Err(DecisionError::PromptTooLong { .. })));
+        assert!(matches!(
+            s.prepare(&long),
+            Err(DecisionError::PromptTooLong { .. })
+        ));
     }
 
     #[test]
@@ -322,6 +402,9 @@ mod model_tests {
             ChatTemplate::new("<|im_start|>user\n{{ messages[0].content }}<|im_end|>\n<|im_start|>assistant\nAnswer: ".into(), Map::new()).unwrap();
         let labels = LabelVocabulary::check(&tokenizer, &template, &Map::new()).unwrap();
         let reason = labels.letters.unwrap_err();
-        assert!(reason.contains("label 'A' is not a single token"), "{reason}");
+        assert!(
+            reason.contains("label 'A' is not a single token"),
+            "{reason}"
+        );
     }
 }

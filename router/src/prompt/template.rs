@@ -14,9 +14,15 @@ pub enum TemplateError {
     #[error("the model folder has no chat template (chat_template.jinja or tokenizer_config.json 'chat_template')")]
     Missing,
     #[error("cannot read {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path} is not valid JSON: {source}")]
-    Json { path: String, source: serde_json::Error },
+    Json {
+        path: String,
+        source: serde_json::Error,
+    },
     #[error("chat template: {0}")]
     Render(String),
 }
@@ -29,7 +35,10 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: &str, content: impl Into<String>) -> Self {
-        Message { role: role.to_owned(), content: content.into() }
+        Message {
+            role: role.to_owned(),
+            content: content.into(),
+        }
     }
 }
 
@@ -46,7 +55,10 @@ impl ChatTemplate {
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
         let jinja_path = dir.join("chat_template.jinja");
         let source = if jinja_path.is_file() {
-            std::fs::read_to_string(&jinja_path).map_err(|source| TemplateError::Io { path: jinja_path.display().to_string(), source })?
+            std::fs::read_to_string(&jinja_path).map_err(|source| TemplateError::Io {
+                path: jinja_path.display().to_string(),
+                source,
+            })?
         } else {
             match config.get("chat_template") {
                 Some(serde_json::Value::String(s)) => s.clone(),
@@ -67,7 +79,9 @@ impl ChatTemplate {
                 // Tokens are stored either as strings or as {"content": "..."} objects.
                 let text = match value {
                     serde_json::Value::String(s) => Some(s.clone()),
-                    serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_owned),
+                    serde_json::Value::Object(o) => {
+                        o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
+                    }
                     _ => None,
                 };
                 if let Some(text) = text {
@@ -78,22 +92,39 @@ impl ChatTemplate {
         Self::new(source, special_tokens)
     }
 
-    pub fn new(source: String, special_tokens: Map<String, serde_json::Value>) -> Result<Self, TemplateError> {
+    pub fn new(
+        source: String,
+        special_tokens: Map<String, serde_json::Value>,
+    ) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_function("strftime_now", |format: String| {
+            chrono::Local::now().format(&format).to_string()
         });
-        env.add_function("strftime_now", |format: String| chrono::Local::now().format(&format).to_string());
         // transformers' tojson is json.dumps(ensure_ascii=False), not minijinja's HTML-safe one.
-        env.add_filter("tojson", |value: Value| -> Result<String, minijinja::Error> {
-            let json = serde_json::to_value(&value).map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
-            Ok(json_text::dumps(&json, json_text::Separators::Default))
-        });
-        env.add_template_owned("chat", source).map_err(|e| TemplateError::Render(e.to_string()))?;
-        Ok(ChatTemplate { env, special_tokens })
+        env.add_filter(
+            "tojson",
+            |value: Value| -> Result<String, minijinja::Error> {
+                let json = serde_json::to_value(&value).map_err(|e| {
+                    minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string())
+                })?;
+                Ok(json_text::dumps(&json, json_text::Separators::Default))
+            },
+        );
+        env.add_template_owned("chat", source)
+            .map_err(|e| TemplateError::Render(e.to_string()))?;
+        Ok(ChatTemplate {
+            env,
+            special_tokens,
+        })
     }
 
     /// Renders `messages` with `add_generation_prompt`, plus the caller's template variables.
@@ -107,10 +138,21 @@ impl ChatTemplate {
         for (k, v) in kwargs {
             ctx.insert(k.clone(), v.clone());
         }
-        ctx.insert("messages".into(), serde_json::to_value(messages).unwrap_or_default());
-        ctx.insert("add_generation_prompt".into(), serde_json::Value::Bool(add_generation_prompt));
-        let template = self.env.get_template("chat").map_err(|e| TemplateError::Render(e.to_string()))?;
-        template.render(Value::from_serialize(&ctx)).map_err(|e| TemplateError::Render(e.to_string()))
+        ctx.insert(
+            "messages".into(),
+            serde_json::to_value(messages).unwrap_or_default(),
+        );
+        ctx.insert(
+            "add_generation_prompt".into(),
+            serde_json::Value::Bool(add_generation_prompt),
+        );
+        let template = self
+            .env
+            .get_template("chat")
+            .map_err(|e| TemplateError::Render(e.to_string()))?;
+        template
+            .render(Value::from_serialize(&ctx))
+            .map_err(|e| TemplateError::Render(e.to_string()))
     }
 }
 
@@ -118,9 +160,15 @@ fn read_json(path: &Path) -> Result<Option<Map<String, serde_json::Value>>, Temp
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Io { path: path.display().to_string(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| TemplateError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
     let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|source| TemplateError::Json { path: path.display().to_string(), source })?;
+        serde_json::from_str(&text).map_err(|source| TemplateError::Json {
+            path: path.display().to_string(),
+            source,
+        })?;
     Ok(value.as_object().cloned())
 }
 
@@ -157,15 +205,20 @@ mod tests {
         assert!(goldens.cases.len() >= 10);
         for (i, case) in goldens.cases.iter().enumerate() {
             let fixture = &goldens.templates[&case.template];
-            let template = ChatTemplate::new(fixture.source.clone(), fixture.special_tokens.clone()).expect("compiles");
-            let got = template.render(&case.messages, case.add_generation_prompt, &case.kwargs).expect("renders");
+            let template =
+                ChatTemplate::new(fixture.source.clone(), fixture.special_tokens.clone())
+                    .expect("compiles");
+            let got = template
+                .render(&case.messages, case.add_generation_prompt, &case.kwargs)
+                .expect("renders");
             assert_eq!(got, case.expected, "case {i} ({}) differs", case.template);
         }
     }
 
     #[test]
     fn raise_exception_is_an_error() {
-        let t = ChatTemplate::new("{{ raise_exception('no system role') }}".into(), Map::new()).unwrap();
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}".into(), Map::new())
+            .unwrap();
         let err = t.render(&[], true, &Map::new()).unwrap_err();
         assert!(err.to_string().contains("no system role"));
     }
@@ -175,7 +228,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("no-template-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("tokenizer_config.json"), "{}").unwrap();
-        assert!(matches!(ChatTemplate::from_model_dir(&dir), Err(TemplateError::Missing)));
+        assert!(matches!(
+            ChatTemplate::from_model_dir(&dir),
+            Err(TemplateError::Missing)
+        ));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

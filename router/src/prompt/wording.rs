@@ -11,8 +11,10 @@ pub const YES_NO_REPLY: &str = "Answer with yes or no only.";
 pub const SCORE_REPLY: &str = "Answer with the number of one level only.";
 
 /// Letters A..Z: the choice labels of the next-token wording.
-pub const LETTERS: [&str; 26] =
-    ["A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S", "T", "U", "V", "W", "X", "Y", "Z"];
+pub const LETTERS: [&str; 26] = [
+    "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S",
+    "T", "U", "V", "W", "X", "Y", "Z",
+];
 pub const YES_NO: [&str; 2] = ["yes", "no"];
 pub const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
 
@@ -108,7 +110,11 @@ impl Wording {
                 for (code, option) in codes.iter().zip(options) {
                     lines.push(described(code, &option.name, option.description.as_deref()));
                 }
-                let reply = if options.len() > LETTERS.len() && *self == Wording::Vllm { CODE_REPLY } else { CHOICE_REPLY };
+                let reply = if options.len() > LETTERS.len() && *self == Wording::Vllm {
+                    CODE_REPLY
+                } else {
+                    CHOICE_REPLY
+                };
                 lines.push(reply.to_owned());
             }
             QuestionKind::YesNo { yes, no } => {
@@ -128,7 +134,12 @@ impl Wording {
 
     /// The label text of each option of an n-option choice.
     pub fn choice_labels(&self, n: usize) -> Vec<String> {
-        match self.scheme(&QuestionKind::Choice { options: Vec::new() }, n) {
+        match self.scheme(
+            &QuestionKind::Choice {
+                options: Vec::new(),
+            },
+            n,
+        ) {
             LabelScheme::ExactCodes => (0..n).map(option_code).collect(),
             LabelScheme::TwoLetterTokens => (0..n).map(two_letter_code).collect(),
             _ => LETTERS.iter().take(n).map(|s| s.to_string()).collect(),
@@ -177,20 +188,31 @@ mod tests {
     use serde_json::json;
 
     fn q(instructions: Option<&str>, kind: QuestionKind) -> Question {
-        Question { id: "q".into(), instructions: instructions.map(str::to_owned), kind }
+        Question {
+            id: "q".into(),
+            instructions: instructions.map(str::to_owned),
+            kind,
+        }
     }
 
     fn opt(name: &str, description: Option<&str>) -> ChoiceOption {
-        ChoiceOption { name: name.into(), description: description.map(str::to_owned) }
+        ChoiceOption {
+            name: name.into(),
+            description: description.map(str::to_owned),
+        }
     }
 
     #[test]
     fn spec_example_choice_with_json_state() {
         let w = Wording::Vllm;
-        let state = w.state_text(&serde_json::from_str(r#"{"ticket": "Refund not received", "days": 12}"#).unwrap());
+        let state = w.state_text(
+            &serde_json::from_str(r#"{"ticket": "Refund not received", "days": 12}"#).unwrap(),
+        );
         let question = q(
             Some("What does the customer want?"),
-            QuestionKind::Choice { options: vec![opt("refund", Some("money back")), opt("status", None)] },
+            QuestionKind::Choice {
+                options: vec![opt("refund", Some("money back")), opt("status", None)],
+            },
         );
         assert_eq!(
             w.user_message(&state, &question),
@@ -200,17 +222,49 @@ mod tests {
 
     #[test]
     fn choice_without_instructions_and_empty_description() {
-        let question = q(None, QuestionKind::Choice { options: vec![opt("x", Some("")), opt("y", Some("why"))] });
-        assert_eq!(Wording::Vllm.user_message("S", &question), "S\n\nA: x\nB: y - why\nAnswer with the letter of one option only.");
+        let question = q(
+            None,
+            QuestionKind::Choice {
+                options: vec![opt("x", Some("")), opt("y", Some("why"))],
+            },
+        );
+        assert_eq!(
+            Wording::Vllm.user_message("S", &question),
+            "S\n\nA: x\nB: y - why\nAnswer with the letter of one option only."
+        );
     }
 
     #[test]
     fn yes_no_always_has_both_sides_yes_first() {
-        let bare = q(Some("Urgent?"), QuestionKind::YesNo { yes: None, no: None });
-        assert_eq!(Wording::Vllm.user_message("S", &bare), "S\n\nQuestion: Urgent?\nyes\nno\nAnswer with yes or no only.");
-        let described = q(None, QuestionKind::YesNo { yes: None, no: Some("all calm".into()) });
-        assert_eq!(Wording::Vllm.user_message("S", &described), "S\n\nyes\nno: all calm\nAnswer with yes or no only.");
-        let both = q(Some("Urgent?"), QuestionKind::YesNo { yes: Some("money is moving".into()), no: Some("n".into()) });
+        let bare = q(
+            Some("Urgent?"),
+            QuestionKind::YesNo {
+                yes: None,
+                no: None,
+            },
+        );
+        assert_eq!(
+            Wording::Vllm.user_message("S", &bare),
+            "S\n\nQuestion: Urgent?\nyes\nno\nAnswer with yes or no only."
+        );
+        let described = q(
+            None,
+            QuestionKind::YesNo {
+                yes: None,
+                no: Some("all calm".into()),
+            },
+        );
+        assert_eq!(
+            Wording::Vllm.user_message("S", &described),
+            "S\n\nyes\nno: all calm\nAnswer with yes or no only."
+        );
+        let both = q(
+            Some("Urgent?"),
+            QuestionKind::YesNo {
+                yes: Some("money is moving".into()),
+                no: Some("n".into()),
+            },
+        );
         assert_eq!(
             Wording::Vllm.user_message("S", &both),
             "S\n\nQuestion: Urgent?\nyes: money is moving\nno: n\nAnswer with yes or no only."
@@ -219,7 +273,12 @@ mod tests {
 
     #[test]
     fn score_levels_are_numbered() {
-        let question = q(Some("How upset?"), QuestionKind::Score { levels: vec!["calm".into(), "annoyed".into(), "furious".into()] });
+        let question = q(
+            Some("How upset?"),
+            QuestionKind::Score {
+                levels: vec!["calm".into(), "annoyed".into(), "furious".into()],
+            },
+        );
         assert_eq!(
             Wording::Vllm.user_message("S", &question),
             "S\n\nQuestion: How upset?\n0: calm\n1: annoyed\n2: furious\nAnswer with the number of one level only."
@@ -230,7 +289,10 @@ mod tests {
     fn state_rendering() {
         let w = Wording::Vllm;
         assert_eq!(w.state_text(&json!("plain text")), "plain text");
-        assert_eq!(w.state_text(&json!([1, "two", {"k": null}])), "[1, \"two\", {\"k\": null}]");
+        assert_eq!(
+            w.state_text(&json!([1, "two", {"k": null}])),
+            "[1, \"two\", {\"k\": null}]"
+        );
         assert_eq!(w.state_text(&json!(null)), "null");
     }
 
@@ -242,7 +304,8 @@ mod tests {
         assert_eq!(option_code(51), "AZ");
         assert_eq!(option_code(52), "BA");
         assert_eq!(option_code(254), "IU");
-        let codes: std::collections::HashSet<String> = (0..MAX_OPTION_CODES).map(option_code).collect();
+        let codes: std::collections::HashSet<String> =
+            (0..MAX_OPTION_CODES).map(option_code).collect();
         assert_eq!(codes.len(), MAX_OPTION_CODES);
     }
 
@@ -267,16 +330,53 @@ mod tests {
     #[test]
     fn sglang_wording() {
         let w = Wording::Sglang;
-        let state = w.state_text(&serde_json::from_str(r#"{"ticket": "Refund not received", "days": 12}"#).unwrap());
+        let state = w.state_text(
+            &serde_json::from_str(r#"{"ticket": "Refund not received", "days": 12}"#).unwrap(),
+        );
         assert_eq!(state, r#"{"ticket":"Refund not received","days":12}"#);
         assert_eq!(w.state_text(&json!(null)), "");
-        let yes_no = q(Some("Urgent?"), QuestionKind::YesNo { yes: None, no: Some("calm".into()) });
-        assert_eq!(w.user_message(&state, &yes_no), format!("{state}\n\nIs the following true? Urgent?\nno: calm\nAnswer with yes or no only."));
-        let bare = q(None, QuestionKind::YesNo { yes: None, no: None });
-        assert_eq!(w.user_message("", &bare), "Is the following true?\nAnswer with yes or no only.");
-        let choice = q(Some("Which?"), QuestionKind::Choice { options: vec![opt("a", Some("x")), opt("b", None)] });
-        assert_eq!(w.user_message("S", &choice), "S\n\nQuestion: Which?\nA: a - x\nB: b\nAnswer with the letter of one option only.");
-        let many = q(None, QuestionKind::Choice { options: (0..27).map(|i| opt(&format!("o{i}"), None)).collect() });
-        assert!(w.user_message("S", &many).starts_with("S\n\nAA: o0\nAB: o1\n"));
+        let yes_no = q(
+            Some("Urgent?"),
+            QuestionKind::YesNo {
+                yes: None,
+                no: Some("calm".into()),
+            },
+        );
+        assert_eq!(
+            w.user_message(&state, &yes_no),
+            format!(
+                "{state}\n\nIs the following true? Urgent?\nno: calm\nAnswer with yes or no only."
+            )
+        );
+        let bare = q(
+            None,
+            QuestionKind::YesNo {
+                yes: None,
+                no: None,
+            },
+        );
+        assert_eq!(
+            w.user_message("", &bare),
+            "Is the following true?\nAnswer with yes or no only."
+        );
+        let choice = q(
+            Some("Which?"),
+            QuestionKind::Choice {
+                options: vec![opt("a", Some("x")), opt("b", None)],
+            },
+        );
+        assert_eq!(
+            w.user_message("S", &choice),
+            "S\n\nQuestion: Which?\nA: a - x\nB: b\nAnswer with the letter of one option only."
+        );
+        let many = q(
+            None,
+            QuestionKind::Choice {
+                options: (0..27).map(|i| opt(&format!("o{i}"), None)).collect(),
+            },
+        );
+        assert!(w
+            .user_message("S", &many)
+            .starts_with("S\n\nAA: o0\nAB: o1\n"));
     }
 }
