@@ -19,13 +19,17 @@ pub fn rank_socket(base: &Path, rank: u32) -> PathBuf {
 }
 
 /// Opens a gRPC channel over a unix domain socket.
-pub async fn connect_uds(path: &Path) -> Result<DecisionShardClient<Channel>, tonic::transport::Error> {
+pub async fn connect_uds(
+    path: &Path,
+) -> Result<DecisionShardClient<Channel>, tonic::transport::Error> {
     let path = path.to_owned();
     // The URI is ignored by the connector; tonic requires a syntactically valid one.
     let channel = Endpoint::try_from("http://[::]:50051")?
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
         }))
         .await?;
     Ok(DecisionShardClient::new(channel)
