@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "tool": f"decision-bench {__version__}",
         "label": args.label,
         "started_unix": round(started, 3),
-        "command": "decision-bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": shlex.join(["decision-bench", *(sys.argv[1:] if argv is None else argv)]),
         "workload": {
             "state_tokens": spec.state_tokens,
             "questions": spec.questions,

@@ -133,3 +133,15 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", "http://127.0.0.1:1", "--mix", "choice,poll"]) == 2
     with pytest.raises(SystemExit):
         main(["--url", "http://127.0.0.1:1", "--concurrency", "0"])
+
+
+def test_table_row_from_report(server_a: StandIn, server_b: StandIn, tmp_path: Path) -> None:
+    from decision_bench.table import main as table_main
+
+    out = tmp_path / "cell.json"
+    assert main(["--url", server_a.url, "--url-b", server_b.url, "--label", "A and B", "--state-tokens", "16",
+                 "--questions", "1", "--duration", "2", "--requests", "4", "--rounds", "2", "--warmup", "0",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert "--label 'A and B'" in report["command"]
+    assert table_main([str(out)]) == 0
