@@ -18,28 +18,30 @@ struct PythonFormatter {
     key: &'static [u8],
 }
 
-impl serde_json::ser::Formatter for PythonFormatter {
-    fn begin_array_value<W: ?Sized + io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> io::Result<()> {
+impl PythonFormatter {
+    fn separate<W: ?Sized + io::Write>(&self, w: &mut W, first: bool) -> io::Result<()> {
         if first {
             Ok(())
         } else {
             w.write_all(self.item)
         }
     }
+}
+
+impl serde_json::ser::Formatter for PythonFormatter {
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.separate(w, first)
+    }
     fn begin_object_key<W: ?Sized + io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(self.item)
-        }
+        self.separate(w, first)
     }
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
         w.write_all(self.key)

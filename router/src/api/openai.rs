@@ -1,7 +1,7 @@
 //! `POST /v1/decisions` in OpenAI's shape (spec/API.md §2), read through vLLM's adapter
 //! (spec/PROMPTS.md §1): every question becomes a lettered choice; answers come back typed.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::error::{DecisionError, FieldError, Loc};
 use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind, Wording};
@@ -97,54 +97,19 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         }
         Some(v) => input_text(v, &mut errors),
     };
-    let chat_template_kwargs = match obj.get("chat_template_kwargs") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => {
-            errors.push(err(
-                &["chat_template_kwargs".into()],
-                "invalid_type",
-                "chat_template_kwargs must be an object",
-            ));
-            Map::new()
-        }
-    };
+    let chat_template_kwargs = super::template_kwargs(obj, "invalid_type", &mut errors);
     let max_choices = compat.max_choice_options(limits.max_choices);
     let mut questions = Vec::new();
     let mut echo = Vec::new();
-    match obj.get("questions") {
-        Some(Value::Array(items)) if items.is_empty() => errors.push(err(
-            &["questions".into()],
-            "too_short",
-            "questions must hold at least one question",
-        )),
-        Some(Value::Array(items)) if items.len() > limits.max_questions => errors.push(err(
-            &["questions".into()],
-            "too_long",
-            format!(
-                "at most {} questions per request (max_questions), got {}",
-                limits.max_questions,
-                items.len()
-            ),
-        )),
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                if let Some((q, e)) = parse_question(i, item, limits, max_choices, &mut errors) {
-                    questions.push(q);
-                    echo.push(e);
-                }
-            }
+    for (i, item) in super::question_items(obj, limits, "invalid_type", &mut errors)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some((q, e)) = parse_question(i, item, limits, max_choices, &mut errors) {
+            questions.push(q);
+            echo.push(e);
         }
-        None => errors.push(err(
-            &["questions".into()],
-            "missing",
-            "questions is required",
-        )),
-        Some(_) => errors.push(err(
-            &["questions".into()],
-            "invalid_type",
-            "questions must be a list",
-        )),
     }
     if !errors.is_empty() {
         return Err(DecisionError::Invalid(errors));

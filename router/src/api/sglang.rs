@@ -99,58 +99,23 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
             false
         }
     };
-    let chat_template_kwargs = match obj.get("chat_template_kwargs") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => {
-            errors.push(err(
-                &["chat_template_kwargs".into()],
-                "type_error",
-                "chat_template_kwargs must be an object",
-            ));
-            Map::new()
-        }
-    };
+    let chat_template_kwargs = super::template_kwargs(obj, "type_error", &mut errors);
     let mut questions: Vec<Question> = Vec::new();
-    match obj.get("questions") {
-        Some(Value::Array(items)) if items.is_empty() => errors.push(err(
-            &["questions".into()],
-            "too_short",
-            "questions must not be empty",
-        )),
-        Some(Value::Array(items)) if items.len() > limits.max_questions => errors.push(err(
-            &["questions".into()],
-            "too_long",
-            format!(
-                "at most {} questions per request (max_questions), got {}",
-                limits.max_questions,
-                items.len()
-            ),
-        )),
-        Some(Value::Array(items)) => {
-            for (i, item) in items.iter().enumerate() {
-                if let Some(q) = parse_question(i, item, limits, &mut errors) {
-                    if questions.iter().any(|other| other.id == q.id) {
-                        errors.push(err(
-                            &["questions".into(), Loc::Index(i), "id".into()],
-                            "value_error",
-                            format!("duplicate question id '{}'", q.id),
-                        ));
-                    }
-                    questions.push(q);
-                }
+    for (i, item) in super::question_items(obj, limits, "type_error", &mut errors)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(q) = parse_question(i, item, limits, &mut errors) {
+            if questions.iter().any(|other| other.id == q.id) {
+                errors.push(err(
+                    &["questions".into(), Loc::Index(i), "id".into()],
+                    "value_error",
+                    format!("duplicate question id '{}'", q.id),
+                ));
             }
+            questions.push(q);
         }
-        None => errors.push(err(
-            &["questions".into()],
-            "missing",
-            "questions is required",
-        )),
-        Some(_) => errors.push(err(
-            &["questions".into()],
-            "type_error",
-            "questions must be a list",
-        )),
     }
     if !errors.is_empty() {
         return Err(DecisionError::Invalid(errors));

@@ -53,18 +53,7 @@ pub fn parse(
         None | Some(Value::Null) => None,
         Some(v) => text_field(v, loc(&["instructions"]), &mut errors),
     };
-    let chat_template_kwargs = match obj.get("chat_template_kwargs") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => {
-            errors.push(FieldError::new(
-                loc(&["chat_template_kwargs"]),
-                "dict_type",
-                "chat_template_kwargs must be an object",
-            ));
-            Map::new()
-        }
-    };
+    let chat_template_kwargs = super::template_kwargs(obj, "dict_type", &mut errors);
     let cache_salt = match obj.get("cache_salt") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
