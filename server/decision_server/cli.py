@@ -50,6 +50,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="MiB of keys/values kept for recently read prompt prefixes (tree mode; 0 disables). A repeated "
         "chat head + state then costs only the new tokens; reads with different cache salts never share.",
     )
+    parallel = serve.add_argument_group(
+        "tensor parallelism", "Every rank gets the same flags but its own --rank and --uds-path, and every Read."
+    )
+    parallel.add_argument("--rank", type=int, default=0, help="This shard's rank in the group, 0 .. world size - 1.")
+    parallel.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        help="Number of tensor-parallel ranks serving the model (Llama-family and Qwen3 models only above 1).",
+    )
+    parallel.add_argument(
+        "--master-addr", default="127.0.0.1", help="Address of the group's rendezvous (rank 0 listens there)."
+    )
+    parallel.add_argument(
+        "--master-port", type=int, default=None, help="TCP port of the group's rendezvous; required above 1 rank."
+    )
+    parallel.add_argument(
+        "--collective-timeout-secs",
+        type=float,
+        default=None,
+        help="A read's collective that waits longer for a peer rank fails, and the shard stops (a dead peer is "
+        "usually noticed at once; this bounds a stuck one). Default 60.",
+    )
+    parallel.add_argument(
+        "--join-timeout-secs",
+        type=float,
+        default=None,
+        help="How long ranks wait for each other to join the group and load their weights. Default 600.",
+    )
 
     export_default = commands.add_parser(
         "export-default", help="Convert the embedded default model (SmolLM2-135M-Instruct GGUF) to an HF folder."
@@ -90,6 +119,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         # Checked before importing torch (seconds), so a wrong path fails at once with a clear message.
         if not (args.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"{args.model_dir} is not a Hugging Face model folder (no config.json)")
+        from decision_server.distributed import ParallelConfig
         from decision_server.serve import ServeConfig, serve
 
         config = ServeConfig(
@@ -99,6 +129,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             read_mode=args.read_mode,
             threads=args.threads,
             prefix_cache_mb=args.prefix_cache_mb,
+            parallel=ParallelConfig(
+                rank=args.rank,
+                world_size=args.world_size,
+                master_addr=args.master_addr,
+                master_port=args.master_port,
+                # Unset timeouts keep ParallelConfig's defaults, the one place they are written.
+                **_given(collective_timeout_s=args.collective_timeout_secs, startup_timeout_s=args.join_timeout_secs),
+            ),
         )
         asyncio.run(serve(config))
         return 0
@@ -120,6 +158,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(args.out)
         return 0
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _given(**values: float | None) -> dict[str, float]:
+    return {name: value for name, value in values.items() if value is not None}
 
 
 if __name__ == "__main__":

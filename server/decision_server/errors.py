@@ -6,12 +6,16 @@ from __future__ import annotations
 import grpc
 import torch
 
+from decision_server.distributed import CollectiveError
 from decision_server.reads.types import InvalidReadError
 
 
 def grpc_status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, InvalidReadError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, CollectiveError):
+        # A peer rank died or stopped following: this shard cannot compute any more reads.
+        return grpc.StatusCode.UNAVAILABLE, f"tensor-parallel group failed: {exc}"
     if isinstance(exc, torch.OutOfMemoryError):
         # The batch was too large for the device; a smaller one can succeed, so the shard stays up.
         return grpc.StatusCode.RESOURCE_EXHAUSTED, f"out of device memory: {exc}"
@@ -19,7 +23,10 @@ def grpc_status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 
 def is_fatal(exc: BaseException) -> bool:
-    """Device faults leave the CUDA context unusable; the shard must stop so the launcher can report and exit."""
+    """Device faults leave the CUDA context unusable, and a failed collective leaves the tensor-parallel group
+    unusable; the shard must stop so the launcher can report and exit."""
+    if isinstance(exc, CollectiveError):
+        return True
     if isinstance(exc, torch.OutOfMemoryError):
         return False
     accelerator_error = getattr(torch, "AcceleratorError", None)

@@ -54,10 +54,17 @@ class CachedPrefix:
 
 
 class PrefixCache:
-    def __init__(self, capacity_bytes: int) -> None:
+    """`capacity_bytes` budgets the whole model's keys/values. A tensor-parallel rank stores only its key/value
+    heads, `heads_share` = (heads here, heads in all), and counts each segment at its whole-model size: every
+    rank then evicts exactly the same segments, so the ranks' caches, and their forward passes, never diverge."""
+
+    def __init__(self, capacity_bytes: int, heads_share: tuple[int, int] = (1, 1)) -> None:
         if capacity_bytes <= 0:
             raise ValueError("prefix cache capacity must be positive")
+        if not 0 < heads_share[0] <= heads_share[1]:
+            raise ValueError(f"invalid key/value heads share {heads_share}")
         self.capacity_bytes = capacity_bytes
+        self.heads_share = heads_share
         self.bytes_used = 0
         self._uids = itertools.count()
         self._clock = itertools.count(1)
@@ -122,7 +129,7 @@ class PrefixCache:
             last_used=now,
         )
         node.children[leaf.tokens[0]] = leaf
-        self.bytes_used += leaf.nbytes
+        self.bytes_used += self._counted(leaf)
         self._evict()
 
     def _split(self, segment: Segment, at: int) -> Segment:
@@ -140,12 +147,12 @@ class PrefixCache:
         )
         for child in tail.children.values():
             child.parent = tail
-        before = segment.nbytes
+        before = self._counted(segment)
         segment.tokens = segment.tokens[:at]
         segment.keys = segment.keys[:, :, :at].clone()
         segment.values = segment.values[:, :, :at].clone()
         segment.children = {tail.tokens[0]: tail}
-        self.bytes_used += segment.nbytes + tail.nbytes - before
+        self.bytes_used += self._counted(segment) + self._counted(tail) - before
         return segment
 
     def _evict(self) -> None:
@@ -157,8 +164,13 @@ class PrefixCache:
             parent = victim.parent
             assert parent is not None
             del parent.children[victim.tokens[0]]
-            self.bytes_used -= victim.nbytes
+            self.bytes_used -= self._counted(victim)
             victim.keys = victim.values = None
+
+    def _counted(self, segment: Segment) -> int:
+        """The segment's bytes as the whole model would hold them (exact: a rank's bytes divide by its heads)."""
+        here, total = self.heads_share
+        return segment.nbytes // here * total
 
     def _segments(self) -> list[Segment]:
         found: list[Segment] = []

@@ -8,12 +8,14 @@ import logging
 import os
 import signal
 import stat
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from decision_server.model import LoadedModel, dtype_name, load_model
+from decision_server.distributed import ParallelConfig
+from decision_server.model import LoadedModel, ScoreRequest, dtype_name, load_model
 from decision_server.pb import decision_pb2_grpc
 from decision_server.reads import make_read_strategy
 from decision_server.service import DecisionShardService
@@ -34,6 +36,7 @@ class ServeConfig:
     read_mode: str = "tree"
     threads: int | None = None
     prefix_cache_mb: int = 0
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 def remove_stale_socket(path: Path) -> None:
@@ -63,8 +66,9 @@ def build_server(service: DecisionShardService, uds_path: Path) -> grpc.aio.Serv
 
 
 def warm_up(model: LoadedModel) -> None:
-    """One tiny forward and a probe, so the first real read does not pay for lazy kernel set-up."""
-    model.next_token_logits([0, 0], [1])
+    """One tiny forward and a probe, so the first real read does not pay for lazy kernel set-up.
+    With tensor parallelism every rank runs it at startup, so it also proves the collectives work."""
+    model.score(ScoreRequest(token_ids=[0, 0], keep=[1], label_rows=[0], label_tokens=[0], greedy_rows=[0]))
     model.probe()
 
 
@@ -74,6 +78,7 @@ async def serve(config: ServeConfig) -> None:
         dtype=config.dtype,
         threads=config.threads,
         needs_custom_mask=config.read_mode == "tree",
+        parallel=config.parallel,
     )
     strategy = make_read_strategy(config.read_mode, model, config.prefix_cache_mb)
     await asyncio.to_thread(warm_up, model)
@@ -87,7 +92,7 @@ async def serve(config: ServeConfig) -> None:
 
     def on_fatal(exc: BaseException) -> None:
         # Called from a handler on the loop; the shard exits non-zero so the launcher reports it.
-        logger.critical("unrecoverable device error, stopping", extra={"fields": {"error": str(exc)}})
+        logger.critical("unrecoverable error, stopping", extra={"fields": {"error": str(exc)}})
         fatal.append(exc)
         stop.set()
 
@@ -110,6 +115,9 @@ async def serve(config: ServeConfig) -> None:
                     "device": model.device_name,
                     "read_mode": strategy.name,
                     "prefix_cache_mb": config.prefix_cache_mb,
+                    "rank": model.rank,
+                    "world_size": model.world_size,
+                    "weight_bytes": model.weight_bytes(),
                     "pid": os.getpid(),
                 }
             },
@@ -123,5 +131,13 @@ async def serve(config: ServeConfig) -> None:
         except FileNotFoundError:
             pass
         logger.info("stopped", extra={"fields": {"uds_path": str(config.uds_path)}})
+    if model.world_size > 1:
+        # The model thread can be blocked inside a collective whose peer is gone, where it can be neither
+        # interrupted nor joined; the socket and the logs are done, so the process leaves without waiting for it.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1 if fatal else 0)
+    model.close()
     if fatal:
         raise SystemExit(1)

@@ -93,8 +93,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             max_position_embeddings=model.max_position_embeddings,
             dtype=dtype_name(model.dtype),
             device=model.device_name,
-            world_size=1,
-            rank=0,
+            world_size=model.world_size,
+            rank=model.rank,
             read_mode=self._strategy.name,
         )
 
@@ -124,6 +124,12 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._model_thread, work)
 
+    def _breaks_group(self, rpc: str, code: grpc.StatusCode) -> bool:
+        """A rank that fails in the middle of a read leaves its peers waiting in a collective (or ahead of it by
+        a pass): the group cannot go on, so with tensor parallelism such a failure stops the shard. Invalid reads
+        are refused by every rank alike, before any collective."""
+        return rpc == "Read" and self._model.world_size > 1 and code != grpc.StatusCode.INVALID_ARGUMENT
+
     async def _guard(
         self, rpc: str, context: grpc.aio.ServicerContext, handler: Callable[[], Awaitable[Reply]]
     ) -> Reply:
@@ -135,7 +141,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
                 logger.info("rejected request", extra={"fields": {"rpc": rpc, "reason": message}})
             else:
                 logger.error("rpc failed", exc_info=exc, extra={"fields": {"rpc": rpc, "code": code.name}})
-            if is_fatal(exc) and self._on_fatal is not None:
+            if self._on_fatal is not None and (is_fatal(exc) or self._breaks_group(rpc, code)):
                 self._on_fatal(exc)
             await context.abort(code, message)
             raise  # unreachable: abort raises; keeps type checkers sure every path returns or raises

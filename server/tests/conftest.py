@@ -79,10 +79,13 @@ def reference_logprobs(reference: Any, tokens: list[int], all_logits: bool = Fal
     By default the forward runs as `generate` runs a prefill (`logits_to_keep=1`: the LM head projects only the
     last position). With `all_logits` it projects every position; the BLAS kernel then differs with the row
     count, which alone moves SmolLM2's float32 logits by up to about 4e-5 (measured), with no change upstream.
+    The log-softmax itself runs in float64 (as in integration-tests/reference.py): torch's float32 log_softmax is
+    off by up to 2.2e-5 on SmolLM2, whose logits reach 33 (measured against float64), more than the shard's own
+    error (1.5e-6), so a float32 reference would not be one.
     """
     with torch.inference_mode():
         output = reference(input_ids=torch.tensor([tokens]), logits_to_keep=0 if all_logits else 1)
-    return torch.log_softmax(output.logits[0, -1].float(), dim=-1)
+    return torch.log_softmax(output.logits[0, -1].double(), dim=-1)
 
 
 _chains: dict[tuple[int, tuple[int, ...], tuple[int, ...]], float] = {}

@@ -6,7 +6,9 @@ import math
 from typing import Any
 
 import pytest
+import torch
 
+from decision_server.checkpoint import Checkpoint
 from decision_server.pb import decision_pb2
 
 EXPECTED_INFO = {
@@ -32,6 +34,7 @@ def test_info_and_health(request: pytest.FixtureRequest, shard: Any, name: str, 
     assert info.read_mode == mode
     assert math.isfinite(health.probe)
     # The probe is computed from the weights: it equals the same op done here, and is not a constant.
-    weight = model.module.get_input_embeddings().weight[:8, :64].float()
+    with Checkpoint(model.path) as checkpoint:
+        weight = checkpoint.read("model.embed_tokens.weight", torch.float32, torch.device("cpu"), dim=0, end=8)[:, :64]
     assert health.probe == pytest.approx(float((weight @ weight.T).sum()), rel=1e-6)
     assert health.probe != 0.0

@@ -138,7 +138,7 @@ def test_salted_reads_never_hit_each_others_cache(tiny_qwen3: LoadedModel) -> No
 
 
 def test_a_tight_budget_evicts_and_stays_exact(tiny_qwen3: LoadedModel, naive_outcomes: Any) -> None:
-    config = tiny_qwen3.module.config
+    config = tiny_qwen3.text_config
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
     reads = decision_batch(tiny_qwen3.path)
     cache = PrefixCache(per_token * 80)  # room for about one prompt

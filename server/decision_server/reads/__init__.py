@@ -33,7 +33,8 @@ def make_read_strategy(mode: str, model: LoadedModel, prefix_cache_mb: int = 0) 
     if prefix_cache_mb:
         reason = model.supports_prefix_cache()
         if reason is None:
-            cache = PrefixCache(prefix_cache_mb * 1024 * 1024)
+            # The budget is the whole model's; each tensor-parallel rank holds its share of the heads.
+            cache = PrefixCache(prefix_cache_mb * 1024 * 1024, heads_share=model.kv_heads_share)
         else:
             logger.warning("prefix cache disabled", extra={"fields": {"reason": reason, "mb": prefix_cache_mb}})
     return TreeReads(model, prefix_cache=cache)

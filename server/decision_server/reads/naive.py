@@ -6,10 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import torch
-
+from decision_server.model import ScoredPass, ScoreRequest
 from decision_server.reads.base import ReadStrategy
-from decision_server.reads.scoring import argmax_rows, gather, log_probs
 from decision_server.reads.types import BatchOutcome, ReadOutcome, ReadSpec
 
 
@@ -24,18 +22,20 @@ class NaiveReads(ReadStrategy):
 
     def _read(self, read: ReadSpec, batch: BatchOutcome) -> ReadOutcome:
         prompt = list(read.prompt)
-        answer = log_probs(self._prefill(prompt, [len(prompt) - 1], batch))
-        greedy = argmax_rows(answer, [0])[0]
-        computed = len(prompt)
         single = [index for index, label in enumerate(read.labels) if len(label) == 1]
-        values = dict(zip(single, gather(answer, [0] * len(single), [read.labels[i][0] for i in single]), strict=True))
+        # One row (the answer position): every single-token label is read there, and the greedy token.
+        answer = self._prefill(prompt, [len(prompt) - 1], [0] * len(single), [read.labels[i][0] for i in single], batch)
+        greedy = answer.greedy_tokens[0]
+        computed = len(prompt)
+        values = dict(zip(single, answer.label_logprobs, strict=True))
         for index, label in enumerate(read.labels):
             if len(label) == 1:
                 continue
             # The label's own prefill: the prompt again, then every label token but the last, scoring each next token.
             sequence = prompt + list(label[:-1])
-            rows = log_probs(self._prefill(sequence, list(range(len(prompt) - 1, len(sequence))), batch))
-            values[index] = sum(gather(rows, range(len(label)), label))
+            keep = list(range(len(prompt) - 1, len(sequence)))
+            rows = self._prefill(sequence, keep, list(range(len(label))), list(label), batch)
+            values[index] = sum(rows.label_logprobs)
             computed += len(prompt)
         return ReadOutcome(
             id=read.id,
@@ -44,11 +44,15 @@ class NaiveReads(ReadStrategy):
             tokens_computed=computed,
         )
 
-    def _prefill(self, tokens: list[int], keep: list[int], batch: BatchOutcome) -> torch.Tensor:
+    def _prefill(
+        self, tokens: list[int], keep: list[int], label_rows: list[int], label_tokens: list[int], batch: BatchOutcome
+    ) -> ScoredPass:
         started = time.perf_counter()
-        logits = self.model.next_token_logits(tokens, keep)
+        scored = self.model.score(
+            ScoreRequest(token_ids=tokens, keep=keep, label_rows=label_rows, label_tokens=label_tokens, greedy_rows=[0])
+        )
         self.model.synchronize()
         batch.forward_seconds += time.perf_counter() - started
         batch.forward_passes += 1
         batch.packed_tokens += len(tokens)
-        return logits
+        return scored

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from decision_server.model import LoadedModel
+from decision_server.model import LoadedModel, ScoreRequest
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
 from decision_server.reads.base import ReadStrategy
-from decision_server.reads.scoring import argmax_rows, gather, log_probs
 from decision_server.reads.types import BatchOutcome, ReadOutcome, ReadSpec
 
 # Defaults sized for a CPU: the dense (T, T) mask and attention scores grow with T squared, and every logit row
@@ -257,40 +256,41 @@ class TreeReads(ReadStrategy):
         query_nodes = sorted({p.answer_node for p in placed} | {n for p in placed for ns in p.label_nodes for n in ns})
         row_of = {node: row for row, node in enumerate(query_nodes)}
 
-        started = time.perf_counter()
-        new_keys: torch.Tensor | None = None
-        new_values: torch.Tensor | None = None
-        if self.prefix_cache is not None:
-            logits, new_keys, new_values = self.model.forward_with_cache(
-                trie.tokens,
-                query_nodes,
-                trie.depths,
-                self._mask_with_past(trie, past, prefixes),
-                past.key_values(),
-            )
-        elif trie.is_chain():
-            # One read with single-token labels (or labels sharing one branch): the plain causal prefill is exact
-            # and lets attention use its fastest causal kernel.
-            logits = self.model.next_token_logits(trie.tokens, query_nodes)
-        else:
-            logits = self.model.next_token_logits(
-                trie.tokens, query_nodes, position_ids=trie.depths, attention_mask=self._mask(trie)
-            )
-        logprobs = log_probs(logits)
-        greedy = argmax_rows(logprobs, [row_of[p.answer_node] for p in placed])
         rows: list[int] = []
         tokens: list[int] = []
         for p in placed:
             for label, nodes in zip(p.read.labels, p.label_nodes, strict=True):
                 rows.extend(row_of[node] for node in nodes)
                 tokens.extend(label)
-        values = iter(gather(logprobs, rows, tokens))
+        request = ScoreRequest(
+            token_ids=trie.tokens,
+            keep=query_nodes,
+            label_rows=rows,
+            label_tokens=tokens,
+            greedy_rows=[row_of[p.answer_node] for p in placed],
+        )
+        started = time.perf_counter()
+        if self.prefix_cache is not None:
+            request = replace(
+                request,
+                position_ids=trie.depths,
+                attention_mask=self._mask_with_past(trie, past, prefixes),
+                past=past.key_values(),
+                return_key_values=True,
+            )
+        elif not trie.is_chain():
+            request = replace(request, position_ids=trie.depths, attention_mask=self._mask(trie))
+        # else: one read with single-token labels (or labels sharing one branch): the plain causal prefill is exact
+        # and lets attention use its fastest causal kernel.
+        scored = self.model.score(request)
+        greedy = scored.greedy_tokens
+        values = iter(scored.label_logprobs)
         batch.forward_seconds += time.perf_counter() - started
         batch.forward_passes += 1
         batch.packed_tokens += len(trie)
 
-        if self.prefix_cache is not None and new_keys is not None and new_values is not None:
-            self._remember(placed, new_keys, new_values)
+        if self.prefix_cache is not None and scored.keys is not None and scored.values is not None:
+            self._remember(placed, scored.keys, scored.values)
 
         outcomes = []
         for p, greedy_token in zip(placed, greedy, strict=True):
@@ -312,7 +312,7 @@ class TreeReads(ReadStrategy):
         if window is None or max(trie.depths) < window:
             return full
         windowed = self.model.tree_attention_mask(torch.from_numpy(trie.ancestor_matrix(window)))
-        layer_types = getattr(self.model.module.config.get_text_config(), "layer_types", None)
+        layer_types = self.model.layer_types()
         if layer_types is None:
             # Sliding window without per-layer types (Mistral style): every layer slides.
             return windowed

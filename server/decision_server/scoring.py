@@ -1,5 +1,5 @@
-"""Reading label log-probabilities out of next-token logits, shared by every read strategy.
-Both strategies score through the same code so any difference between them comes from the forward pass alone."""
+"""Reading label log-probabilities out of whole next-token logits, for models that compute every logit on one rank
+(transformers' modeling); the tensor-parallel decoder computes the same values from split logits (layers.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,432 @@
+"""The shard's own decoder for the Llama family and Qwen3: RMSNorm, rotary positions, grouped-query attention
+over an arbitrary (tree) mask with torch SDPA, SwiGLU MLP, Qwen3's per-head q/k norms, tied or untied LM head.
+Built from tensor-parallel layers, so one implementation serves world size 1..N; each rank loads only its slices."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decision_server.checkpoint import Checkpoint
+from decision_server.distributed import ShardGroup, partition
+from decision_server.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+
+# Architectures this decoder implements; others fall back to transformers' modeling at world size 1 only.
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+# Rotary types whose frequencies are fixed at load time (dynamic ones rescale with the sequence length).
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedModelError(ValueError):
+    """The config asks for something this decoder does not implement; the message says what."""
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The facts of a config the decoder needs, checked once."""
+
+    family: str
+    hidden_size: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    hidden_act: str
+    tie_word_embeddings: bool
+    qk_norm: bool
+    attention_bias: bool
+    mlp_bias: bool
+
+    @classmethod
+    def from_config(cls, config: Any) -> DecoderShape:
+        """Raises `UnsupportedModelError` naming the first thing the decoder cannot run as the config asks."""
+        architectures = getattr(config, "architectures", None) or []
+        architecture = architectures[0] if architectures else type(config).__name__
+        family = ARCHITECTURES.get(architecture)
+        if family is None:
+            raise UnsupportedModelError(
+                f"{architecture} has no tensor-parallel implementation (the shard's own decoder covers "
+                f"{', '.join(sorted(ARCHITECTURES))})"
+            )
+        layer_types = getattr(config, "layer_types", None) or []
+        if any(kind != "full_attention" for kind in layer_types) or (
+            getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None)
+        ):
+            raise UnsupportedModelError(f"{architecture} with sliding-window layers is not implemented")
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        rope_type = rope.get("rope_type", "default")
+        if rope_type not in STATIC_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"rope type {rope_type!r} is not implemented (supported: {', '.join(STATIC_ROPE_TYPES)})"
+            )
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        if heads % kv_heads:
+            raise UnsupportedModelError(f"{heads} attention heads do not group evenly over {kv_heads} key/value heads")
+        hidden = int(config.hidden_size)
+        return cls(
+            family=family,
+            hidden_size=hidden,
+            layers=int(config.num_hidden_layers),
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+            intermediate_size=int(config.intermediate_size),
+            vocab_size=int(config.vocab_size),
+            rms_norm_eps=float(config.rms_norm_eps),
+            hidden_act=str(getattr(config, "hidden_act", "silu")),
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qk_norm=family == "qwen3",
+            attention_bias=bool(getattr(config, "attention_bias", False)),
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+        )
+
+    def check_world_size(self, world_size: int) -> None:
+        """Attention splits by key/value head (with its query heads), so there must be one per rank at least."""
+        if world_size > self.kv_heads:
+            raise UnsupportedModelError(
+                f"{self.kv_heads} key/value heads cannot be split over {world_size} ranks; "
+                f"use --num-shard {self.kv_heads} or fewer"
+            )
+
+
+class RMSNorm(nn.Module):
+    """Normalises in float32 and scales in the compute dtype, like the reference implementations."""
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        wide = x.float()
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * wide.to(dtype)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding ("rotate half" layout of Hugging Face checkpoints) at arbitrary positions."""
+
+    def __init__(self, config: Any, head_dim: int, device: torch.device) -> None:
+        super().__init__()
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        rope_type = rope.get("rope_type", "default")
+        if rope_type == "default":
+            theta = float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+            exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float32)
+            inv_freq = 1.0 / (theta ** (exponents / head_dim))
+            scaling = 1.0
+        else:
+            # Scaled variants (linear, llama3, yarn): transformers' own frequency tables for the config.
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, device)
+        # A plain attribute, not a buffer: built on its device, never moved or saved.
+        self.inv_freq: torch.Tensor = inv_freq.float()
+        self.scaling = float(scaling)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, head_dim) cosines and sines for integer `positions` (tokens,)."""
+        angles = positions.float().unsqueeze(-1) * self.inv_freq
+        doubled = torch.cat((angles, angles), dim=-1)
+        return (doubled.cos() * self.scaling).to(dtype), (doubled.sin() * self.scaling).to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + turned * sin
+
+
+@dataclass
+class LayerKV:
+    keys: torch.Tensor  # (kv_heads_here, tokens, head_dim), positions already applied
+    values: torch.Tensor
+
+
+class Attention(nn.Module):
+    """Grouped-query attention over this rank's key/value heads and their query heads."""
+
+    def __init__(
+        self,
+        qkv: ColumnParallelLinear,
+        out: RowParallelLinear,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        q_norm: RMSNorm | None,
+        k_norm: RMSNorm | None,
+    ) -> None:
+        super().__init__()
+        self.qkv = qkv
+        self.out = out
+        self.heads = heads
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.q_norm = q_norm
+        self.k_norm = k_norm
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: LayerKV | None,
+    ) -> tuple[torch.Tensor, LayerKV]:
+        tokens = hidden.shape[0]
+        fused = self.qkv(hidden)
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        query = fused[:, :q_size].view(tokens, self.heads, self.head_dim)
+        key = fused[:, q_size : q_size + kv_size].view(tokens, self.kv_heads, self.head_dim)
+        value = fused[:, q_size + kv_size :].view(tokens, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            query, key = self.q_norm(query), self.k_norm(key)
+        # (heads, tokens, head_dim) from here on.
+        query = _rotate(query.transpose(0, 1), cos, sin)
+        key = _rotate(key.transpose(0, 1), cos, sin)
+        value = value.transpose(0, 1)
+        new = LayerKV(key, value)
+        if past is not None:
+            key = torch.cat((past.keys, key), dim=1)
+            value = torch.cat((past.values, value), dim=1)
+        group = self.heads // self.kv_heads
+        if group > 1:
+            # Each key/value head serves `group` consecutive query heads.
+            key = key.repeat_interleave(group, dim=0)
+            value = value.repeat_interleave(group, dim=0)
+        causal = mask is None and tokens > 1
+        if mask is None and past is not None and tokens > 1:
+            # No tree: plain causal attention continuing after the past tokens.
+            past_length = past.keys.shape[1]
+            query_positions = torch.arange(tokens, device=hidden.device).unsqueeze(-1) + past_length
+            mask = query_positions >= torch.arange(past_length + tokens, device=hidden.device)
+            mask, causal = mask[None, None], False
+        attended = F.scaled_dot_product_attention(
+            query.unsqueeze(0),
+            key.unsqueeze(0),
+            value.unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.head_dim**-0.5,
+        )
+        merged = attended[0].transpose(0, 1).reshape(tokens, self.heads * self.head_dim)
+        return self.out(merged), new
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)); gate and up are column-parallel (fused), down row-parallel."""
+
+    def __init__(self, gate_up: ColumnParallelLinear, down: RowParallelLinear, act: Callable[..., Any]) -> None:
+        super().__init__()
+        self.gate_up = gate_up
+        self.down = down
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        activated: torch.Tensor = self.act(gate)
+        projected: torch.Tensor = self.down(activated * up)
+        return projected
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, attention: Attention, mlp: GatedMLP, input_norm: RMSNorm, post_attention_norm: RMSNorm) -> None:
+        super().__init__()
+        self.attention = attention
+        self.mlp = mlp
+        self.input_norm = input_norm
+        self.post_attention_norm = post_attention_norm
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: LayerKV | None,
+    ) -> tuple[torch.Tensor, LayerKV]:
+        attended, new = self.attention(self.input_norm(hidden), cos, sin, mask, past)
+        hidden = hidden + attended
+        hidden = hidden + self.mlp(self.post_attention_norm(hidden))
+        return hidden, new
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What this rank owns: key/value heads (with their query heads), MLP features and vocabulary rows."""
+
+    kv_heads: tuple[int, int]
+    heads: tuple[int, int]
+    intermediate: tuple[int, int]
+    vocab: tuple[int, int]
+    embedding: tuple[int, int]
+
+    @classmethod
+    def of(cls, shape: DecoderShape, embedding_rows: int, group: ShardGroup) -> RankShare:
+        rank, world = group.rank, group.world_size
+        kv_start, kv_end = partition(shape.kv_heads, world, rank)
+        per_group = shape.heads // shape.kv_heads
+        vocab = partition(shape.vocab_size, world, rank)
+        return cls(
+            kv_heads=(kv_start, kv_end),
+            heads=(kv_start * per_group, kv_end * per_group),
+            intermediate=partition(shape.intermediate_size, world, rank),
+            vocab=vocab,
+            # Tied weights are one tensor: the embedding is split exactly like the head.
+            embedding=vocab if shape.tie_word_embeddings else partition(embedding_rows, world, rank),
+        )
+
+
+class DecoderLM(nn.Module):
+    """Embedding, decoder layers, final norm and LM head of one rank."""
+
+    def __init__(
+        self,
+        shape: DecoderShape,
+        share: RankShare,
+        embedding: VocabParallelEmbedding,
+        layers: list[DecoderLayer],
+        norm: RMSNorm,
+        head: ParallelLMHead,
+        rotary: Rotary,
+    ) -> None:
+        super().__init__()
+        self.shape = shape
+        self.share = share
+        self.embedding = embedding
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.head = head
+        self.rotary = rotary
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint: Checkpoint,
+        config: Any,
+        group: ShardGroup,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> DecoderLM:
+        """Builds this rank's part of the model, reading only its slices of each checkpoint tensor."""
+        from transformers.activations import ACT2FN
+
+        shape = DecoderShape.from_config(config)
+        shape.check_world_size(group.world_size)
+        embedding_name = "model.embed_tokens.weight"
+        embedding_rows = checkpoint.shape(embedding_name)[0]
+        share = RankShare.of(shape, embedding_rows, group)
+        checkpoint.expect_shape(embedding_name, [embedding_rows, shape.hidden_size])
+
+        def read(name: str, dim: int | None = None, span: tuple[int, int] = (0, 0)) -> torch.Tensor:
+            if dim is None:
+                return checkpoint.read(name, dtype, device)
+            return checkpoint.read(name, dtype, device, dim=dim, start=span[0], end=span[1])
+
+        hd = shape.head_dim
+        q_rows = (share.heads[0] * hd, share.heads[1] * hd)
+        kv_rows = (share.kv_heads[0] * hd, share.kv_heads[1] * hd)
+        heads_here = share.heads[1] - share.heads[0]
+        kv_here = share.kv_heads[1] - share.kv_heads[0]
+        act = ACT2FN[shape.hidden_act]
+        layers = []
+        for index in range(shape.layers):
+            prefix = f"model.layers.{index}."
+            attn = prefix + "self_attn."
+            checkpoint.expect_shape(attn + "q_proj.weight", [shape.heads * hd, shape.hidden_size])
+            checkpoint.expect_shape(attn + "k_proj.weight", [shape.kv_heads * hd, shape.hidden_size])
+            qkv = ColumnParallelLinear.load(
+                checkpoint,
+                [attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"],
+                [q_rows, kv_rows, kv_rows],
+                dtype,
+                device,
+                bias=shape.attention_bias,
+            )
+            out = RowParallelLinear.load(
+                checkpoint, attn + "o_proj.weight", q_rows, group, dtype, device, bias=shape.attention_bias
+            )
+            q_norm = k_norm = None
+            if shape.qk_norm:
+                q_norm = RMSNorm(read(attn + "q_norm.weight"), shape.rms_norm_eps)
+                k_norm = RMSNorm(read(attn + "k_norm.weight"), shape.rms_norm_eps)
+            mlp = prefix + "mlp."
+            checkpoint.expect_shape(mlp + "gate_proj.weight", [shape.intermediate_size, shape.hidden_size])
+            gate_up = ColumnParallelLinear.load(
+                checkpoint,
+                [mlp + "gate_proj.weight", mlp + "up_proj.weight"],
+                [share.intermediate, share.intermediate],
+                dtype,
+                device,
+                bias=shape.mlp_bias,
+            )
+            down = RowParallelLinear.load(
+                checkpoint, mlp + "down_proj.weight", share.intermediate, group, dtype, device, bias=shape.mlp_bias
+            )
+            layers.append(
+                DecoderLayer(
+                    Attention(qkv, out, heads_here, kv_here, hd, q_norm, k_norm),
+                    GatedMLP(gate_up, down, act),
+                    RMSNorm(read(prefix + "input_layernorm.weight"), shape.rms_norm_eps),
+                    RMSNorm(read(prefix + "post_attention_layernorm.weight"), shape.rms_norm_eps),
+                )
+            )
+        embedding = VocabParallelEmbedding(
+            read(embedding_name, 0, share.embedding), share.embedding[0], embedding_rows, group
+        )
+        if shape.tie_word_embeddings or not checkpoint.has("lm_head.weight"):
+            if embedding_rows != shape.vocab_size or share.embedding != share.vocab:
+                raise UnsupportedModelError(
+                    f"tied LM head over {embedding_rows} embedding rows but vocab_size {shape.vocab_size}"
+                )
+            head = ParallelLMHead(embedding.weight, share.vocab[0], shape.vocab_size, group)
+        else:
+            checkpoint.expect_shape("lm_head.weight", [shape.vocab_size, shape.hidden_size])
+            head = ParallelLMHead(read("lm_head.weight", 0, share.vocab), share.vocab[0], shape.vocab_size, group)
+        norm = RMSNorm(read("model.norm.weight"), shape.rms_norm_eps)
+        model = cls(shape, share, embedding, layers, norm, head, Rotary(config, hd, device))
+        return model.eval()
+
+    def hidden_states(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: list[LayerKV] | None,
+    ) -> tuple[torch.Tensor, list[LayerKV]]:
+        """Final-norm hidden states (tokens, hidden) of a packed sequence, and each layer's new keys/values.
+
+        `mask` (1, 1, tokens, past + tokens), booleans, True = may attend; None = causal.
+        """
+        hidden = self.embedding(token_ids)
+        cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        new: list[LayerKV] = []
+        for index, layer in enumerate(self.layers):
+            hidden, kv = layer(hidden, cos, sin, mask, past[index] if past is not None else None)
+            new.append(kv)
+        return self.norm(hidden), new
+
+    def parameter_bytes(self) -> int:
+        """Bytes of this rank's weights (a tied tensor counted once)."""
+        seen: set[int] = set()
+        total = 0
+        for parameter in self.parameters():
+            if parameter.data_ptr() not in seen:
+                seen.add(parameter.data_ptr())
+                total += parameter.numel() * parameter.element_size()
+        return total

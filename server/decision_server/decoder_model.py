@@ -1,0 +1,167 @@
+"""The shard's own decoder behind the `LoadedModel` interface: one rank of a tensor-parallel group (or the only
+one). Scores come from vocabulary-split logits through all-reduces; every pass first checks that all ranks are
+running the same pass, so ranks that were sent different batches fail loudly instead of mixing their results."""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from decision_server.checkpoint import Checkpoint
+from decision_server.decoder import DecoderLM, LayerKV
+from decision_server.distributed import ParallelConfig, ShardGroup, join_group
+from decision_server.layers import vocab_parallel_scores
+from decision_server.model import LoadedModel, ScoredPass, ScoreRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecoderModel(LoadedModel):
+    network: DecoderLM
+    group: ShardGroup
+    config: Any  # the Hugging Face config the network was built from
+    path: Path
+    device: torch.device
+    dtype: torch.dtype
+    architecture: str
+    vocab_size: int
+    embedding_rows: int
+    max_position_embeddings: int
+    attn_implementation: str = "sdpa"
+
+    @property
+    def text_config(self) -> Any:
+        return self.config.get_text_config()
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size
+
+    @property
+    def kv_heads_share(self) -> tuple[int, int]:
+        start, end = self.network.share.kv_heads
+        return end - start, self.network.shape.kv_heads
+
+    def score(self, request: ScoreRequest) -> ScoredPass:
+        if isinstance(request.attention_mask, dict):
+            raise ValueError("the decoder has full-attention layers only; it takes one mask, not one per layer type")
+        past_length = int(request.past[0].shape[2]) if request.past is not None else 0
+        self.group.check_same(
+            "the forward pass (tokens, past tokens, kept rows, digest)",
+            [len(request.token_ids), past_length, len(request.keep), _digest(request)],
+        )
+        device = self.device
+        with torch.inference_mode():
+            ids = torch.tensor(request.token_ids, dtype=torch.long, device=device)
+            positions = (
+                torch.tensor(request.position_ids, dtype=torch.long, device=device)
+                if request.position_ids is not None
+                else torch.arange(len(request.token_ids), device=device)
+            )
+            past = None
+            if request.past is not None:
+                keys, values = request.past
+                past = [LayerKV(keys[layer], values[layer]) for layer in range(keys.shape[0])]
+            hidden, new = self.network.hidden_states(ids, positions, request.attention_mask, past)
+            kept = hidden.index_select(0, torch.tensor(request.keep, dtype=torch.long, device=device))
+            label_logprobs, greedy = vocab_parallel_scores(
+                self.network.head.local_logits(kept),
+                self.network.head.start,
+                self.group,
+                request.label_rows,
+                request.label_tokens,
+                request.greedy_rows,
+            )
+            scored = ScoredPass(label_logprobs=label_logprobs, greedy_tokens=greedy)
+            if request.return_key_values:
+                scored.keys = torch.stack([kv.keys for kv in new])
+                scored.values = torch.stack([kv.values for kv in new])
+        return scored
+
+    def probe(self) -> float:
+        weight = self.network.embedding.weight
+        with torch.inference_mode():
+            rows = weight[:8, :64].float()
+            value = float((rows @ rows.T).sum().item())
+        return value
+
+    def weight_bytes(self) -> int:
+        return self.network.parameter_bytes()
+
+    def close(self) -> None:
+        self.group.close()
+
+
+def _digest(request: ScoreRequest) -> int:
+    """A checksum of what defines the pass, the same on every rank that was sent the same reads."""
+    parts = [
+        request.token_ids,
+        request.position_ids or [],
+        request.keep,
+        request.label_rows,
+        request.label_tokens,
+        request.greedy_rows,
+    ]
+    flat = [value for part in parts for value in (len(part), *part)]
+    return zlib.crc32(np.asarray(flat, dtype=np.int64).tobytes())
+
+
+def load_decoder_model(
+    path: Path, config: Any, dtype: torch.dtype, device: torch.device, parallel: ParallelConfig
+) -> DecoderModel:
+    """Joins the group, reads this rank's weight slices, then waits for every rank to be loaded."""
+    group = join_group(parallel, device)
+    started = time.perf_counter()
+    try:
+        with Checkpoint(path) as checkpoint:
+            network = DecoderLM.load(checkpoint, config, group, dtype, device)
+            bytes_read = checkpoint.bytes_read
+        group.startup_barrier()
+    except BaseException:
+        group.close()
+        raise
+    text_config = config.get_text_config()
+    architectures = getattr(config, "architectures", None) or [type(config).__name__]
+    model = DecoderModel(
+        network=network,
+        group=group,
+        config=config,
+        path=path,
+        device=device,
+        dtype=dtype,
+        architecture=str(architectures[0]),
+        vocab_size=network.shape.vocab_size,
+        embedding_rows=network.embedding.rows,
+        max_position_embeddings=int(getattr(text_config, "max_position_embeddings", 0) or 0),
+    )
+    if model.max_position_embeddings <= 0:
+        raise ValueError(f"{path}: config has no max_position_embeddings")
+    share = network.share
+    logger.info(
+        "rank weights loaded",
+        extra={
+            "fields": {
+                "rank": group.rank,
+                "world_size": group.world_size,
+                "kv_heads": list(share.kv_heads),
+                "heads": list(share.heads),
+                "intermediate": list(share.intermediate),
+                "vocab": list(share.vocab),
+                "checkpoint_bytes_read": bytes_read,
+                "seconds": round(time.perf_counter() - started, 3),
+            }
+        },
+    )
+    return model

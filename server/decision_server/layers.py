@@ -1,0 +1,179 @@
+"""Tensor-parallel building blocks: column- and row-parallel linear layers, a vocabulary-parallel embedding and
+LM head, and label log-probabilities over the full vocabulary computed without ever gathering the logits.
+At world size 1 each layer is the plain layer and each collective a no-op."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decision_server.checkpoint import Checkpoint
+from decision_server.distributed import ShardGroup
+
+
+class ColumnParallelLinear(nn.Module):
+    """`x @ W.T + b` for this rank's output features only: the result stays split across ranks.
+
+    Several checkpoint tensors can be fused into one (q/k/v, gate/up): this rank's rows of each, concatenated,
+    so one matmul computes all of them.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint: Checkpoint,
+        names: Sequence[str],
+        ranges: Sequence[tuple[int, int]],
+        dtype: torch.dtype,
+        device: torch.device,
+        bias: bool = False,
+    ) -> ColumnParallelLinear:
+        """Rows `ranges[i]` of tensor `names[i]` (a `.weight` name), concatenated in order."""
+        weights = [
+            checkpoint.read(name, dtype, device, dim=0, start=start, end=end)
+            for name, (start, end) in zip(names, ranges, strict=True)
+        ]
+        biases = None
+        if bias:
+            biases = torch.cat(
+                [
+                    checkpoint.read(_bias_name(name), dtype, device, dim=0, start=start, end=end)
+                    for name, (start, end) in zip(names, ranges, strict=True)
+                ]
+            )
+        return cls(torch.cat(weights) if len(weights) > 1 else weights[0], biases)
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """`x @ W.T + b` where this rank holds the input features [start, end) of `x` and the matching columns of
+    `W`: the partial products are summed across ranks, then the (whole) bias is added once."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: ShardGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.group = group
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint: Checkpoint,
+        name: str,
+        columns: tuple[int, int],
+        group: ShardGroup,
+        dtype: torch.dtype,
+        device: torch.device,
+        bias: bool = False,
+    ) -> RowParallelLinear:
+        weight = checkpoint.read(name, dtype, device, dim=1, start=columns[0], end=columns[1])
+        whole_bias = checkpoint.read(_bias_name(name), dtype, device) if bias else None
+        return cls(weight, whole_bias, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        partial = F.linear(x, self.weight)
+        total = self.group.all_reduce_sum(partial)
+        return total + self.bias if self.bias is not None else total
+
+
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows [start, end) of the embedding table. Each token's vector comes from the one rank that
+    owns its row; the others contribute zeros, and a sum across ranks assembles the whole lookup."""
+
+    def __init__(self, weight: torch.Tensor, start: int, rows: int, group: ShardGroup) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.start = start
+        self.rows = rows  # of the whole table, across ranks
+        self.group = group
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.group.world_size == 1:
+            return F.embedding(token_ids, self.weight)
+        local = token_ids - self.start
+        owned = (local >= 0) & (local < self.weight.shape[0])
+        vectors = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight)
+        vectors = vectors.masked_fill(~owned.unsqueeze(-1), 0.0)
+        return self.group.all_reduce_sum(vectors)
+
+
+class ParallelLMHead(nn.Module):
+    """This rank's vocabulary rows [start, end) of the output projection; logits stay split by vocabulary.
+
+    With tied embeddings the weight is the embedding's own tensor (same rows), so nothing is stored twice.
+    """
+
+    def __init__(self, weight: torch.Tensor | nn.Parameter, start: int, rows: int, group: ShardGroup) -> None:
+        super().__init__()
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        self.start = start
+        self.rows = rows
+        self.group = group
+
+    def local_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, end - start) logits of this rank's vocabulary slice, in float32."""
+        return F.linear(hidden, self.weight).float()
+
+
+def vocab_parallel_scores(
+    local_logits: torch.Tensor,
+    vocab_start: int,
+    group: ShardGroup,
+    label_rows: Sequence[int],
+    label_tokens: Sequence[int],
+    greedy_rows: Sequence[int],
+) -> tuple[list[float], list[int]]:
+    """log_softmax(logits)[label_rows[k], label_tokens[k]] for every k, and argmax(logits[r]) for r in greedy_rows,
+    where `logits` (rows, vocab) is split by vocabulary across ranks and this rank holds columns
+    [vocab_start, vocab_start + local_logits.shape[1]).
+
+    Nothing of size vocab crosses ranks: per row, the maximum and the sum of exponentials are all-reduced (so
+    each rank knows log Z), each label logit comes from its owner (others add 0), and the greedy token is the
+    smallest index holding the global maximum (torch.argmax's tie rule), all-reduced as a minimum.
+    """
+    logits = local_logits.float()
+    device = logits.device
+    width = logits.shape[1]
+    rows = logits.shape[0]
+    local_max, local_argmax = logits.max(dim=-1)
+    global_max = group.all_reduce_max(local_max.clone())
+    # A row whose every logit is -inf would give nan here, exactly as log_softmax would.
+    sum_exp = torch.exp(logits - global_max.unsqueeze(-1)).sum(dim=-1)
+    row_index = torch.tensor(list(label_rows), dtype=torch.long, device=device)
+    column = torch.tensor(list(label_tokens), dtype=torch.long, device=device) - vocab_start
+    owned = (column >= 0) & (column < width)
+    picked = logits[row_index, column.clamp(0, width - 1)].masked_fill(~owned, 0.0)
+    # One all-reduce carries both sums: the per-row exponentials, then each label's logit.
+    totals = group.all_reduce_sum(torch.cat([sum_exp, picked]))
+    log_normaliser = global_max + torch.log(totals[:rows])
+    label_logprobs = totals[rows:] - log_normaliser[row_index]
+
+    greedy_index = torch.tensor(list(greedy_rows), dtype=torch.long, device=device)
+    never = torch.iinfo(torch.int64).max
+    candidates = torch.where(
+        local_max[greedy_index] == global_max[greedy_index],
+        local_argmax[greedy_index] + vocab_start,
+        torch.full_like(local_argmax[greedy_index], never),
+    )
+    greedy = group.all_reduce_min(candidates)
+    values: list[float] = label_logprobs.double().tolist()
+    tokens: list[int] = greedy.tolist()
+    return values, tokens
+
+
+def _bias_name(weight_name: str) -> str:
+    return weight_name.removesuffix(".weight") + ".bias"
