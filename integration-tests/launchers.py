@@ -28,6 +28,8 @@ LAUNCHER_ENV_VARS = (
     "PORT",
     "DECISION_HOSTNAME",
     "NUM_SHARD",
+    "MASTER_ADDR",
+    "MASTER_PORT",
     "DTYPE",
     "READ_MODE",
     "UDS_PATH",

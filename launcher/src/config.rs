@@ -30,10 +30,21 @@ pub struct Config {
     #[arg(long, env = "DECISION_HOSTNAME", default_value = "0.0.0.0")]
     pub hostname: String,
 
-    /// Number of tensor-parallel shards. Only 1 is supported until the shard implements tensor
-    /// parallelism; larger values are refused at startup.
+    /// Number of tensor-parallel shards (ranks), one process each, every one holding its slice of
+    /// the weights: on CUDA rank R uses GPU R, on CPU all ranks share the machine. Above 1 only
+    /// Llama-family and Qwen3 models are served, with at most one shard per key/value head; other
+    /// models are refused at startup.
     #[arg(long, env = "NUM_SHARD", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub num_shard: u32,
+
+    /// Address the shards' tensor-parallel rendezvous listens on (rank 0's side).
+    #[arg(long, env = "MASTER_ADDR", default_value = "127.0.0.1")]
+    pub master_addr: String,
+
+    /// TCP port of the shards' tensor-parallel rendezvous. Omitted: a free port is picked at startup.
+    /// Unused with one shard.
+    #[arg(long, env = "MASTER_PORT")]
+    pub master_port: Option<u16>,
 
     /// Weight dtype the shard loads the model in; `auto` lets the shard choose for its device.
     #[arg(long, env = "DTYPE", value_enum, default_value_t = Dtype::Auto)]
@@ -100,10 +111,6 @@ pub struct Config {
 /// Checks that depend on what the rest of the system can do today, rather than on flag syntax.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error(
-        "--num-shard {0}: tensor parallelism is not implemented in the shard yet; use --num-shard 1"
-    )]
-    TensorParallelUnsupported(u32),
     #[error("--served-model-name must not be empty")]
     EmptyServedModelName,
     #[error("--uds-path must not be empty")]
@@ -114,9 +121,6 @@ pub enum ConfigError {
 
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.num_shard > 1 {
-            return Err(ConfigError::TensorParallelUnsupported(self.num_shard));
-        }
         if self
             .served_model_name
             .as_deref()
@@ -227,6 +231,8 @@ mod tests {
         "PORT",
         "DECISION_HOSTNAME",
         "NUM_SHARD",
+        "MASTER_ADDR",
+        "MASTER_PORT",
         "DTYPE",
         "READ_MODE",
         "UDS_PATH",
@@ -338,20 +344,28 @@ mod tests {
     }
 
     #[test]
-    fn more_than_one_shard_is_refused_with_a_reason() {
+    fn several_shards_and_their_rendezvous_are_accepted() {
         let config = parse_with_env(&["--num-shard", "2"], &[]).expect("2 is a valid number");
-        let err = config
-            .validate()
-            .expect_err("tensor parallelism is not implemented");
-        assert_eq!(err, ConfigError::TensorParallelUnsupported(2));
-        assert!(err
-            .to_string()
-            .contains("tensor parallelism is not implemented"));
-
-        let from_env = parse_with_env(&[], &[("NUM_SHARD", "4")]).expect("parses");
+        assert_eq!(config.validate(), Ok(()));
         assert_eq!(
-            from_env.validate(),
-            Err(ConfigError::TensorParallelUnsupported(4))
+            (config.master_addr.as_str(), config.master_port),
+            ("127.0.0.1", None)
+        );
+
+        let from_env = parse_with_env(
+            &[],
+            &[
+                ("NUM_SHARD", "4"),
+                ("MASTER_ADDR", "10.0.0.2"),
+                ("MASTER_PORT", "29500"),
+            ],
+        )
+        .expect("parses");
+        assert_eq!(from_env.validate(), Ok(()));
+        assert_eq!(from_env.num_shard, 4);
+        assert_eq!(
+            (from_env.master_addr.as_str(), from_env.master_port),
+            ("10.0.0.2", Some(29500))
         );
     }
 

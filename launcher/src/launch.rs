@@ -12,7 +12,7 @@ use crate::config::{Config, ConfigError};
 use crate::export::{self, ExportError};
 use crate::model::{self, ModelError, Resolution};
 use crate::router;
-use crate::shard::{self, remove_socket, ShardError};
+use crate::shard::{self, remove_socket, Rendezvous, ShardError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -128,12 +128,29 @@ async fn start_and_supervise(
     tracing::info!(model_dir = %model.dir.display(), served_model_name, "model resolved");
 
     // Every rank starts before any is awaited: tensor-parallel ranks only become healthy together.
+    // Each is its own named child ("shard R"), so the one that dies is the one reported.
+    let rendezvous = Rendezvous::resolve(config)?;
+    if let Some(rendezvous) = &rendezvous {
+        tracing::info!(
+            num_shard = config.num_shard,
+            master = %format!("{}:{}", rendezvous.addr, rendezvous.port),
+            "starting {} tensor-parallel shards",
+            config.num_shard
+        );
+    }
     let mut starting = Vec::new();
     for rank in 0..config.num_shard {
         let socket = rank_socket(&config.uds_path, rank);
         shard::prepare_socket(&socket)?;
         sockets.push(socket.clone());
-        let spec = shard::spec(&server_bin, config, &model, rank, &socket);
+        let spec = shard::spec(
+            &server_bin,
+            config,
+            &model,
+            rank,
+            &socket,
+            rendezvous.as_ref(),
+        );
         let exited = children.spawn(spec)?.exited();
         starting.push((rank, socket, exited));
     }

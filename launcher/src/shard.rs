@@ -46,10 +46,48 @@ pub enum ShardError {
         socket: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot find a free TCP port for the shards' rendezvous (set --master-port): {0}")]
+    NoRendezvousPort(std::io::Error),
 }
 
-/// `decision-server serve MODEL_DIR --uds-path SOCKET --dtype D --read-mode M [--threads N]`.
-pub fn spec(program: &Path, config: &Config, model: &Model, rank: u32, socket: &Path) -> ChildSpec {
+/// Where the tensor-parallel ranks of one launch meet; resolved once, passed to every rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rendezvous {
+    pub addr: String,
+    pub port: u16,
+}
+
+impl Rendezvous {
+    /// None with one shard (nothing to meet); else `--master-addr` and `--master-port`, or a port
+    /// free right now on this machine when none was given.
+    pub fn resolve(config: &Config) -> Result<Option<Self>, ShardError> {
+        if config.num_shard <= 1 {
+            return Ok(None);
+        }
+        let port = match config.master_port {
+            Some(port) => port,
+            None => std::net::TcpListener::bind(("127.0.0.1", 0))
+                .and_then(|listener| listener.local_addr())
+                .map(|addr| addr.port())
+                .map_err(ShardError::NoRendezvousPort)?,
+        };
+        Ok(Some(Rendezvous {
+            addr: config.master_addr.clone(),
+            port,
+        }))
+    }
+}
+
+/// `decision-server serve MODEL_DIR --uds-path SOCKET --dtype D --read-mode M --rank R --world-size N
+/// [--master-addr A --master-port P] [--threads T]`: every rank's place in the group is an explicit flag.
+pub fn spec(
+    program: &Path,
+    config: &Config,
+    model: &Model,
+    rank: u32,
+    socket: &Path,
+    rendezvous: Option<&Rendezvous>,
+) -> ChildSpec {
     let mut args: Vec<OsString> = vec![
         "serve".into(),
         model.dir.clone().into(),
@@ -59,7 +97,19 @@ pub fn spec(program: &Path, config: &Config, model: &Model, rank: u32, socket: &
         flag_value(&config.dtype).into(),
         "--read-mode".into(),
         flag_value(&config.read_mode).into(),
+        "--rank".into(),
+        rank.to_string().into(),
+        "--world-size".into(),
+        config.num_shard.to_string().into(),
     ];
+    if let Some(rendezvous) = rendezvous {
+        args.extend([
+            "--master-addr".into(),
+            rendezvous.addr.clone().into(),
+            "--master-port".into(),
+            rendezvous.port.to_string().into(),
+        ]);
+    }
     if let Some(threads) = config.threads {
         args.extend(["--threads".into(), threads.to_string().into()]);
     }
@@ -232,6 +282,7 @@ mod tests {
             &model,
             0,
             socket,
+            None,
         );
         assert_eq!(
             with_threads.args,
@@ -244,6 +295,10 @@ mod tests {
                 "bfloat16",
                 "--read-mode",
                 "naive",
+                "--rank",
+                "0",
+                "--world-size",
+                "1",
                 "--threads",
                 "8"
             ]
@@ -257,9 +312,63 @@ mod tests {
             &model,
             0,
             socket,
+            None,
         );
         assert!(!default_threads.args.contains(&OsString::from("--threads")));
         assert!(default_threads.args.contains(&OsString::from("auto")));
+        assert!(!default_threads
+            .args
+            .contains(&OsString::from("--master-port")));
+    }
+
+    #[test]
+    fn each_rank_gets_its_rank_the_world_size_and_the_shared_rendezvous() {
+        let model = Model {
+            dir: "/models/m".into(),
+            served_name: "m".into(),
+        };
+        let two = config(&["--num-shard", "2", "--master-port", "29611"]);
+        let rendezvous = Rendezvous::resolve(&two)
+            .expect("resolves")
+            .expect("two shards meet");
+        assert_eq!(
+            rendezvous,
+            Rendezvous {
+                addr: "127.0.0.1".into(),
+                port: 29611
+            }
+        );
+        let rank1 = spec(
+            Path::new("decision-server"),
+            &two,
+            &model,
+            1,
+            Path::new("/tmp/ds-1"),
+            Some(&rendezvous),
+        );
+        assert_eq!(rank1.name, "shard 1");
+        let tail: Vec<OsString> = rank1.args[8..].to_vec();
+        assert_eq!(
+            tail,
+            [
+                "--rank",
+                "1",
+                "--world-size",
+                "2",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                "29611"
+            ]
+            .map(OsString::from)
+        );
+
+        // No port given: a free one, the same for every rank because it is resolved once.
+        let picked = Rendezvous::resolve(&config(&["--num-shard", "2"]))
+            .expect("a free port exists")
+            .expect("two shards meet");
+        assert_ne!(picked.port, 0);
+        assert_eq!(Rendezvous::resolve(&config(&[])).expect("resolves"), None);
     }
 
     #[tokio::test]
