@@ -25,6 +25,14 @@ from decision_server.layers import (
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
 # Rotary types whose frequencies are fixed at load time (dynamic ones rescale with the sequence length).
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# The MLP activations of the families above (and the names configs use for them).
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
 
 
 class UnsupportedModelError(ValueError):
@@ -72,6 +80,9 @@ class DecoderShape:
             raise UnsupportedModelError(
                 f"rope type {rope_type!r} is not implemented (supported: {', '.join(STATIC_ROPE_TYPES)})"
             )
+        hidden_act = str(getattr(config, "hidden_act", "silu"))
+        if hidden_act not in ACTIVATIONS:
+            raise UnsupportedModelError(f"activation {hidden_act!r} is not implemented")
         heads = int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         if heads % kv_heads:
@@ -87,7 +98,7 @@ class DecoderShape:
             intermediate_size=int(config.intermediate_size),
             vocab_size=int(config.vocab_size),
             rms_norm_eps=float(config.rms_norm_eps),
-            hidden_act=str(getattr(config, "hidden_act", "silu")),
+            hidden_act=hidden_act,
             tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
             qk_norm=family == "qwen3",
             attention_bias=bool(getattr(config, "attention_bias", False)),
@@ -324,8 +335,6 @@ class DecoderLM(nn.Module):
         device: torch.device,
     ) -> DecoderLM:
         """Builds this rank's part of the model, reading only its slices of each checkpoint tensor."""
-        from transformers.activations import ACT2FN
-
         shape = DecoderShape.from_config(config)
         shape.check_world_size(group.world_size)
         embedding_name = "model.embed_tokens.weight"
@@ -343,7 +352,7 @@ class DecoderLM(nn.Module):
         kv_rows = (share.kv_heads[0] * hd, share.kv_heads[1] * hd)
         heads_here = share.heads[1] - share.heads[0]
         kv_here = share.kv_heads[1] - share.kv_heads[0]
-        act = ACT2FN[shape.hidden_act]
+        act = ACTIVATIONS[shape.hidden_act]
         layers = []
         for index in range(shape.layers):
             prefix = f"model.layers.{index}."

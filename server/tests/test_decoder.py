@@ -1,0 +1,151 @@
+"""The shard's own decoder at world size 1 equals transformers' modeling of the same checkpoint, pass for pass;
+architectures it does not implement fall back to transformers at world size 1 and are refused above it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from decision_server.decoder import UnsupportedModelError
+from decision_server.decoder_model import DecoderModel
+from decision_server.distributed import ParallelConfig
+from decision_server.model import LoadedModel, ScoreRequest, TransformersModel, load_model, wrap_module
+
+MODELS = ("smollm2", "tiny_qwen3")
+CPU = torch.device("cpu")
+
+
+def _requests(model: LoadedModel, length: int = 48) -> list[ScoreRequest]:
+    """A plain prefill, then a tree pass (a branch that skips tokens, positions restarting), both over many rows."""
+    generator = torch.Generator().manual_seed(5)
+    tokens = torch.randint(0, model.token_limit, (length,), generator=generator).tolist()
+    labels = torch.randint(0, model.token_limit, (8,), generator=generator).tolist()
+    keep = [10, 30, length - 1]
+    plain = ScoreRequest(
+        token_ids=tokens,
+        keep=keep,
+        label_rows=[0, 0, 1, 1, 2, 2, 2, 2],
+        label_tokens=labels,
+        greedy_rows=[0, 1, 2],
+    )
+    allowed = torch.tril(torch.ones(length, length, dtype=torch.bool))
+    allowed[31:, 20:31] = False
+    positions = list(range(31)) + list(range(20, 20 + length - 31))
+    tree = ScoreRequest(
+        token_ids=tokens,
+        keep=keep,
+        label_rows=plain.label_rows,
+        label_tokens=labels,
+        greedy_rows=[0, 1, 2],
+        position_ids=positions,
+        attention_mask=model.tree_attention_mask(allowed),
+    )
+    return [plain, tree]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_decoder_equals_transformers_forward(request: pytest.FixtureRequest, name: str) -> None:
+    model = request.getfixturevalue(name)
+    assert isinstance(model, DecoderModel), "Llama and Qwen3 run on the shard's own decoder at every world size"
+    assert (model.rank, model.world_size, model.kv_heads_share) == (0, 1, (model.network.shape.kv_heads,) * 2)
+    reference = wrap_module(request.getfixturevalue(f"{name}_reference"), model.path, CPU, torch.float32)
+    for scored_request in _requests(model):
+        ours, theirs = model.score(scored_request), reference.score(scored_request)
+        assert ours.label_logprobs == pytest.approx(theirs.label_logprobs, abs=1e-4)
+        assert ours.greedy_tokens == theirs.greedy_tokens
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_decoder_continues_from_past_keys_like_transformers(request: pytest.FixtureRequest, name: str) -> None:
+    model = request.getfixturevalue(name)
+    reference = wrap_module(request.getfixturevalue(f"{name}_reference"), model.path, CPU, torch.float32)
+    generator = torch.Generator().manual_seed(6)
+    head = torch.randint(0, model.token_limit, (20,), generator=generator).tolist()
+    first = ScoreRequest(
+        token_ids=head, keep=[19], label_rows=[0], label_tokens=[7], greedy_rows=[0], return_key_values=True
+    )
+    ours_first, theirs_first = model.score(first), reference.score(first)
+    assert ours_first.keys is not None and theirs_first.keys is not None
+    assert ours_first.values is not None and theirs_first.values is not None
+    torch.testing.assert_close(ours_first.keys, theirs_first.keys, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours_first.values, theirs_first.values, rtol=1e-4, atol=1e-4)
+    # Two branches continuing the cached 20 tokens: 3 tokens each, both at positions 20..22.
+    tail = torch.randint(0, model.token_limit, (6,), generator=generator).tolist()
+    allowed = torch.zeros(6, 26, dtype=torch.bool)
+    allowed[:, :20] = True
+    for branch in (0, 3):
+        for query in range(3):
+            allowed[branch + query, 20 + branch : 20 + branch + query + 1] = True
+    second = ScoreRequest(
+        token_ids=tail,
+        keep=[2, 5],
+        label_rows=[0, 1, 1],
+        label_tokens=[1, 2, 3],
+        greedy_rows=[0, 1],
+        position_ids=[20, 21, 22, 20, 21, 22],
+        attention_mask=model.tree_attention_mask(allowed),
+        past=(ours_first.keys, ours_first.values),
+        return_key_values=True,
+    )
+    ours, theirs = model.score(second), reference.score(second)
+    assert ours.label_logprobs == pytest.approx(theirs.label_logprobs, abs=1e-4)
+    assert ours.greedy_tokens == theirs.greedy_tokens
+    assert ours.keys is not None and theirs.keys is not None
+    torch.testing.assert_close(ours.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def sliding_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    folder = tmp_path_factory.mktemp("sliding-qwen3")
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=1,
+    )
+    config.architectures = ["Qwen3ForCausalLM"]
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def test_unimplemented_configs_fall_back_to_transformers_at_world_size_1(sliding_qwen3_dir: Path) -> None:
+    model = load_model(sliding_qwen3_dir, dtype="float32")
+    assert isinstance(model, TransformersModel)
+    assert (model.rank, model.world_size) == (0, 1)
+
+
+def test_unimplemented_configs_are_refused_above_world_size_1_before_joining(sliding_qwen3_dir: Path) -> None:
+    # Nothing listens on the rendezvous port: a shard that tried to join would wait out the join timeout.
+    parallel = ParallelConfig(rank=1, world_size=2, master_port=9, startup_timeout_s=1)
+    with pytest.raises(UnsupportedModelError, match=r"sliding-window.*--world-size 1"):
+        load_model(sliding_qwen3_dir, dtype="float32", parallel=parallel)
+
+
+def test_more_ranks_than_key_value_heads_are_refused(tiny_qwen3_dir: Path) -> None:
+    parallel = ParallelConfig(rank=0, world_size=3, master_port=9, startup_timeout_s=1)
+    with pytest.raises(UnsupportedModelError, match="2 key/value heads cannot be split over 3 ranks"):
+        load_model(tiny_qwen3_dir, dtype="float32", parallel=parallel)
+
+
+def test_parallel_flags_are_checked() -> None:
+    with pytest.raises(ValueError, match="--master-port is required"):
+        ParallelConfig(rank=0, world_size=2)
+    with pytest.raises(ValueError, match="--rank must be in"):
+        ParallelConfig(rank=2, world_size=2, master_port=1)
+
+
+def test_weights_report_their_bytes(smollm2: Any) -> None:
+    # SmolLM2-135M: 134.5M parameters with the tied head counted once, float32.
+    assert smollm2.weight_bytes() == 538_060_032

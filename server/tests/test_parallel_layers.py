@@ -1,0 +1,292 @@
+"""The tensor-parallel layers and the distributed log-softmax against plain torch, with ranks as threads.
+
+A `ThreadGroup` runs each rank on a thread of this process and meets them at a barrier for every collective,
+so uneven splits (9 heads over 2 ranks, 3 over 3) are checked in milliseconds; the real gloo group across
+processes is exercised by test_tensor_parallel.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from decision_server.checkpoint import Checkpoint
+from decision_server.decoder import DecoderLM
+from decision_server.decoder_model import DecoderModel
+from decision_server.distributed import ShardGroup, partition
+from decision_server.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    vocab_parallel_scores,
+)
+from decision_server.model import ScoreRequest, wrap_module
+
+R = TypeVar("R")
+CPU = torch.device("cpu")
+
+
+class _Exchange:
+    """Where the threads of one simulated group leave and pick up each other's tensors."""
+
+    def __init__(self, world_size: int) -> None:
+        self.barrier = threading.Barrier(world_size, timeout=60)
+        self.slots: list[torch.Tensor | None] = [None] * world_size
+
+    def gather(self, rank: int, tensor: torch.Tensor) -> list[torch.Tensor]:
+        self.slots[rank] = tensor.detach().clone()
+        self.barrier.wait()
+        pieces = [piece for piece in self.slots if piece is not None]
+        # Nobody may overwrite a slot for the next collective before every rank has read this one.
+        self.barrier.wait()
+        return pieces
+
+
+class ThreadGroup(ShardGroup):
+    def __init__(self, rank: int, world_size: int, exchange: _Exchange) -> None:
+        super().__init__(rank, world_size, CPU)
+        self._exchange = exchange
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return self._exchange.gather(self.rank, tensor)
+
+    def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        pieces = self._exchange.gather(self.rank, tensor)
+        result = pieces[0]
+        for piece in pieces[1:]:
+            if op == "sum":
+                result = result + piece
+            else:
+                result = torch.maximum(result, piece) if op == "max" else torch.minimum(result, piece)
+        tensor.copy_(result)
+        return tensor
+
+
+def run_ranks(world_size: int, work: Callable[[ShardGroup], R]) -> list[R]:
+    """`work(group)` on every rank of a simulated group, results in rank order."""
+    if world_size == 1:
+        return [work(ShardGroup.single(CPU))]
+    exchange = _Exchange(world_size)
+    with ThreadPoolExecutor(max_workers=world_size) as pool:
+        futures = [pool.submit(work, ThreadGroup(rank, world_size, exchange)) for rank in range(world_size)]
+        return [future.result(timeout=120) for future in futures]
+
+
+def test_partition_covers_everything_once_earlier_ranks_taking_the_remainder() -> None:
+    assert [partition(9, 2, rank) for rank in range(2)] == [(0, 5), (5, 9)]
+    assert [partition(3, 2, rank) for rank in range(2)] == [(0, 2), (2, 3)]
+    for total in (1, 7, 49152, 151936):
+        for world in (1, 2, 3, 4):
+            spans = [partition(total, world, rank) for rank in range(world)]
+            assert spans[0][0] == 0 and spans[-1][1] == total
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+            assert max(e - s for s, e in spans) - min(e - s for s, e in spans) <= 1
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_column_then_row_parallel_equal_the_plain_linears(world_size: int) -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 12, generator=generator)
+    up_weight, up_bias = torch.randn(10, 12, generator=generator), torch.randn(10, generator=generator)
+    down_weight, down_bias = torch.randn(12, 10, generator=generator), torch.randn(12, generator=generator)
+    expected_up = F.linear(x, up_weight, up_bias)
+    expected = F.linear(expected_up, down_weight, down_bias)
+
+    def rank_work(group: ShardGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = partition(10, group.world_size, group.rank)
+        column = ColumnParallelLinear(up_weight[start:end].clone(), up_bias[start:end].clone())
+        row = RowParallelLinear(down_weight[:, start:end].clone(), down_bias.clone(), group)
+        local_up = column(x)
+        return local_up, row(local_up)
+
+    results = run_ranks(world_size, rank_work)
+    # Column-parallel outputs are the plain output's columns, split; the row-parallel sum is whole on every rank.
+    torch.testing.assert_close(torch.cat([up for up, _ in results], dim=-1), expected_up, rtol=0, atol=1e-6)
+    for _, out in results:
+        torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_vocab_parallel_embedding_equals_the_whole_table(world_size: int) -> None:
+    generator = torch.Generator().manual_seed(1)
+    table = torch.randn(11, 4, generator=generator)
+    ids = torch.tensor([0, 10, 5, 5, 3, 7, 1])
+
+    def rank_work(group: ShardGroup) -> torch.Tensor:
+        start, end = partition(11, group.world_size, group.rank)
+        embedding = VocabParallelEmbedding(table[start:end].clone(), start, 11, group)
+        vectors: torch.Tensor = embedding(ids)
+        return vectors
+
+    for vectors in run_ranks(world_size, rank_work):
+        assert torch.equal(vectors, F.embedding(ids, table))
+
+
+def _split_scores(
+    logits: torch.Tensor, world_size: int, rows: list[int], tokens: list[int], greedy_rows: list[int]
+) -> list[tuple[list[float], list[int]]]:
+    vocab = logits.shape[1]
+
+    def rank_work(group: ShardGroup) -> tuple[list[float], list[int]]:
+        start, end = partition(vocab, group.world_size, group.rank)
+        return vocab_parallel_scores(logits[:, start:end].clone(), start, group, rows, tokens, greedy_rows)
+
+    return run_ranks(world_size, rank_work)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_distributed_log_softmax_equals_torch(world_size: int) -> None:
+    generator = torch.Generator().manual_seed(2)
+    vocab = 1001  # splits unevenly over 2, 3 and 4 ranks
+    # Scaled like a real LM's logits (SmolLM2's reach 33), where float32 rounding is visible.
+    logits = torch.randn(4, vocab, generator=generator) * 8 + 20
+    rows = [0, 0, 1, 2, 3, 3, 3]
+    tokens = [0, 1000, 500, 251, 750, 999, 333]
+    expected = torch.log_softmax(logits.double(), dim=-1)
+    for values, greedy in _split_scores(logits, world_size, rows, tokens, [0, 1, 2, 3]):
+        assert values == pytest.approx([float(expected[r, t]) for r, t in zip(rows, tokens, strict=True)], abs=1e-5)
+        assert greedy == logits.argmax(dim=-1).tolist()
+    # Against torch's own float32 log_softmax, what the transformers fallback computes.
+    values, _ = _split_scores(logits, world_size, rows, tokens, [0])[0]
+    plain = torch.log_softmax(logits, dim=-1)
+    assert values == pytest.approx([float(plain[r, t]) for r, t in zip(rows, tokens, strict=True)], abs=5e-5)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_greedy_ties_across_ranks_pick_the_smallest_index_like_argmax(world_size: int) -> None:
+    logits = torch.zeros(2, 12)
+    logits[0, [3, 7, 11]] = 5.0  # the maximum on several ranks
+    logits[1, [8, 9]] = 2.0
+    for _, greedy in _split_scores(logits, world_size, [], [], [0, 1]):
+        assert greedy == [3, 8] == logits.argmax(dim=-1).tolist()
+
+
+def test_checkpoint_reads_only_the_requested_slice(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    weight = torch.arange(60, dtype=torch.float32).view(6, 10)
+    save_file({"w": weight, "b": torch.ones(6, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
+    with Checkpoint(tmp_path) as checkpoint:
+        rows = checkpoint.read("w", torch.float32, CPU, dim=0, start=2, end=4)
+        assert torch.equal(rows, weight[2:4])
+        assert checkpoint.bytes_read == 2 * 10 * 4
+        columns = checkpoint.read("w", torch.float32, CPU, dim=1, start=7, end=10)
+        assert torch.equal(columns, weight[:, 7:10])
+        assert checkpoint.bytes_read == (20 + 18) * 4
+        assert checkpoint.read("b", torch.float32, CPU).dtype == torch.float32
+        assert checkpoint.bytes_read == (20 + 18) * 4 + 6 * 2  # counted as stored: bfloat16
+        with pytest.raises(ValueError, match="outside dimension 1"):
+            checkpoint.read("w", torch.float32, CPU, dim=1, start=5, end=11)
+        with pytest.raises(ValueError, match="no tensor named"):
+            checkpoint.read("missing", torch.float32, CPU)
+
+
+# Qwen3-0.6B's layer shapes (hidden 1024, 16 query / 8 key-value heads of 128, MLP 3072, q/k norms), two layers
+# and a small vocabulary so the checkpoint builds in a second.
+QWEN3_06B_LAYERS: dict[str, Any] = {
+    "hidden_size": 1024,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 2,
+    "vocab_size": 4099,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,  # the untied head path (the fixtures are tied)
+}
+
+
+@pytest.fixture(scope="module")
+def qwen3_06b_shaped(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The checkpoint folder and transformers' model loaded from it."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    folder = tmp_path_factory.mktemp("qwen3-06b-shaped")
+    config = Qwen3Config(**QWEN3_06B_LAYERS)
+    config.architectures = ["Qwen3ForCausalLM"]
+    config.save_pretrained(folder)
+    # Random weights written directly: transformers' own initialisation of 40M parameters takes far longer.
+    with torch.device("meta"):
+        shapes = {name: tensor.shape for name, tensor in Qwen3ForCausalLM(config).state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    weights = {
+        name: (1.0 + 0.1 * torch.randn(shape, generator=generator))
+        if name.endswith("norm.weight")
+        else 0.05 * torch.randn(shape, generator=generator)
+        for name, shape in shapes.items()
+    }
+    save_file(weights, str(folder / "model.safetensors"))
+    module = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
+    return folder, module
+
+
+def _decoder_on_ranks(folder: Path, world_size: int, request: ScoreRequest) -> list[Any]:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder)
+
+    def rank_work(group: ShardGroup) -> Any:
+        with Checkpoint(folder) as checkpoint:
+            network = DecoderLM.load(checkpoint, config, group, torch.float32, CPU)
+        model = DecoderModel(
+            network=network,
+            group=group,
+            config=config,
+            path=folder,
+            device=CPU,
+            dtype=torch.float32,
+            architecture="Qwen3ForCausalLM",
+            vocab_size=network.shape.vocab_size,
+            embedding_rows=network.embedding.rows,
+            max_position_embeddings=40960,
+        )
+        return model.weight_bytes(), model.score(request)
+
+    return run_ranks(world_size, rank_work)
+
+
+def test_qwen3_06b_shaped_layers_split_over_2_and_4_ranks_equal_transformers(qwen3_06b_shaped: Any) -> None:
+    folder, module = qwen3_06b_shaped
+    reference = wrap_module(module, folder, CPU, torch.float32)
+    generator = torch.Generator().manual_seed(4)
+    tokens = torch.randint(0, 4099, (40,), generator=generator).tolist()
+    # A tree: tokens 25.. branch off after token 20 (they do not see 21..24), at positions continuing from 20.
+    allowed = torch.tril(torch.ones(40, 40, dtype=torch.bool))
+    allowed[25:, 21:25] = False
+    positions = list(range(25)) + list(range(21, 36))
+    labels = [5, 4098, 2048, 17, 3000, 1]
+    request = ScoreRequest(
+        token_ids=tokens,
+        keep=[24, 39],
+        label_rows=[0, 0, 0, 1, 1, 1],
+        label_tokens=labels,
+        greedy_rows=[0, 1],
+        position_ids=positions,
+        attention_mask=reference.tree_attention_mask(allowed),
+        return_key_values=True,
+    )
+    expected = reference.score(request)
+    assert expected.keys is not None
+    whole_bytes = sum(p.numel() * 4 for p in module.parameters())
+    for world_size in (1, 2, 4):
+        ranks = _decoder_on_ranks(folder, world_size, request)
+        for rank, (weight_bytes, scored) in enumerate(ranks):
+            assert scored.label_logprobs == pytest.approx(expected.label_logprobs, abs=1e-4)
+            assert scored.greedy_tokens == expected.greedy_tokens
+            # Each rank holds its key/value heads only: 8 heads split evenly.
+            heads = slice(rank * 8 // world_size, (rank + 1) * 8 // world_size)
+            torch.testing.assert_close(scored.keys, expected.keys[:, heads], rtol=1e-4, atol=1e-4)
+            # Weights split too: everything but the norms (a few KB, replicated) is divided among the ranks.
+            assert weight_bytes == pytest.approx(whole_bytes / world_size, rel=0.01)
+        assert len({tuple(scored.label_logprobs) for _, scored in ranks}) == 1, "ranks must agree exactly"
