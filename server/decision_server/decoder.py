@@ -398,7 +398,9 @@ class DecoderLM(nn.Module):
         embedding = VocabParallelEmbedding(
             read(embedding_name, 0, share.embedding), share.embedding[0], embedding_rows, group
         )
-        if shape.tie_word_embeddings or not checkpoint.has("lm_head.weight"):
+        if not shape.tie_word_embeddings and not checkpoint.has("lm_head.weight"):
+            raise UnsupportedModelError(f"{checkpoint.folder}: untied embeddings but no lm_head.weight")
+        if shape.tie_word_embeddings:
             if embedding_rows != shape.vocab_size or share.embedding != share.vocab:
                 raise UnsupportedModelError(
                     f"tied LM head over {embedding_rows} embedding rows but vocab_size {shape.vocab_size}"

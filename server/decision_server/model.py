@@ -379,6 +379,9 @@ def load_model(
         torch.set_num_threads(threads)
     config = AutoConfig.from_pretrained(path)
     device = pick_rank_device(parallel)
+    if threads is None and device.type == "cpu" and parallel.world_size > 1:
+        # Ranks on one CPU share its cores: each takes its part rather than all of them, which would oversubscribe.
+        torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
     torch_dtype = resolve_dtype(dtype, device)
     try:
         DecoderShape.from_config(config).check_world_size(parallel.world_size)

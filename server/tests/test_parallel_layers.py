@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from decision_server.checkpoint import Checkpoint
 from decision_server.decoder import DecoderLM
 from decision_server.decoder_model import DecoderModel
-from decision_server.distributed import ShardGroup, partition
+from decision_server.distributed import CollectiveError, ShardGroup, partition
 from decision_server.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -29,6 +29,7 @@ from decision_server.layers import (
     vocab_parallel_scores,
 )
 from decision_server.model import ScoreRequest, wrap_module
+from decision_server.prefix_cache import PrefixCache
 
 R = TypeVar("R")
 CPU = torch.device("cpu")
@@ -290,3 +291,45 @@ def test_qwen3_06b_shaped_layers_split_over_2_and_4_ranks_equal_transformers(qwe
             # Weights split too: everything but the norms (a few KB, replicated) is divided among the ranks.
             assert weight_bytes == pytest.approx(whole_bytes / world_size, rel=0.01)
         assert len({tuple(scored.label_logprobs) for _, scored in ranks}) == 1, "ranks must agree exactly"
+
+
+def test_ranks_sent_different_passes_fail_instead_of_mixing_results() -> None:
+    def rank_work(group: ShardGroup) -> str:
+        try:
+            group.check_same("the forward pass", [10, group.rank])
+        except CollectiveError as err:
+            return str(err)
+        return "agreed"
+
+    assert all("ranks disagree on the forward pass" in outcome for outcome in run_ranks(2, rank_work))
+
+    def agreeing(group: ShardGroup) -> str:
+        group.check_same("the forward pass", [10, 3])
+        return "agreed"
+
+    assert run_ranks(2, agreeing) == ["agreed"] * 2
+
+
+def test_prefix_caches_of_unevenly_split_ranks_evict_the_same_segments() -> None:
+    # SmolLM2 over 2 ranks: rank 0 holds 2 of the 3 key/value heads, rank 1 holds 1. Counted at whole-model size,
+    # both caches fill and evict in step although rank 0 stores twice the bytes of rank 1.
+    def provider(heads: int, tokens: list[int]) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+        def provide(start: int) -> tuple[torch.Tensor, torch.Tensor]:
+            keys = torch.zeros(2, heads, len(tokens) - start, 4)
+            return keys, keys.clone()
+
+        return provide
+
+    caches = {
+        2: PrefixCache(3 * 2 * 2 * 4 * 4 * 20, heads_share=(2, 3)),
+        1: PrefixCache(3 * 2 * 2 * 4 * 4 * 20, (1, 3)),
+    }
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, 50, (int(n),), generator=generator).tolist() for n in torch.randint(3, 12, (30,))]
+    for prompt in prompts:
+        for heads, cache in caches.items():
+            cache.match("", prompt)
+            cache.insert("", prompt, provider(heads, prompt))
+        assert caches[2].bytes_used == caches[1].bytes_used <= caches[2].capacity_bytes
+        assert [caches[2].match("", p).length for p in prompts] == [caches[1].match("", p).length for p in prompts]
+    assert caches[2].cached_tokens == caches[1].cached_tokens > 0
