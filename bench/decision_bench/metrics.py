@@ -68,5 +68,10 @@ def summarize(grown: Mapping[Sample, float], wall_seconds: float) -> dict[str, o
         if forward and wall_seconds > 0:
             # Share of the measured wall time the shard spent in forward passes: the rest is queueing, HTTP, tokenizing.
             report["forward_busy_fraction"] = round(forward / wall_seconds, 4)
+    # vLLM's own counters (labels vary by model name): prompt tokens it computed vs took from its prefix cache.
+    for key, label in (("vllm:prompt_tokens_total", "prompt_tokens"), ("vllm:prompt_tokens_cached_total", "prompt_tokens_cached")):
+        values = [value for (name, _), value in grown.items() if name == key]
+        if values:
+            report[f"vllm_{label}"] = int(sum(values))
     report["deltas"] = {f"{name}{labels}": round(value, 6) for (name, labels), value in sorted(grown.items())}
     return report

@@ -52,6 +52,10 @@ def test_summarize_batch_means() -> None:
 
 
 def test_summarize_other_servers() -> None:
-    report = metrics.summarize({("vllm:prompt_tokens_total", ""): 10.0}, wall_seconds=1.0)
+    labels = '{engine="0",model_name="m"}'
+    grown = {("vllm:prompt_tokens_total", labels): 10.0, ("vllm:prompt_tokens_cached_total", labels): 8.0}
+    report = metrics.summarize(grown, wall_seconds=1.0)
     assert "batches" not in report
-    assert report["deltas"] == {"vllm:prompt_tokens_total": 10.0}
+    assert report["vllm_prompt_tokens"] == 10
+    assert report["vllm_prompt_tokens_cached"] == 8
+    assert report["deltas"]["vllm:prompt_tokens_total" + labels] == 10.0
