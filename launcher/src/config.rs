@@ -89,6 +89,11 @@ pub struct Config {
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
 
+    /// Memory each shard may spend keeping the KV of recent prompt prefixes (radix tree, LRU), in MiB;
+    /// a repeated state then costs only its questions. 0 turns the prefix cache off.
+    #[arg(long, env = "PREFIX_CACHE_MB", default_value_t = 0)]
+    pub prefix_cache_mb: u32,
+
     /// Where converted models and other launcher artefacts are kept.
     /// [default: $XDG_CACHE_HOME/decision-inference or ~/.cache/decision-inference]
     #[arg(long, env = "DECISION_CACHE_DIR")]

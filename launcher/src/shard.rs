@@ -113,6 +113,12 @@ pub fn spec(
     if let Some(threads) = config.threads {
         args.extend(["--threads".into(), threads.to_string().into()]);
     }
+    if config.prefix_cache_mb > 0 {
+        args.extend([
+            "--prefix-cache-mb".into(),
+            config.prefix_cache_mb.to_string().into(),
+        ]);
+    }
     ChildSpec {
         name: format!("shard {rank}"),
         program: program.to_owned(),
@@ -319,6 +325,24 @@ mod tests {
         assert!(!default_threads
             .args
             .contains(&OsString::from("--master-port")));
+        assert!(!default_threads
+            .args
+            .contains(&OsString::from("--prefix-cache-mb")));
+
+        let cached = spec(
+            Path::new("decision-server"),
+            &config(&["--prefix-cache-mb", "256"]),
+            &model,
+            0,
+            socket,
+            None,
+        );
+        let at = cached
+            .args
+            .iter()
+            .position(|a| a == "--prefix-cache-mb")
+            .expect("flag passed to the shard");
+        assert_eq!(cached.args[at + 1], OsString::from("256"));
     }
 
     #[test]
