@@ -35,13 +35,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--options", type=int, default=4, help="Options per choice question (default 4)")
     parser.add_argument("--levels", type=int, default=5, help="Levels per score question (default 5)")
     parser.add_argument(
-        "--mix", default=",".join(KINDS), help="Question kinds, cycled in order: question i is mix[i mod len] (default choice,noul,score)"
+        "--mix",
+        default=",".join(KINDS),
+        help="Question kinds, cycled in order: question i is mix[i mod len] (default choice,noul,score)",
     )
     parser.add_argument("--concurrency", type=int, default=1, help="Requests in flight per server (default 1)")
-    parser.add_argument("--duration", type=float, default=30.0, help="Measured seconds per server, split over rounds (default 30)")
-    parser.add_argument("--requests", type=int, help="At most this many measured requests per server, split over rounds")
+    parser.add_argument(
+        "--duration", type=float, default=30.0, help="Measured seconds per server, split over rounds (default 30)"
+    )
+    parser.add_argument(
+        "--requests", type=int, help="At most this many measured requests per server, split over rounds"
+    )
     parser.add_argument("--rounds", type=int, help="Rounds per server (default 1, or 10 with --url-b)")
-    parser.add_argument("--warmup", type=int, default=2, help="Unmeasured requests per server before the rounds (default 2)")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="Unmeasured requests per server before the rounds (default 2)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="Workload seed (default 0)")
     parser.add_argument(
         "--repeat-state-fraction",
@@ -50,7 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Share of requests whose state is one of --hot-states repeated states (prefix-cache hits); default 0",
     )
     parser.add_argument("--hot-states", type=int, default=8, help="How many distinct repeated states (default 8)")
-    parser.add_argument("--tokenizer", help="Model folder with tokenizer.json (and chat template) for exact token counts")
+    parser.add_argument(
+        "--tokenizer", help="Model folder with tokenizer.json (and chat template) for exact token counts"
+    )
     parser.add_argument("--model", help="`model` field to send (default: none)")
     parser.add_argument("--timeout", type=float, default=300.0, help="Per-request timeout in seconds (default 300)")
     parser.add_argument("--label", help="Free text stored in the report (e.g. what A and B are)")
@@ -97,8 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, url in servers.items():
         if args.warmup:
             warm = run_round(
-                url, workload, concurrency=args.concurrency, seconds=WARMUP_TIME_LIMIT_S, max_requests=args.warmup,
-                first_index=0, stream="warmup", timeout=args.timeout,
+                url,
+                workload,
+                concurrency=args.concurrency,
+                seconds=WARMUP_TIME_LIMIT_S,
+                max_requests=args.warmup,
+                first_index=0,
+                stream="warmup",
+                timeout=args.timeout,
             )
             statuses = sorted({outcome.status for outcome in warm.outcomes})
             _log(f"warmup {name}: {len(warm.outcomes)} requests in {warm.wall_seconds:.1f}s, statuses {statuses}")
@@ -110,8 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     for number in range(rounds):
         for name, url in servers.items():
             result = run_round(
-                url, workload, concurrency=args.concurrency, seconds=round_seconds, max_requests=round_cap,
-                first_index=next_index[name], timeout=args.timeout,
+                url,
+                workload,
+                concurrency=args.concurrency,
+                seconds=round_seconds,
+                max_requests=round_cap,
+                first_index=next_index[name],
+                timeout=args.timeout,
             )
             next_index[name] += len(result.outcomes)
             results[name].append(result)

@@ -1,6 +1,6 @@
 """Server-side batch statistics from Prometheus `/metrics`, scraped before and after a run.
 
-Only monotone series (counters, summary/histogram _sum and _count) are diffed; a server without /metrics reports none."""
+Only monotone series (counters, summary/histogram _sum and _count) are diffed; no /metrics, no report."""
 
 from __future__ import annotations
 
@@ -69,7 +69,10 @@ def summarize(grown: Mapping[Sample, float], wall_seconds: float) -> dict[str, o
             # Share of the measured wall time the shard spent in forward passes: the rest is queueing, HTTP, tokenizing.
             report["forward_busy_fraction"] = round(forward / wall_seconds, 4)
     # vLLM's own counters (labels vary by model name): prompt tokens it computed vs took from its prefix cache.
-    for key, label in (("vllm:prompt_tokens_total", "prompt_tokens"), ("vllm:prompt_tokens_cached_total", "prompt_tokens_cached")):
+    for key, label in (
+        ("vllm:prompt_tokens_total", "prompt_tokens"),
+        ("vllm:prompt_tokens_cached_total", "prompt_tokens_cached"),
+    ):
         values = [value for (name, _), value in grown.items() if name == key]
         if values:
             report[f"vllm_{label}"] = int(sum(values))

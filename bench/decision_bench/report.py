@@ -43,7 +43,9 @@ def server_summary(url: str, rounds: list[RoundResult], questions: int, token_so
         "state_tokens_per_request": round(sum(state_tokens) / len(state_tokens), 2) if state_tokens else None,
         "estimate_source": token_source,
     }
-    tokens["estimated_over_server_ratio"] = _rounded(ratio(tokens["estimated_per_question_prompt_tokens"], tokens["server_input_tokens"]))
+    tokens["estimated_over_server_ratio"] = _rounded(
+        ratio(tokens["estimated_per_question_prompt_tokens"], tokens["server_input_tokens"])
+    )
     return {
         "url": url,
         "seconds": round(seconds, 3),

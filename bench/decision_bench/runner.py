@@ -128,7 +128,7 @@ def run_round(
     stream: str = "run",
     timeout: float = 300.0,
 ) -> RoundResult:
-    """Send requests first_index, first_index+1, … of `stream` with `concurrency` workers until the time or count runs out."""
+    """Send requests first_index, first_index+1, … of `stream` with C workers until the time or count runs out."""
     lock = threading.Lock()
     next_index = first_index
     outcomes: list[Outcome] = []

@@ -1,6 +1,6 @@
 """Token counts for sizing states and for the naive-cost estimate (Σ per-question prompt tokens).
 
-With a model folder the counts come from its tokenizer.json and chat template; without one, about 4 characters a token."""
+With a model folder the counts come from its tokenizer.json and chat template; without, ~4 characters a token."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class CharCounter:
 
 
 class TokenizerCounter:
-    """Exact counts from a model folder's tokenizer.json; prompts rendered with its chat template when jinja2 is present."""
+    """Exact counts from a model folder's tokenizer.json; prompts rendered with its chat template if jinja2 is there."""
 
     def __init__(self, model_dir: Path) -> None:
         from tokenizers import Tokenizer  # optional dependency: only needed with --tokenizer
@@ -85,7 +85,9 @@ def _load_chat_template(model_dir: Path) -> Any | None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         return None
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     environment.filters["tojson"] = lambda value, **_: json.dumps(value, ensure_ascii=False)
     return environment.from_string(text)
 

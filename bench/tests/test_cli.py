@@ -1,4 +1,4 @@
-"""The whole tool against an in-process stand-in server: rounds, A/B ratios, errors, tokens, metrics. No model needed."""
+"""The whole tool against an in-process stand-in server: rounds, A/B ratios, errors, tokens, metrics; no model."""
 
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         with self.server.lock:
             seen = self.server.seen
-        self._reply(200, f"decision_batch_reads_sum {seen * 8}\ndecision_batch_reads_count {seen}\n".encode(), "text/plain")
+        self._reply(
+            200, f"decision_batch_reads_sum {seen * 8}\ndecision_batch_reads_count {seen}\n".encode(), "text/plain"
+        )
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
@@ -83,8 +85,24 @@ def server_b() -> Iterator[StandIn]:
 def test_single_server_report(server_a: StandIn, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report.json"
     code = main(
-        ["--url", server_a.url, "--state-tokens", "64", "--questions", "3", "--concurrency", "2",
-         "--duration", "5", "--requests", "12", "--warmup", "1", "--json", str(out)]
+        [
+            "--url",
+            server_a.url,
+            "--state-tokens",
+            "64",
+            "--questions",
+            "3",
+            "--concurrency",
+            "2",
+            "--duration",
+            "5",
+            "--requests",
+            "12",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+        ]
     )
     assert code == 0
     report = json.loads(out.read_text())
@@ -104,10 +122,28 @@ def test_single_server_report(server_a: StandIn, tmp_path: Path, capsys: pytest.
     assert "ratios_b_over_a" not in report
 
 
-def test_ab_rounds_alternate_and_count_errors(server_a: StandIn, server_b: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+def test_ab_rounds_alternate_and_count_errors(
+    server_a: StandIn, server_b: StandIn, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = main(
-        ["--url", server_a.url, "--url-b", server_b.url, "--state-tokens", "32", "--questions", "2",
-         "--duration", "4", "--requests", "20", "--rounds", "4", "--warmup", "0"]
+        [
+            "--url",
+            server_a.url,
+            "--url-b",
+            server_b.url,
+            "--state-tokens",
+            "32",
+            "--questions",
+            "2",
+            "--duration",
+            "4",
+            "--requests",
+            "20",
+            "--rounds",
+            "4",
+            "--warmup",
+            "0",
+        ]
     )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
@@ -122,7 +158,22 @@ def test_ab_rounds_alternate_and_count_errors(server_a: StandIn, server_b: Stand
 def test_unreachable_server_is_counted_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
     with StandIn() as closed:
         url = closed.url
-    code = main(["--url", url, "--state-tokens", "16", "--questions", "1", "--duration", "1", "--requests", "3", "--warmup", "0"])
+    code = main(
+        [
+            "--url",
+            url,
+            "--state-tokens",
+            "16",
+            "--questions",
+            "1",
+            "--duration",
+            "1",
+            "--requests",
+            "3",
+            "--warmup",
+            "0",
+        ]
+    )
     assert code == 0
     report = json.loads(capsys.readouterr().out)
     assert report["servers"]["A"]["errors_by_status"] == {"connection_error": 3}
@@ -139,9 +190,33 @@ def test_table_row_from_report(server_a: StandIn, server_b: StandIn, tmp_path: P
     from decision_bench.table import main as table_main
 
     out = tmp_path / "cell.json"
-    assert main(["--url", server_a.url, "--url-b", server_b.url, "--label", "A and B", "--state-tokens", "16",
-                 "--questions", "1", "--duration", "2", "--requests", "4", "--rounds", "2", "--warmup", "0",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--url",
+                server_a.url,
+                "--url-b",
+                server_b.url,
+                "--label",
+                "A and B",
+                "--state-tokens",
+                "16",
+                "--questions",
+                "1",
+                "--duration",
+                "2",
+                "--requests",
+                "4",
+                "--rounds",
+                "2",
+                "--warmup",
+                "0",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert "--label 'A and B'" in report["command"]
     assert table_main([str(out)]) == 0

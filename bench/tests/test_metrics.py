@@ -58,4 +58,6 @@ def test_summarize_other_servers() -> None:
     assert "batches" not in report
     assert report["vllm_prompt_tokens"] == 10
     assert report["vllm_prompt_tokens_cached"] == 8
-    assert report["deltas"]["vllm:prompt_tokens_total" + labels] == 10.0
+    deltas = report["deltas"]
+    assert isinstance(deltas, dict)
+    assert deltas["vllm:prompt_tokens_total" + labels] == 10.0
