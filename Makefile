@@ -65,7 +65,8 @@ test-rust:
 	cargo test --release --locked --workspace
 
 test-python:
-	$(PY) -m pytest -q server/tests bench/tests
+	$(PY) -m pytest -q server/tests
+	$(PY) -m pytest -q bench/tests
 
 test-integration:
 	$(PY) -m pytest -q integration-tests
