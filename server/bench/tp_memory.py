@@ -130,8 +130,13 @@ def main() -> int:
     )
     print("read (s) |")
     print("|---|---|---|---|---|---|---|---|")
+    first: list[float] | None = None
+    differences = []
     for world_size in args.world_sizes:
-        for row in measure(args.model_dir, world_size, args.dtype, args.threads, args.prompt_tokens):
+        rows = measure(args.model_dir, world_size, args.dtype, args.threads, args.prompt_tokens)
+        first = first or rows[0]["label_logprobs"]
+        differences.append((world_size, max(abs(a - b) for a, b in zip(first, rows[0]["label_logprobs"], strict=True))))
+        for row in rows:
             read_mib = (row["checkpoint_bytes_read"] or 0) / 2**20
             print(
                 f"| {world_size} | {row['rank']} | {row['weight_bytes'] / 2**20:.1f} | {read_mib:.1f} | "
@@ -139,6 +144,8 @@ def main() -> int:
                 f"{row['read_seconds']} |",
                 flush=True,
             )
+    for world_size, difference in differences[1:]:
+        print(f"max |label log-prob, {world_size} ranks - {args.world_sizes[0]}|: {difference:.3g}")
     return 0
 
 
