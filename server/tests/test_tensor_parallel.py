@@ -4,6 +4,7 @@ survivor, which then exits non-zero: never a hang in a collective."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -186,9 +187,23 @@ def _check_two_ranks_equal_one_shard(name: str, model: Any, ranks: list[Rank], e
     assert worst < TOLERANCE
     # The cache served the repeated batch on both ranks alike (read_all checked that the ranks agree).
     assert sum(r.tokens_cached for r in got[2].results) > 0
-    for rank in ranks:
-        log = rank.log_text()
-        assert '"world_size": 2' in log and '"checkpoint_bytes_read"' in log, log
+    # Each rank read only its slices: together about one checkpoint (norms are read by both), each well under one.
+    checkpoint_bytes = sum(file.stat().st_size for file in model.path.glob("*.safetensors"))
+    read = [_logged(rank, "rank weights loaded")["checkpoint_bytes_read"] for rank in ranks]
+    assert all(bytes_read < 0.6 * checkpoint_bytes for bytes_read in read), (read, checkpoint_bytes)
+    assert sum(read) == pytest.approx(checkpoint_bytes, rel=0.01)
+    assert [_logged(rank, "ready")["world_size"] for rank in ranks] == [2, 2]
+
+
+def _logged(rank: Rank, message: str) -> dict[str, Any]:
+    """The first JSON log line of `rank` with this message."""
+    for line in rank.log_text().splitlines():
+        if not line.startswith("{"):
+            continue  # native libraries (gloo) may write plain lines to stderr too
+        record: dict[str, Any] = json.loads(line)
+        if record.get("message") == message:
+            return record
+    raise AssertionError(f"no {message!r} line in\n{rank.log_text()}")
 
 
 def test_two_ranks_read_what_one_shard_reads(smollm2: Any, shard: Any) -> None:
