@@ -1,6 +1,7 @@
 """`decision-bench`: seeded closed-loop load on /v1/systemone, one server or two in interleaved A/B rounds.
 
-The JSON report goes to stdout (and --json FILE); progress goes to stderr."""
+The JSON report goes to stdout (and --json FILE); progress goes to stderr. It also summarizes the Server-Timing the
+decision router sends per answer, and, with --watch-pid, the resident memory of the server's processes (soak tests)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from decision_bench import __version__, metrics
+from decision_bench import __version__, metrics, rss
 from decision_bench.report import ratios, server_summary
 from decision_bench.runner import RoundResult, fetch_metrics, run_round
 from decision_bench.tokens import make_counter
@@ -27,6 +28,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="decision-bench",
         description="Closed-loop benchmark of /v1/systemone. With --url-b, A and B alternate in rounds (A,B,A,B,…) "
         "on the same seeded requests so machine noise hits both.",
+        epilog="When a server answers with a Server-Timing header (the decision router: router, queue and shard "
+        "milliseconds), its report gets `server_timing_ms` with p50/p95/p99/mean per name and router_plus_queue, "
+        "the router's own overhead at concurrency 1. --watch-pid adds `rss`: resident memory over the measured rounds.",
     )
     parser.add_argument("--url", required=True, help="Server A, e.g. http://127.0.0.1:3000")
     parser.add_argument("--url-b", help="Server B: run A/B rounds and report B/A ratios")
@@ -65,6 +69,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0, help="Per-request timeout in seconds (default 300)")
     parser.add_argument("--label", help="Free text stored in the report (e.g. what A and B are)")
     parser.add_argument("--json", dest="json_out", help="Also write the report to this file")
+    parser.add_argument(
+        "--watch-pid",
+        type=int,
+        action="append",
+        metavar="PID",
+        help="Sample the resident memory (VmRSS, /proc) of this process and all its descendants while the measured "
+        "rounds run; repeatable, the trees are summed. Reported under `rss`",
+    )
+    parser.add_argument(
+        "--rss-interval",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="Seconds between --watch-pid samples (default 5)",
+    )
+    parser.add_argument(
+        "--rss-settle",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="Seconds of the run before the RSS baseline that drift is measured from (default 60)",
+    )
     parser.add_argument("--version", action="version", version=f"decision-bench {__version__}")
     args = parser.parse_args(argv)
     for name in ("concurrency", "duration", "questions", "state_tokens"):
@@ -76,6 +102,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rounds must be > 0")
     if args.warmup < 0:
         parser.error("--warmup must be ≥ 0")
+    if args.rss_interval <= 0:
+        parser.error("--rss-interval must be > 0")
+    if args.rss_settle < 0:
+        parser.error("--rss-settle must be ≥ 0")
+    for pid in args.watch_pid or []:
+        if pid <= 0 or not rss.is_running(pid):
+            parser.error(f"--watch-pid {pid}: no such process in /proc (the memory watch needs Linux)")
     return args
 
 
@@ -123,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[RoundResult]] = {name: [] for name in servers}
     next_index = dict.fromkeys(servers, 0)
     started = time.time()
+    watch = rss.Watch(args.watch_pid, args.rss_interval) if args.watch_pid else None
+    if watch is not None:
+        watch.start()
     for number in range(rounds):
         for name, url in servers.items():
             result = run_round(
@@ -141,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"round {number + 1}/{rounds} {name}: {ok}/{len(result.outcomes)} ok in {result.wall_seconds:.1f}s, "
                 f"{ok * spec.questions / result.wall_seconds:.2f} questions/s"
             )
+    rss_samples = watch.stop() if watch is not None else None
     after = {name: fetch_metrics(url) for name, url in servers.items()}
 
     report: dict[str, Any] = {
@@ -175,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
         report["servers"][name] = summary
     if "B" in report["servers"]:
         report["ratios_b_over_a"] = ratios(report["servers"]["A"], report["servers"]["B"])
+    if rss_samples is not None:
+        report["rss"] = {
+            "pids": args.watch_pid,
+            "interval_s": args.rss_interval,
+            "settle_s": args.rss_settle,
+            **rss.summarize(rss_samples, args.rss_settle),
+        }
 
     text = json.dumps(report, indent=2, ensure_ascii=False)
     print(text)

@@ -1,10 +1,13 @@
-"""Turns rounds of outcomes into the JSON report: throughput, latency, errors, tokens, and B/A ratios."""
+"""Turns rounds of outcomes into the JSON report: throughput, latency, errors, tokens, and B/A ratios.
+
+A server that sends Server-Timing also gets `server_timing_ms`; one that sends none gets no such section."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
+from decision_bench import server_timing
 from decision_bench.runner import RoundResult
 from decision_bench.stats import latency_summary, median, percentile, ratio
 
@@ -46,7 +49,7 @@ def server_summary(url: str, rounds: list[RoundResult], questions: int, token_so
     tokens["estimated_over_server_ratio"] = _rounded(
         ratio(tokens["estimated_per_question_prompt_tokens"], tokens["server_input_tokens"])
     )
-    return {
+    summary: dict[str, Any] = {
         "url": url,
         "seconds": round(seconds, 3),
         "requests_total": len(outcomes),
@@ -62,6 +65,10 @@ def server_summary(url: str, rounds: list[RoundResult], questions: int, token_so
         "rounds": per_round,
         "tokens": tokens,
     }
+    timings = server_timing.summarize([outcome.server_timing for outcome in ok])
+    if timings:
+        summary["server_timing_ms"] = timings
+    return summary
 
 
 def ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:

@@ -1,6 +1,7 @@
 """Closed-loop load: C workers, each sending its next request as soon as its previous one is answered.
 
-A round stops by itself: no request starts after its deadline or past its count; requests in flight are awaited."""
+A round stops by itself: no request starts after its deadline or past its count; requests in flight are awaited.
+Each outcome keeps the answer's Server-Timing (router, queue, shard ms) when the server sends one."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
+from decision_bench import server_timing
 from decision_bench.workload import Request, Workload
 
 SYSTEMONE_PATH = "/v1/systemone"
@@ -25,6 +27,14 @@ class Outcome:
     cached_tokens: int | None = None
     state_tokens: int = 0
     naive_prompt_tokens: int = 0
+    server_timing: dict[str, float] = field(default_factory=dict)  # name → ms, from the Server-Timing header
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: bytes
+    server_timing: dict[str, float]  # {} when the server sends no Server-Timing header
 
 
 @dataclass
@@ -57,14 +67,16 @@ class Endpoint:
             self._connection = factory(self._host, self._port, timeout=self._timeout)
         return self._connection
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: bytes | None = None) -> Reply:
         headers = {"content-type": "application/json"} if body is not None else {}
         for attempt in (0, 1):
             connection = self._connect()
             try:
                 connection.request(method, self._base + path, body=body, headers=headers)
                 response = connection.getresponse()
-                return response.status, response.read()
+                # Several Server-Timing lines are one comma-separated list (RFC 9110 field combination).
+                timing = ", ".join(response.headers.get_all("server-timing") or [])
+                return Reply(response.status, response.read(), server_timing.parse(timing))
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 # A keep-alive connection the server closed while idle: reconnect once, then give up.
                 self.close()
@@ -84,7 +96,7 @@ class Endpoint:
 def send(endpoint: Endpoint, request: Request, questions: int) -> Outcome:
     started = time.perf_counter()
     try:
-        status, payload = endpoint.request("POST", SYSTEMONE_PATH, request.body)
+        reply = endpoint.request("POST", SYSTEMONE_PATH, request.body)
     except TimeoutError:
         return Outcome(request.index, "timeout", time.perf_counter() - started)
     except OSError:
@@ -94,14 +106,15 @@ def send(endpoint: Endpoint, request: Request, questions: int) -> Outcome:
     seconds = time.perf_counter() - started
     outcome = Outcome(
         request.index,
-        str(status),
+        str(reply.status),
         seconds,
         state_tokens=request.state_tokens,
         naive_prompt_tokens=request.naive_prompt_tokens,
+        server_timing=reply.server_timing,
     )
-    if status == 200:
+    if reply.status == 200:
         try:
-            answer = json.loads(payload)
+            answer = json.loads(reply.body)
         except ValueError:
             outcome.status = "invalid_json"
             return outcome
@@ -172,9 +185,9 @@ def run_round(
 def fetch_metrics(url: str, timeout: float = 10.0) -> str | None:
     endpoint = Endpoint(url, timeout)
     try:
-        status, payload = endpoint.request("GET", "/metrics")
+        reply = endpoint.request("GET", "/metrics")
     except (OSError, http.client.HTTPException):
         return None
     finally:
         endpoint.close()
-    return payload.decode(errors="replace") if status == 200 else None
+    return reply.body.decode(errors="replace") if reply.status == 200 else None

@@ -1,8 +1,11 @@
-"""The whole tool against an in-process stand-in server: rounds, A/B ratios, errors, tokens, metrics; no model."""
+"""The whole tool against an in-process stand-in server: rounds, A/B ratios, errors, tokens, metrics, Server-Timing,
+the memory watch; no model."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,9 +19,10 @@ from decision_bench.cli import main
 class StandIn(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, fail_every: int = 0) -> None:
+    def __init__(self, fail_every: int = 0, server_timing: bool = False) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.fail_every = fail_every
+        self.server_timing = server_timing
         self.seen = 0
         self.lock = threading.Lock()
 
@@ -51,18 +55,26 @@ class Handler(BaseHTTPRequestHandler):
             return
         answers = {qid: {"type": "noul", "noul": 0.5} for qid in body["questions"]}
         usage = {"input_tokens": len(body["state"]) // 4, "output_tokens": 0}
-        self._reply(200, json.dumps({"model": "m", "answers": answers, "usage": usage, "x_cached_tokens": 0}).encode())
+        payload = json.dumps({"model": "m", "answers": answers, "usage": usage, "x_cached_tokens": 0}).encode()
+        if self.server.server_timing:
+            # Like the decision router, with router time = the request's number; two header lines, one with a desc.
+            timing = (f"router;dur={seen}.000, queue;dur=0.500", 'shard;desc="forward, batch";dur=40')
+            self._reply(200, payload, timing=timing)
+        else:
+            self._reply(200, payload)
 
-    def _reply(self, status: int, payload: bytes, kind: str = "application/json") -> None:
+    def _reply(self, status: int, payload: bytes, kind: str = "application/json", timing: tuple[str, ...] = ()) -> None:
         self.send_response(status)
+        for line in timing:
+            self.send_header("server-timing", line)
         self.send_header("content-type", kind)
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
 
 
-def serve(fail_every: int = 0) -> Iterator[StandIn]:
-    server = StandIn(fail_every)
+def serve(fail_every: int = 0, server_timing: bool = False) -> Iterator[StandIn]:
+    server = StandIn(fail_every, server_timing)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -80,6 +92,11 @@ def server_a() -> Iterator[StandIn]:
 @pytest.fixture
 def server_b() -> Iterator[StandIn]:
     yield from serve(fail_every=5)
+
+
+@pytest.fixture
+def router() -> Iterator[StandIn]:
+    yield from serve(server_timing=True)
 
 
 def test_single_server_report(server_a: StandIn, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -120,6 +137,8 @@ def test_single_server_report(server_a: StandIn, tmp_path: Path, capsys: pytest.
     assert a["server_metrics"]["mean_reads_per_batch"] == 8.0
     assert server_a.seen == 13  # 12 measured + 1 warmup
     assert "ratios_b_over_a" not in report
+    assert "server_timing_ms" not in a  # no Server-Timing header, no numbers
+    assert "rss" not in report
 
 
 def test_ab_rounds_alternate_and_count_errors(
@@ -220,3 +239,82 @@ def test_table_row_from_report(server_a: StandIn, server_b: StandIn, tmp_path: P
     report = json.loads(out.read_text())
     assert "--label 'A and B'" in report["command"]
     assert table_main([str(out)]) == 0
+
+
+def test_server_timing_summarized_per_name(
+    router: StandIn, server_a: StandIn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        [
+            "--url",
+            router.url,
+            "--url-b",
+            server_a.url,
+            "--state-tokens",
+            "16",
+            "--questions",
+            "2",
+            "--concurrency",
+            "3",
+            "--duration",
+            "5",
+            "--requests",
+            "12",
+            "--warmup",
+            "1",
+            "--rounds",
+            "1",
+        ]
+    )
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    timing = report["servers"]["A"]["server_timing_ms"]
+    assert set(timing) == {"router", "queue", "shard", "router_plus_queue"}
+    # Measured requests are the stand-in's 2nd to 13th: router 2..13 ms.
+    assert timing["router"] == {"requests": 12, "p50": 7.5, "p95": 12.45, "p99": 12.89, "mean": 7.5}
+    assert timing["queue"] == {"requests": 12, "p50": 0.5, "p95": 0.5, "p99": 0.5, "mean": 0.5}
+    assert timing["shard"]["p50"] == 40.0
+    assert timing["router_plus_queue"]["p50"] == 8.0
+    assert timing["router_plus_queue"]["requests"] == 12
+    assert "server_timing_ms" not in report["servers"]["B"]
+
+
+def test_watch_pid_reports_resident_memory(server_a: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "--url",
+            server_a.url,
+            "--state-tokens",
+            "16",
+            "--questions",
+            "1",
+            "--duration",
+            "0.5",
+            "--warmup",
+            "0",
+            "--watch-pid",
+            str(os.getpid()),
+            "--rss-interval",
+            "0.1",
+        ]
+    )
+    assert code == 0
+    memory = json.loads(capsys.readouterr().out)["rss"]
+    assert memory["pids"] == [os.getpid()]
+    assert memory["interval_s"] == 0.1
+    assert memory["settle_s"] == 60.0
+    assert len(memory["samples"]) >= 4  # start, ticks over half a second, end
+    assert memory["samples"][0]["seconds"] < 0.1
+    assert all(sample["bytes"] > 0 and sample["processes"] >= 1 for sample in memory["samples"])
+    assert memory["baseline_seconds"] == memory["samples"][0]["seconds"]  # shorter than the settling time
+    assert memory["min_mib"] <= memory["first_mib"] <= memory["max_mib"]
+    assert abs(memory["change_after_warmup"]) <= memory["max_deviation"] < 1.0
+
+
+def test_watch_pid_must_exist(capsys: pytest.CaptureFixture[str]) -> None:
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--url", "http://127.0.0.1:1", "--watch-pid", str(finished.pid)])
+    assert exit_info.value.code == 2
+    assert f"--watch-pid {finished.pid}: no such process" in capsys.readouterr().err
