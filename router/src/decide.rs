@@ -8,13 +8,14 @@ use crate::ir::{Decision, DecisionRequest, Usage};
 use crate::limits::Limits;
 use crate::probability;
 use crate::prompt::{PreparedRead, ReadStrategy};
-use crate::queue::Queue;
+use crate::queue::{Queue, ReadTiming};
 
 /// A request with its answers, and (when asked for) the reads that produced them.
 pub struct Decided {
     pub request: DecisionRequest,
     pub decision: Decision,
     pub reads: Option<Vec<PreparedRead>>,
+    pub timing: ReadTiming,
 }
 
 pub struct Decider {
@@ -37,6 +38,8 @@ impl Decider {
             .as_ref()
             .map_err(|reason| DecisionError::NotServable(reason.clone()))?
             .clone();
+        // From here until its reads are queued, a forming batch may wait for this request.
+        let arrival = self.queue.arrival();
         // Rendering and tokenizing are CPU work: keep them off the async workers.
         let (request, reads) = tokio::task::spawn_blocking(move || {
             let reads = strategy.prepare(&request);
@@ -58,9 +61,9 @@ impl Decider {
             .map(|r| r.labels.iter().filter_map(|l| l.first().copied()).collect())
             .collect();
         let kept = keep_reads.then(|| reads.clone());
-        let outcomes = self
+        let (outcomes, timing) = self
             .queue
-            .read(reads, input_tokens, request.cache_salt.clone())
+            .read(reads, input_tokens, request.cache_salt.clone(), arrival)
             .await?;
         let cached_tokens = outcomes
             .iter()
@@ -92,6 +95,7 @@ impl Decider {
             request,
             decision: Decision { answers, usage },
             reads: kept,
+            timing,
         })
     }
 }

@@ -1,12 +1,17 @@
 //! The read queue: an actor that owns pending reads, packs reads of concurrent requests into one
-//! shard call under a token budget and a short wait window, and drops reads nobody waits for.
+//! shard call under a token budget, and drops reads nobody waits for.
+//!
+//! A batch waits for company only while other requests are on their way (parsed, still being
+//! rendered and tokenized), and never longer than the wait window: a lone request goes to the shard
+//! at once, and requests that arrive while the shard is busy simply ride the next batch.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use decision_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::error::DecisionError;
@@ -17,7 +22,7 @@ use crate::shard::ShardSet;
 pub struct QueueConfig {
     /// Unique prompt tokens per shard call (a larger single request still goes alone).
     pub max_batch_prefill_tokens: usize,
-    /// How long the first read of a batch waits for company.
+    /// How long the first read of a batch may wait for requests that are on their way.
     pub max_batch_wait: Duration,
     /// Reads that may wait at once; beyond it requests are refused as overloaded.
     pub max_queued_reads: usize,
@@ -32,32 +37,95 @@ pub struct ReadOutcome {
     pub tokens_cached: u32,
 }
 
-type Reply = oneshot::Sender<Result<Vec<ReadOutcome>, DecisionError>>;
+/// Where a request's reads spent their time after it was queued.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ReadTiming {
+    /// Queued → the shard call of its batch started (waiting for a busy shard or for company).
+    pub queued: Duration,
+    /// The shard call of its batch: gRPC send → every rank answered.
+    pub shard: Duration,
+}
+
+/// Whatever answers a batch of reads: the shard ranks, or a stand-in in tests.
+pub trait ReadBackend: Send + Sync + 'static {
+    fn read(
+        &self,
+        reads: Vec<pb::Read>,
+    ) -> impl Future<Output = Result<pb::ReadResponse, DecisionError>> + Send;
+}
+
+impl ReadBackend for ShardSet {
+    fn read(
+        &self,
+        reads: Vec<pb::Read>,
+    ) -> impl Future<Output = Result<pb::ReadResponse, DecisionError>> + Send {
+        ShardSet::read(self, reads)
+    }
+}
+
+type Answer = Result<(Vec<ReadOutcome>, ReadTiming), DecisionError>;
 
 struct Entry {
     reads: Vec<PreparedRead>,
     cache_salt: String,
     /// Unique prompt tokens of this request: its share of the batch budget.
     tokens: usize,
-    reply: Reply,
+    queued_at: Instant,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// Requests between parsing and queueing; a forming batch waits for them (within the window).
+#[derive(Default)]
+struct Arrivals {
+    count: AtomicUsize,
+    changed: Notify,
+}
+
+/// Held by a request while it is prepared; dropping it (queued or refused) ends its arrival.
+pub struct Arrival {
+    arrivals: Arc<Arrivals>,
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        self.arrivals.count.fetch_sub(1, Ordering::SeqCst);
+        self.arrivals.changed.notify_one();
+    }
 }
 
 #[derive(Clone)]
 pub struct Queue {
     tx: mpsc::UnboundedSender<Entry>,
     queued: Arc<AtomicUsize>,
+    arrivals: Arc<Arrivals>,
     max_queued_reads: usize,
 }
 
 impl Queue {
-    pub fn start(shards: ShardSet, config: QueueConfig) -> Self {
+    pub fn start<B: ReadBackend>(backend: B, config: QueueConfig) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
-        tokio::spawn(batcher(rx, shards, config.clone(), queued.clone()));
+        let arrivals = Arc::new(Arrivals::default());
+        tokio::spawn(batcher(
+            rx,
+            backend,
+            config.clone(),
+            queued.clone(),
+            arrivals.clone(),
+        ));
         Queue {
             tx,
             queued,
+            arrivals,
             max_queued_reads: config.max_queued_reads,
+        }
+    }
+
+    /// Announces a request that will be queued soon; batches forming meanwhile wait for it.
+    pub fn arrival(&self) -> Arrival {
+        self.arrivals.count.fetch_add(1, Ordering::SeqCst);
+        Arrival {
+            arrivals: self.arrivals.clone(),
         }
     }
 
@@ -67,7 +135,8 @@ impl Queue {
         reads: Vec<PreparedRead>,
         tokens: usize,
         cache_salt: String,
-    ) -> Result<Vec<ReadOutcome>, DecisionError> {
+        arrival: Arrival,
+    ) -> Result<(Vec<ReadOutcome>, ReadTiming), DecisionError> {
         let n = reads.len();
         let queued = self.queued.fetch_add(n, Ordering::SeqCst);
         if queued + n > self.max_queued_reads && queued > 0 {
@@ -79,16 +148,16 @@ impl Queue {
             });
         }
         let (reply, rx) = oneshot::channel();
-        if self
-            .tx
-            .send(Entry {
-                reads,
-                cache_salt,
-                tokens,
-                reply,
-            })
-            .is_err()
-        {
+        let sent = self.tx.send(Entry {
+            reads,
+            cache_salt,
+            tokens,
+            queued_at: Instant::now(),
+            reply,
+        });
+        // Only now: a batch that waited for this request finds it in the channel.
+        drop(arrival);
+        if sent.is_err() {
             self.queued.fetch_sub(n, Ordering::SeqCst);
             return Err(DecisionError::ShardUnavailable(
                 "the read queue has stopped".into(),
@@ -103,11 +172,12 @@ impl Queue {
     }
 }
 
-async fn batcher(
+async fn batcher<B: ReadBackend>(
     mut rx: mpsc::UnboundedReceiver<Entry>,
-    shards: ShardSet,
+    backend: B,
     config: QueueConfig,
     queued: Arc<AtomicUsize>,
+    arrivals: Arc<Arrivals>,
 ) {
     let mut carry: Option<Entry> = None;
     loop {
@@ -122,9 +192,21 @@ async fn batcher(
         let mut batch = vec![first];
         let deadline = Instant::now() + config.max_batch_wait;
         while tokens < config.max_batch_prefill_tokens {
-            let next = tokio::select! {
-                e = rx.recv() => e,
-                _ = tokio::time::sleep_until(deadline) => None,
+            let next = match rx.try_recv() {
+                Ok(entry) => Some(entry),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    if arrivals.count.load(Ordering::SeqCst) == 0 {
+                        None
+                    } else {
+                        tokio::select! {
+                            e = rx.recv() => e,
+                            // An arrival was queued or refused: look again.
+                            _ = arrivals.changed.notified() => continue,
+                            _ = tokio::time::sleep_until(deadline) => None,
+                        }
+                    }
+                }
             };
             let Some(entry) = next else { break };
             if tokens + entry.tokens > config.max_batch_prefill_tokens {
@@ -145,11 +227,11 @@ async fn batcher(
         if live.is_empty() {
             continue;
         }
-        run_batch(&shards, live, &queued).await;
+        run_batch(&backend, live, &queued).await;
     }
 }
 
-async fn run_batch(shards: &ShardSet, batch: Vec<Entry>, queued: &AtomicUsize) {
+async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &AtomicUsize) {
     let mut reads = Vec::new();
     for entry in &batch {
         for read in &entry.reads {
@@ -170,9 +252,10 @@ async fn run_batch(shards: &ShardSet, batch: Vec<Entry>, queued: &AtomicUsize) {
     let n = reads.len();
     metrics::histogram!("decision_batch_reads").record(n as f64);
     metrics::histogram!("decision_batch_requests").record(batch.len() as f64);
-    let started = std::time::Instant::now();
-    let result = shards.read(reads).await;
-    metrics::histogram!("decision_batch_duration_seconds").record(started.elapsed().as_secs_f64());
+    let started = Instant::now();
+    let result = backend.read(reads).await;
+    let shard = started.elapsed();
+    metrics::histogram!("decision_batch_duration_seconds").record(shard.as_secs_f64());
     queued.fetch_sub(n, Ordering::SeqCst);
     match result {
         Ok(response) => {
@@ -198,7 +281,12 @@ async fn run_batch(shards: &ShardSet, batch: Vec<Entry>, queued: &AtomicUsize) {
                         })
                     })
                     .collect();
+                let timing = ReadTiming {
+                    queued: started.saturating_duration_since(entry.queued_at),
+                    shard,
+                };
                 let answer = mine
+                    .map(|outcomes| (outcomes, timing))
                     .ok_or_else(|| DecisionError::Shard("the shard left a read unanswered".into()));
                 let _ = entry.reply.send(answer);
             }
@@ -216,5 +304,260 @@ fn clone_error(e: &DecisionError) -> DecisionError {
         DecisionError::ShardUnavailable(m) => DecisionError::ShardUnavailable(m.clone()),
         DecisionError::Shard(m) => DecisionError::Shard(m.clone()),
         other => DecisionError::Internal(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Answers every read with its own first token id as the label log-probability, after `delay`,
+    /// and records the size of each batch it was sent.
+    #[derive(Clone)]
+    struct FakeShard {
+        delay: Duration,
+        batches: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl FakeShard {
+        fn new(delay: Duration) -> Self {
+            FakeShard {
+                delay,
+                batches: Arc::new(Mutex::new(Vec::new())),
+            }
+        }
+
+        fn batches(&self) -> Vec<usize> {
+            self.batches.lock().unwrap().clone()
+        }
+    }
+
+    impl ReadBackend for FakeShard {
+        async fn read(&self, reads: Vec<pb::Read>) -> Result<pb::ReadResponse, DecisionError> {
+            self.batches.lock().unwrap().push(reads.len());
+            tokio::time::sleep(self.delay).await;
+            Ok(pb::ReadResponse {
+                results: reads
+                    .iter()
+                    .map(|r| pb::ReadResult {
+                        id: r.id,
+                        label_logprobs: vec![-(r.token_ids[0] as f64)],
+                        greedy_token_id: r.token_ids[0],
+                        tokens_computed: r.token_ids.len() as u32,
+                        tokens_cached: 0,
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+        }
+    }
+
+    fn reads(first_tokens: &[u32]) -> Vec<PreparedRead> {
+        first_tokens
+            .iter()
+            .map(|&t| PreparedRead {
+                token_ids: vec![t, 1, 2],
+                labels: vec![vec![7]],
+            })
+            .collect()
+    }
+
+    fn config(wait: Duration) -> QueueConfig {
+        QueueConfig {
+            max_batch_prefill_tokens: 1000,
+            max_batch_wait: wait,
+            max_queued_reads: 100,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lone_request_is_sent_at_once_even_with_a_long_wait_window() {
+        let shard = FakeShard::new(Duration::from_millis(40));
+        let queue = Queue::start(shard.clone(), config(Duration::from_secs(10)));
+        let started = Instant::now();
+        let (outcomes, timing) = queue
+            .read(reads(&[5, 6]), 6, String::new(), queue.arrival())
+            .await
+            .unwrap();
+        assert_eq!(timing.queued, Duration::ZERO);
+        assert_eq!(timing.shard, Duration::from_millis(40));
+        assert_eq!(started.elapsed(), Duration::from_millis(40));
+        assert_eq!(
+            outcomes
+                .iter()
+                .map(|o| o.greedy_token_id)
+                .collect::<Vec<_>>(),
+            vec![5, 6]
+        );
+        assert_eq!(shard.batches(), vec![2]);
+        assert_eq!(queue.queued_reads(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forming_batch_waits_for_a_request_on_its_way() {
+        let shard = FakeShard::new(Duration::from_millis(40));
+        let queue = Queue::start(shard.clone(), config(Duration::from_millis(50)));
+        let late = queue.arrival();
+        let first = {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                queue
+                    .read(reads(&[1]), 3, String::new(), queue.arrival())
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let (second, _) = queue
+            .read(reads(&[2]), 3, String::new(), late)
+            .await
+            .unwrap();
+        let (first, timing) = first.await.unwrap().unwrap();
+        assert_eq!(shard.batches(), vec![2], "one shard call for both requests");
+        assert_eq!(timing.queued, Duration::from_millis(10));
+        assert_eq!(
+            (first[0].greedy_token_id, second[0].greedy_token_id),
+            (1, 2)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_ends_when_the_request_on_its_way_is_refused_or_the_window_closes() {
+        let shard = FakeShard::new(Duration::from_millis(40));
+        let queue = Queue::start(shard.clone(), config(Duration::from_millis(50)));
+        // Refused while being prepared (say, over the token limit): the batch leaves at once.
+        let refused = queue.arrival();
+        let waiting = {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                queue
+                    .read(reads(&[1]), 3, String::new(), queue.arrival())
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        drop(refused);
+        let (_, timing) = waiting.await.unwrap().unwrap();
+        assert_eq!(timing.queued, Duration::from_millis(5));
+
+        // Never arriving: the batch leaves when the window closes.
+        let _slow = queue.arrival();
+        let (_, timing) = queue
+            .read(reads(&[2]), 3, String::new(), queue.arrival())
+            .await
+            .unwrap();
+        assert_eq!(timing.queued, Duration::from_millis(50));
+        assert_eq!(shard.batches(), vec![1, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_queued_behind_a_busy_shard_ride_the_next_batch_within_the_budget() {
+        let shard = FakeShard::new(Duration::from_millis(100));
+        let queue = Queue::start(
+            shard.clone(),
+            QueueConfig {
+                max_batch_prefill_tokens: 10,
+                ..config(Duration::ZERO)
+            },
+        );
+        let mut handles = Vec::new();
+        for (i, tokens) in [4, 4, 4, 4].into_iter().enumerate() {
+            let queue = queue.clone();
+            handles.push(tokio::spawn(async move {
+                queue
+                    .read(reads(&[i as u32]), tokens, String::new(), queue.arrival())
+                    .await
+            }));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let mut queued = Vec::new();
+        for (i, handle) in handles.into_iter().enumerate() {
+            let (outcomes, timing) = handle.await.unwrap().unwrap();
+            assert_eq!(outcomes[0].greedy_token_id, i as u32);
+            queued.push(timing.queued);
+        }
+        // The first goes alone; the next two fill the 10-token budget; the last waits for a third call.
+        assert_eq!(shard.batches(), vec![1, 2, 1]);
+        assert_eq!(queued[0], Duration::ZERO);
+        assert_eq!(queued[1], Duration::from_millis(99));
+        assert_eq!(queued[3], Duration::from_millis(197));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_of_a_gone_client_are_not_sent() {
+        let shard = FakeShard::new(Duration::from_millis(100));
+        let queue = Queue::start(shard.clone(), config(Duration::ZERO));
+        let busy = {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                queue
+                    .read(reads(&[1]), 3, String::new(), queue.arrival())
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let gone = {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                queue
+                    .read(reads(&[2, 3]), 3, String::new(), queue.arrival())
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(queue.queued_reads(), 3);
+        gone.abort();
+        busy.await.unwrap().unwrap();
+        let (after, _) = queue
+            .read(reads(&[4]), 3, String::new(), queue.arrival())
+            .await
+            .unwrap();
+        assert_eq!(after[0].greedy_token_id, 4);
+        assert_eq!(
+            shard.batches(),
+            vec![1, 1],
+            "the gone client's two reads never reached the shard"
+        );
+        assert_eq!(queue.queued_reads(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_with_the_limit_and_keeps_no_count_of_the_refused() {
+        let shard = FakeShard::new(Duration::from_millis(100));
+        let queue = Queue::start(
+            shard,
+            QueueConfig {
+                max_queued_reads: 2,
+                ..config(Duration::ZERO)
+            },
+        );
+        let busy = {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                queue
+                    .read(reads(&[1, 2]), 3, String::new(), queue.arrival())
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let refused = queue
+            .read(reads(&[3]), 3, String::new(), queue.arrival())
+            .await;
+        assert!(matches!(
+            refused,
+            Err(DecisionError::Overloaded {
+                queued: 2,
+                limit: 2,
+                ..
+            })
+        ));
+        busy.await.unwrap().unwrap();
+        assert_eq!(queue.queued_reads(), 0);
+        // A single request larger than the limit still runs when nothing else is queued.
+        assert!(queue
+            .read(reads(&[4, 5, 6]), 3, String::new(), queue.arrival())
+            .await
+            .is_ok());
     }
 }

@@ -24,7 +24,7 @@ use crate::error::{DecisionError, FieldError};
 use crate::limits::Limits;
 use crate::profile::Shape;
 use crate::prompt;
-use crate::queue::{Queue, QueueConfig};
+use crate::queue::{Queue, QueueConfig, ReadTiming};
 use crate::shard::ShardSet;
 
 pub const REQUEST_ID_HEADER: &str = "x-typesafe-request-id";
@@ -196,9 +196,19 @@ async fn request_id(request: Request, next: Next) -> Response {
         tracing::Instrument::instrument(next.run(request), span.clone()).await
     };
     let status = response.status().as_u16();
+    let elapsed = started.elapsed();
     metrics::counter!("decision_http_requests_total", "path" => path.clone(), "status" => status.to_string()).increment(1);
     metrics::histogram!("decision_http_request_duration_seconds", "path" => path)
-        .record(started.elapsed().as_secs_f64());
+        .record(elapsed.as_secs_f64());
+    if let Some(timing) = response.extensions().get::<ReadTiming>().copied() {
+        let breakdown = TimeBreakdown::of(elapsed, timing);
+        metrics::histogram!("decision_router_overhead_seconds")
+            .record(breakdown.router.as_secs_f64());
+        metrics::histogram!("decision_queue_wait_seconds").record(breakdown.queued.as_secs_f64());
+        if let Ok(value) = HeaderValue::from_str(&breakdown.server_timing()) {
+            response.headers_mut().insert("server-timing", value);
+        }
+    }
     span.in_scope(|| {
         tracing::info!(
             status,
@@ -210,6 +220,37 @@ async fn request_id(request: Request, next: Next) -> Response {
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
     response
+}
+
+/// A decision request's wall time, split into what the router itself spent (parsing, rendering,
+/// tokenizing, gRPC encoding and decoding, probabilities, the response), the wait in the read queue
+/// and the shard call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct TimeBreakdown {
+    router: Duration,
+    queued: Duration,
+    shard: Duration,
+}
+
+impl TimeBreakdown {
+    fn of(total: Duration, timing: ReadTiming) -> Self {
+        TimeBreakdown {
+            router: total.saturating_sub(timing.queued + timing.shard),
+            queued: timing.queued,
+            shard: timing.shard,
+        }
+    }
+
+    /// The standard `Server-Timing` header (W3C), durations in milliseconds.
+    fn server_timing(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "router;dur={:.3}, queue;dur={:.3}, shard;dur={:.3}",
+            ms(self.router),
+            ms(self.queued),
+            ms(self.shard)
+        )
+    }
 }
 
 /// `Authorization: Bearer <key>` when an API key is configured; any header is fine otherwise.
@@ -286,12 +327,14 @@ async fn systemone_handler(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let mut timing = None;
     let result = async {
         authorize(&state, &headers)?;
         let value = json_body(body, state.decider.limits.max_body_bytes)?;
         let compat = state.config.compat;
         let request = systemone::parse(&value, &state.decider.limits, compat)?;
         let decided = state.decider.decide(request, 1.0, false).await?;
+        timing = Some(decided.timing);
         Ok::<_, DecisionError>(systemone::format(
             &decided.request,
             &value["questions"],
@@ -302,7 +345,7 @@ async fn systemone_handler(
     }
     .await;
     match result {
-        Ok(v) => Json(v).into_response(),
+        Ok(v) => answered(v, timing),
         Err(e) => error_response(&state, Shape::SystemOne, e),
     }
 }
@@ -314,6 +357,7 @@ async fn decisions_handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let mut shape = Shape::OpenAi;
+    let mut timing = None;
     let result = async {
         authorize(&state, &headers)?;
         let value = json_body(body, state.decider.limits.max_body_bytes)?;
@@ -326,6 +370,7 @@ async fn decisions_handler(
                 .decider
                 .decide(parsed.request, temperature, keep)
                 .await?;
+            timing = Some(decided.timing);
             let parsed = sglang::Parsed {
                 request: decided.request,
                 ..parsed
@@ -339,6 +384,7 @@ async fn decisions_handler(
         } else {
             let parsed = openai::parse(&value, limits, state.config.compat)?;
             let decided = state.decider.decide(parsed.request, 1.0, false).await?;
+            timing = Some(decided.timing);
             let parsed = openai::Parsed {
                 request: decided.request,
                 echo: parsed.echo,
@@ -353,9 +399,18 @@ async fn decisions_handler(
     }
     .await;
     match result {
-        Ok(v) => Json(v).into_response(),
+        Ok(v) => answered(v, timing),
         Err(e) => error_response(&state, shape, e),
     }
+}
+
+/// A decision answer; its read timing rides along for the request middleware to report.
+fn answered(body: Value, timing: Option<ReadTiming>) -> Response {
+    let mut response = Json(body).into_response();
+    if let Some(timing) = timing {
+        response.extensions_mut().insert(timing);
+    }
+    response
 }
 
 async fn models_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
@@ -496,4 +551,28 @@ async fn shutdown_signal() {
     };
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
     tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn router_time_is_what_the_queue_and_the_shard_did_not_take() {
+        let timing = ReadTiming {
+            queued: Duration::from_micros(250),
+            shard: Duration::from_millis(40),
+        };
+        let breakdown = TimeBreakdown::of(Duration::from_micros(41_500), timing);
+        assert_eq!(breakdown.router, Duration::from_micros(1_250));
+        assert_eq!(
+            breakdown.server_timing(),
+            "router;dur=1.250, queue;dur=0.250, shard;dur=40.000"
+        );
+        // Clocks read at different places never make the router's share negative.
+        assert_eq!(
+            TimeBreakdown::of(Duration::from_millis(1), timing).router,
+            Duration::ZERO
+        );
+    }
 }
