@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 
+use crate::allocator::Allocator;
+
 /// Starts the decision-inference shard(s) and router, supervises them and shuts them down cleanly.
 ///
 /// Every flag can also be set through the environment variable shown next to it.
@@ -88,6 +90,12 @@ pub struct Config {
     /// CPU threads each shard uses for compute. Omitted: the shard's own default.
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+
+    /// Memory allocator of the shards: `auto` preloads tcmalloc when it is installed (freed blocks are
+    /// reused instead of faulted in again every forward pass) and otherwise tunes glibc's malloc to
+    /// keep them.
+    #[arg(long, env = "ALLOCATOR", value_enum, default_value_t = Allocator::Auto)]
+    pub allocator: Allocator,
 
     /// Memory each shard may spend keeping the KV of recent prompt prefixes (radix tree, LRU), in MiB;
     /// a repeated state then costs only its questions. 0 turns the prefix cache off.
@@ -248,6 +256,7 @@ mod tests {
         "MAX_INPUT_TOKENS",
         "MAX_QUEUED_READS",
         "THREADS",
+        "ALLOCATOR",
         "DECISION_CACHE_DIR",
         "SHARD_STARTUP_TIMEOUT_SECS",
         "SHUTDOWN_GRACE_SECS",

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use decision_proto::rank_socket;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
+use crate::allocator::{self, TcmallocMissing};
 use crate::binaries::{self, MissingBinary, ROUTER_BINARY, SHARD_BINARY};
 use crate::child::{ChildExit, Children, SpawnError};
 use crate::config::{Config, ConfigError};
@@ -28,6 +29,8 @@ pub enum LaunchError {
     Shard(#[from] ShardError),
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    #[error(transparent)]
+    Allocator(#[from] TcmallocMissing),
     #[error("{0}")]
     ChildDied(ChildExit),
     #[error("cannot install the SIGINT/SIGTERM/SIGHUP handlers: {0}")]
@@ -138,6 +141,10 @@ async fn start_and_supervise(
             config.num_shard
         );
     }
+    let shard_allocator = allocator::resolve(config.allocator, allocator::SEARCH_DIRS, |name| {
+        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+    })?;
+    tracing::info!(allocator = %shard_allocator.description, "shard memory allocator");
     let mut starting = Vec::new();
     for rank in 0..config.num_shard {
         let socket = rank_socket(&config.uds_path, rank);
@@ -150,6 +157,7 @@ async fn start_and_supervise(
             rank,
             &socket,
             rendezvous.as_ref(),
+            &shard_allocator,
         );
         let exited = children.spawn(spec)?.exited();
         starting.push((rank, socket, exited));

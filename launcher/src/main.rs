@@ -1,6 +1,7 @@
 //! `decision-launcher`: one command that serves a model. It resolves the model, starts the shard(s)
 //! and the router, supervises them, and shuts everything down cleanly (see `--help`).
 
+mod allocator;
 mod binaries;
 mod child;
 mod config;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use decision_proto::v1::HealthRequest;
 
+use crate::allocator::ShardAllocator;
 use crate::child::{ChildExit, ChildSpec};
 use crate::config::{flag_value, Config};
 use crate::model::Model;
@@ -87,6 +88,7 @@ pub fn spec(
     rank: u32,
     socket: &Path,
     rendezvous: Option<&Rendezvous>,
+    allocator: &ShardAllocator,
 ) -> ChildSpec {
     let mut args: Vec<OsString> = vec![
         "serve".into(),
@@ -123,7 +125,7 @@ pub fn spec(
         name: format!("shard {rank}"),
         program: program.to_owned(),
         args,
-        env: Vec::new(),
+        env: allocator.env.clone(),
         // The shard has no use for the API key the launcher may have read from its environment.
         env_remove: vec!["API_KEY".into()],
         span: tracing::info_span!("shard", rank),
@@ -257,6 +259,13 @@ mod tests {
     use crate::child::{Children, Exit};
     use crate::config::parse_for_test as config;
 
+    fn no_allocator() -> ShardAllocator {
+        ShardAllocator {
+            env: Vec::new(),
+            description: "test".into(),
+        }
+    }
+
     fn sh(script: &str) -> ChildSpec {
         ChildSpec {
             name: "shard 0".into(),
@@ -289,6 +298,7 @@ mod tests {
             0,
             socket,
             None,
+            &no_allocator(),
         );
         assert_eq!(
             with_threads.args,
@@ -319,6 +329,7 @@ mod tests {
             0,
             socket,
             None,
+            &no_allocator(),
         );
         assert!(!default_threads.args.contains(&OsString::from("--threads")));
         assert!(default_threads.args.contains(&OsString::from("auto")));
@@ -336,6 +347,7 @@ mod tests {
             0,
             socket,
             None,
+            &no_allocator(),
         );
         let at = cached
             .args
@@ -343,6 +355,27 @@ mod tests {
             .position(|a| a == "--prefix-cache-mb")
             .expect("flag passed to the shard");
         assert_eq!(cached.args[at + 1], OsString::from("256"));
+
+        let preloaded = spec(
+            Path::new("decision-server"),
+            &config(&[]),
+            &model,
+            0,
+            socket,
+            None,
+            &ShardAllocator {
+                env: vec![("LD_PRELOAD".into(), "/usr/lib/libtcmalloc.so.4".into())],
+                description: "tcmalloc".into(),
+            },
+        );
+        assert_eq!(
+            preloaded.env,
+            [(
+                "LD_PRELOAD".to_owned(),
+                "/usr/lib/libtcmalloc.so.4".to_owned()
+            )]
+        );
+        assert_eq!(preloaded.env_remove, ["API_KEY"]);
     }
 
     #[test]
@@ -369,6 +402,7 @@ mod tests {
             1,
             Path::new("/tmp/ds-1"),
             Some(&rendezvous),
+            &no_allocator(),
         );
         assert_eq!(rank1.name, "shard 1");
         let tail: Vec<OsString> = rank1.args[8..].to_vec();
