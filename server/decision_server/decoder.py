@@ -18,6 +18,7 @@ from decision_server.layers import (
     ColumnParallelLinear,
     ParallelLMHead,
     RowParallelLinear,
+    linear_weight_bytes,
     VocabParallelEmbedding,
 )
 
@@ -435,7 +436,7 @@ class DecoderLM(nn.Module):
     def parameter_bytes(self) -> int:
         """Bytes of this rank's weights (a tied tensor counted once)."""
         seen: set[int] = set()
-        total = 0
+        total = linear_weight_bytes(self)
         for parameter in self.parameters():
             if parameter.data_ptr() not in seen:
                 seen.add(parameter.data_ptr())

@@ -6,12 +6,62 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from decision_server.checkpoint import Checkpoint
 from decision_server.distributed import ShardGroup
+
+# Set to 1 to keep bfloat16 weights in torch's plain layout on CPU (F.linear), e.g. to compare the two paths.
+PLAIN_MATMUL_ENV = "DECISION_PLAIN_MATMUL"
+
+
+def pack_for_matmul(weight: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 `weight` (out, in) in oneDNN's blocked layout on CPUs where torch has oneDNN, else unchanged.
+
+    For bfloat16 the prepacked GEMM gives the same numbers as F.linear (which also runs oneDNN, repacking the
+    weight on every call) and is faster: 388–418 GFLOP/s against 298–417 for the decoder's shapes on 2 Zen 4
+    cores, most at few rows. float32 stays on F.linear (MKL): oneDNN's float32 GEMM, though 1.1–1.75× faster
+    there, sums in another order, and its label log-probabilities land 3.2e-5 from a float64 forward against
+    2.0e-5 for F.linear's, which matches transformers' own float32 forward to 2e-6 — exactness comes first.
+    """
+    if (
+        weight.device.type != "cpu"
+        or weight.dtype != torch.bfloat16
+        or not torch.backends.mkldnn.is_available()
+        or os.environ.get(PLAIN_MATMUL_ENV) == "1"
+    ):
+        return weight
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ weight.T + bias` for a plain or a `pack_for_matmul` weight."""
+    if weight.is_mkldnn:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+def _hold(module: nn.Module, weight: torch.Tensor) -> None:
+    """Stores a linear layer's weight, packed when that pays: a packed tensor is no parameter (it has no storage
+    torch can alias), so it is kept as a plain attribute."""
+    packed = pack_for_matmul(weight)
+    if packed.is_mkldnn:
+        module.weight = packed
+    else:
+        module.weight = nn.Parameter(weight, requires_grad=False)
+
+
+def linear_weight_bytes(module: nn.Module) -> int:
+    """Bytes of the packed linear weights under `module` (parameters are counted by their own walk)."""
+    return sum(
+        int(m.weight.nbytes)
+        for m in module.modules()
+        if isinstance(m, ColumnParallelLinear | RowParallelLinear) and m.weight.is_mkldnn
+    )
 
 
 class ColumnParallelLinear(nn.Module):
@@ -21,9 +71,12 @@ class ColumnParallelLinear(nn.Module):
     so one matmul computes all of them.
     """
 
+    weight: torch.Tensor
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.features = int(weight.shape[0])
+        _hold(self, weight)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
     @classmethod
@@ -53,19 +106,21 @@ class ColumnParallelLinear(nn.Module):
 
     @property
     def out_features(self) -> int:
-        return int(self.weight.shape[0])
+        return self.features
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return matmul(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
     """`x @ W.T + b` where this rank holds the input features [start, end) of `x` and the matching columns of
     `W`: the partial products are summed across ranks, then the (whole) bias is added once."""
 
+    weight: torch.Tensor
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: ShardGroup) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        _hold(self, weight)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.group = group
 
@@ -85,7 +140,7 @@ class RowParallelLinear(nn.Module):
         return cls(weight, whole_bias, group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, self.weight)
+        partial = matmul(x, self.weight)
         total = self.group.all_reduce_sum(partial)
         return total + self.bias if self.bias is not None else total
 

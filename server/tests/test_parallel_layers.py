@@ -333,3 +333,40 @@ def test_prefix_caches_of_unevenly_split_ranks_evict_the_same_segments() -> None
         assert caches[2].bytes_used == caches[1].bytes_used <= caches[2].capacity_bytes
         assert [caches[2].match("", p).length for p in prompts] == [caches[1].match("", p).length for p in prompts]
     assert caches[2].cached_tokens == caches[1].cached_tokens > 0
+
+
+def test_bfloat16_linear_weights_are_prepacked_and_compute_what_f_linear_does() -> None:
+    from decision_server.layers import linear_weight_bytes
+
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(48, 32, generator=generator).bfloat16()
+    bias = torch.randn(48, generator=generator).bfloat16()
+    x = torch.randn(7, 32, generator=generator).bfloat16()
+    column = ColumnParallelLinear(weight, bias)
+    row = RowParallelLinear(weight, None, ShardGroup.single(CPU))
+    assert column.weight.is_mkldnn == torch.backends.mkldnn.is_available()
+    assert column.out_features == 48
+    assert torch.equal(column(x), F.linear(x, weight, bias))
+    assert torch.equal(row(x), F.linear(x, weight))
+    # Packed weights are no parameters; the byte count still includes them, once each.
+    holder = torch.nn.Sequential(column, row)
+    packed = linear_weight_bytes(holder) + sum(p.numel() * p.element_size() for p in holder.parameters())
+    assert packed == 2 * weight.numel() * 2 + bias.numel() * 2
+    # float32 stays in torch's plain layout: it must equal the transformers reference to 1e-5.
+    assert not ColumnParallelLinear(weight.float()).weight.is_mkldnn
+
+
+def test_plain_matmul_env_keeps_bfloat16_unpacked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from decision_server.layers import PLAIN_MATMUL_ENV
+
+    monkeypatch.setenv(PLAIN_MATMUL_ENV, "1")
+    weight = torch.randn(8, 4).bfloat16()
+    assert not ColumnParallelLinear(weight).weight.is_mkldnn
+
+
+def test_bfloat16_decoder_counts_its_packed_weights(smollm2_dir: Path) -> None:
+    from decision_server.model import load_model
+
+    bf16 = load_model(smollm2_dir, dtype="bfloat16")
+    # Half of the float32 count (test_decoder.py): every weight counted, packed or not, tied ones once.
+    assert bf16.weight_bytes() == 538_060_032 // 2
