@@ -62,15 +62,43 @@ def assert_same_reads(tree: Any, naive: Any, tolerance: float = 1e-4) -> None:
         assert a.greedy_token_id == b.greedy_token_id
 
 
+# (min_chain_tokens, min_split_tokens): everything in one masked pass; the defaults; chains and splits everywhere.
+PLANS = {"one-pass": (10**9, 10**9), "default": (32, 256), "split": (4, 16)}
+
+
+@pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("name", MODELS)
-def test_tree_equals_naive_on_a_mixed_batch(request: pytest.FixtureRequest, naive_outcomes: Any, name: str) -> None:
+def test_tree_equals_naive_on_a_mixed_batch(
+    request: pytest.FixtureRequest, naive_outcomes: Any, name: str, plan: str
+) -> None:
     model = request.getfixturevalue(name)
     reads = decision_batch(model.path)
-    tree = TreeReads(model).run(reads)
+    min_chain, min_split = PLANS[plan]
+    tree = TreeReads(model, min_chain_tokens=min_chain, min_split_tokens=min_split).run(reads)
     naive = naive_outcomes(model, reads)
     assert_same_reads(tree, naive)
-    assert tree.forward_passes == 1
     assert naive.forward_passes == len(reads) + sum(1 for r in reads for label in r.labels if len(label) > 1)
+    if plan == "one-pass":
+        assert tree.forward_passes == 1
+    if plan == "split":
+        # A causal pass per shared chain, a masked pass per set of branches: several, far fewer than naive's.
+        assert 3 <= tree.forward_passes < naive.forward_passes
+    assert tree.packed_tokens == TreeReads(model).run(reads).packed_tokens
+
+
+@pytest.mark.parametrize("plan", ["default", "split"])
+def test_planned_passes_with_a_prefix_cache_equal_naive(tiny_qwen3: LoadedModel, naive_outcomes: Any, plan: str) -> None:
+    from decision_server.prefix_cache import PrefixCache
+
+    min_chain, min_split = PLANS[plan]
+    tree = TreeReads(tiny_qwen3, prefix_cache=PrefixCache(64 << 20), min_chain_tokens=min_chain, min_split_tokens=min_split)
+    reads = decision_batch(tiny_qwen3.path)
+    first = tree.run(reads[: len(reads) // 2])
+    # The second half continues from what the first half cached (chat head, first state) and adds a new state.
+    second = tree.run(reads)
+    assert sum(o.tokens_cached for o in second.outcomes) > 0
+    assert_same_reads(first, naive_outcomes(tiny_qwen3, reads[: len(reads) // 2]), tolerance=1e-5)
+    assert_same_reads(second, naive_outcomes(tiny_qwen3, reads), tolerance=1e-5)
 
 
 @pytest.mark.parametrize("name", MODELS)

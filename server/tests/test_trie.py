@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from decision_server.reads import ReadSpec
-from decision_server.reads.tree import TokenTrie, _place
+from decision_server.reads.tree import Pass, TokenTrie, _place, plan_passes
 
 
 def test_ancestor_matrix_of_a_small_tree() -> None:
@@ -63,3 +63,81 @@ def test_missing_nodes_predicts_insertion() -> None:
         assert len(trie) - before == predicted
     # Parents always precede children: the packed order is a valid causal order.
     assert all(parent < node for node, parent in enumerate(trie.parents))
+
+
+def ancestors(trie: TokenTrie, node: int) -> set[int]:
+    found = set()
+    while (node := trie.parents[node]) >= 0:
+        found.add(node)
+    return found
+
+
+def assert_valid_plan(trie: TokenTrie, passes: list[Pass]) -> None:
+    """Every node computed once, after its ancestors; a pass's past is exactly the ancestors its nodes share
+    outside the pass; a chain pass is a chain."""
+    done: set[int] = set()
+    for step in passes:
+        assert list(step.nodes) == sorted(step.nodes)
+        assert set(step.past) <= done
+        members = set(step.nodes)
+        for node in step.nodes:
+            outside = ancestors(trie, node) - members
+            assert outside == set(step.past), (node, step)
+        if step.chain:
+            assert all(trie.parents[b] == a for a, b in zip(step.nodes, step.nodes[1:], strict=False))
+        done |= members
+    assert sorted(done) == list(range(len(trie)))
+    assert sum(len(step.nodes) for step in passes) == len(trie)
+
+
+def test_plan_runs_the_shared_chain_causally_and_the_branches_together() -> None:
+    trie = TokenTrie()
+    root = trie.root("")
+    head = trie.add_path(root, list(range(100, 140)))  # a 40-token chat head + state
+    branches = [trie.add_path(head[-1], [200 + i, 300 + i, 400 + i]) for i in range(3)]
+    passes = plan_passes(trie, min_chain_tokens=32, min_split_tokens=256)
+    assert_valid_plan(trie, passes)
+    assert [(step.chain, len(step.nodes), len(step.past)) for step in passes] == [(True, 40, 0), (False, 9, 40)]
+    assert passes[1].nodes == tuple(sorted(n for b in branches for n in b))
+
+
+def test_plan_keeps_a_short_chain_in_the_branch_pass() -> None:
+    trie = TokenTrie()
+    head = trie.add_path(trie.root(""), [1, 2, 3])
+    trie.add_path(head[-1], [4, 5])
+    trie.add_path(head[-1], [6])
+    passes = plan_passes(trie, min_chain_tokens=32, min_split_tokens=256)
+    assert_valid_plan(trie, passes)
+    assert [(step.chain, len(step.nodes)) for step in passes] == [(False, 6)]
+
+
+def test_plan_splits_large_subtrees_into_their_own_passes() -> None:
+    # Two requests with different 300-token states under one chat head, and a third, short one: the states never
+    # share a dense mask; each state's questions ride one masked pass after it.
+    trie = TokenTrie()
+    chat = trie.add_path(trie.root(""), list(range(10)))
+    for request in range(2):
+        state = trie.add_path(chat[-1], [1000 * (request + 1) + i for i in range(300)])
+        for question in range(4):
+            trie.add_path(state[-1], [50 + question, 60, 70 + request])
+    trie.add_path(chat[-1], [7, 8, 9])
+    other_root = trie.add_path(trie.root("salted"), list(range(500, 540)))
+    passes = plan_passes(trie, min_chain_tokens=32, min_split_tokens=256)
+    assert_valid_plan(trie, passes)
+    shapes = [(step.chain, len(step.nodes), len(step.past)) for step in passes]
+    assert shapes == [
+        (False, 13, 0),  # the short chat head with the short third request
+        (True, 300, 10),  # first state
+        (False, 12, 310),  # its four questions
+        (True, 300, 10),  # second state
+        (False, 12, 310),
+        (True, 40, 0),  # the other salt's lone read
+    ]
+    assert passes[-1].nodes == tuple(other_root)
+
+
+def test_plan_of_a_chain_is_one_causal_pass() -> None:
+    trie = TokenTrie()
+    trie.add_path(trie.root(""), list(range(5)))
+    passes = plan_passes(trie, min_chain_tokens=32, min_split_tokens=256)
+    assert [(step.chain, len(step.nodes)) for step in passes] == [(True, 5)]

@@ -2,18 +2,24 @@
 Reads become paths in a trie (prompt, then multi-token label branches); the trie is packed into one sequence
 where each token attends to itself and its ancestors only, at position = its depth, so each path computes
 exactly what its own causal prefill would, while shared prefixes are computed once. With a prefix cache,
-paths continue from cached keys/values of earlier batches instead of recomputing them."""
+paths continue from cached keys/values of earlier batches instead of recomputing them.
+
+A trie is computed in a few passes rather than one dense-mask pass over everything (see `plan_passes`): a long
+shared chain (chat head + state) runs as a plain causal prefill with the fastest attention kernel, and only the
+short branches hanging off it (questions, multi-token labels) share one masked pass that continues from the
+chain's keys/values. Large independent subtrees (other requests' states) get passes of their own, so a dense mask
+never spans unrelated requests: its off-diagonal blocks would be pure waste, quadratic in the packed length."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from decision_server.model import LoadedModel, ScoreRequest
+from decision_server.model import LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
 from decision_server.reads.base import ReadStrategy
 from decision_server.reads.types import BatchOutcome, ReadOutcome, ReadSpec
@@ -22,6 +28,11 @@ from decision_server.reads.types import BatchOutcome, ReadOutcome, ReadSpec
 # costs a full-vocabulary projection (600 kB in float32 for a 150k vocabulary).
 DEFAULT_MAX_PACKED_TOKENS = 4096
 DEFAULT_MAX_LOGIT_ROWS = 512
+# A shared chain at least this long gets a causal pass of its own (shorter ones ride the branches' masked pass:
+# one more pass costs a full walk over the layers).
+DEFAULT_MIN_CHAIN_TOKENS = 32
+# A subtree at least this large (another state, a very long question) is planned apart from its small siblings.
+DEFAULT_MIN_SPLIT_TOKENS = 256
 
 
 class TokenTrie:
@@ -121,6 +132,34 @@ class TokenTrie:
             and all(parent == index - 1 for index, parent in enumerate(self.parents))
         )
 
+    def children(self) -> list[list[int]]:
+        """Each node's children, in insertion order."""
+        children: list[list[int]] = [[] for _ in self.tokens]
+        for node, parent in enumerate(self.parents):
+            if parent >= 0:
+                children[parent].append(node)
+        return children
+
+    def top_nodes(self) -> dict[int, list[int]]:
+        """The nodes directly under each root, by root index."""
+        tops: dict[int, list[int]] = {}
+        for node, parent in enumerate(self.parents):
+            if parent < 0:
+                tops.setdefault(self.root_of[node], []).append(node)
+        return tops
+
+    def subset_ancestor_matrix(self, nodes: Sequence[int]) -> np.ndarray:
+        """allowed[i, j]: nodes[i] may attend nodes[j], for ascending `nodes` (ancestors outside the subset are
+        the pass's past and not part of this matrix)."""
+        index = {node: i for i, node in enumerate(nodes)}
+        allowed = np.zeros((len(nodes), len(nodes)), dtype=bool)
+        for i, node in enumerate(nodes):
+            parent = index.get(self.parents[node], -1)
+            if parent >= 0:
+                allowed[i, : parent + 1] = allowed[parent, : parent + 1]
+            allowed[i, i] = True
+        return allowed
+
     def ancestor_matrix(self, window: int | None = None) -> np.ndarray:
         """allowed[q, k]: node q may attend node k, i.e. k is q or one of its ancestors (within `window` positions)."""
         size = len(self.tokens)
@@ -139,6 +178,66 @@ class TokenTrie:
 
 def _salt_root(salt: str) -> Hashable:
     return (salt, -1, 0)  # the same key as an empty CachedPrefix, so "no cache hit" shares one root per salt
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass of a plan: `nodes` (ascending) attend to all of `past` (their common ancestors, computed
+    by earlier passes) and, among themselves, to their ancestors; `chain` passes are a plain causal run."""
+
+    root: int
+    nodes: tuple[int, ...]
+    past: tuple[int, ...]
+    chain: bool
+
+
+def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int) -> list[Pass]:
+    """Orders the trie's nodes into passes: every node after all of its ancestors, each pass either a causal
+    chain or a masked set of small branches over a fully visible past.
+
+    Under a root (or the end of a chain), the shared chain is followed while each node has one child; then the
+    subtrees hanging off its end are split: small ones share one masked pass, large ones are planned on their own
+    with the chain as their past.
+    """
+    children = trie.children()
+    sizes = [1] * len(trie)
+    for node in range(len(trie) - 1, -1, -1):
+        parent = trie.parents[node]
+        if parent >= 0:
+            sizes[parent] += sizes[node]
+    passes: list[Pass] = []
+
+    def subtree(top: int) -> list[int]:
+        found, stack = [], [top]
+        while stack:
+            node = stack.pop()
+            found.append(node)
+            stack.extend(children[node])
+        return sorted(found)
+
+    def plan(root: int, tops: list[int], past: tuple[int, ...]) -> None:
+        chain: list[int] = []
+        if len(tops) == 1:
+            node = tops[0]
+            chain.append(node)
+            while len(children[node]) == 1:
+                node = children[node][0]
+                chain.append(node)
+            tops = children[node]
+        large = [top for top in tops if sizes[top] >= min_split_tokens]
+        small = sorted(node for top in tops if sizes[top] < min_split_tokens for node in subtree(top))
+        if chain and (len(chain) >= min_chain_tokens or not small):
+            passes.append(Pass(root, tuple(chain), past, chain=True))
+            if small:
+                passes.append(Pass(root, tuple(small), past + tuple(chain), chain=False))
+        elif chain or small:
+            passes.append(Pass(root, tuple(sorted(chain + small)), past, chain=False))
+        for top in large:
+            plan(root, [top], past + tuple(chain))
+
+    for root, tops in trie.top_nodes().items():
+        plan(root, tops, ())
+    return passes
 
 
 @dataclass
@@ -187,6 +286,80 @@ def _present(tensor: torch.Tensor | None) -> torch.Tensor:
     return tensor
 
 
+class _NodeKeyValues:
+    """Keys/values computed by the passes of one chunk, looked up by trie node."""
+
+    def __init__(self) -> None:
+        self._parts: list[KeyValues] = []
+        self._where: dict[int, tuple[int, int]] = {}  # node -> (part, index in it)
+
+    @classmethod
+    def whole(cls, keys: torch.Tensor, values: torch.Tensor) -> _NodeKeyValues:
+        """The keys/values of a single pass over every node, in node order."""
+        stored = cls()
+        stored.add(range(keys.shape[2]), keys, values)
+        return stored
+
+    def add(self, nodes: Sequence[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        part = len(self._parts)
+        self._parts.append((keys, values))
+        for index, node in enumerate(nodes):
+            self._where[node] = (part, index)
+
+    def select(self, nodes: Sequence[int]) -> KeyValues | None:
+        """(layers, kv_heads, len(nodes), head_dim) keys and values of `nodes`, in that order; None for none."""
+        if not nodes:
+            return None
+        runs: list[tuple[int, list[int]]] = []
+        for node in nodes:
+            part, index = self._where[node]
+            if runs and runs[-1][0] == part:
+                runs[-1][1].append(index)
+            else:
+                runs.append((part, [index]))
+        keys, values = [], []
+        for part, indices in runs:
+            part_keys, part_values = self._parts[part]
+            if indices == list(range(indices[0], indices[0] + len(indices))):
+                keys.append(part_keys[:, :, indices[0] : indices[0] + len(indices)])
+                values.append(part_values[:, :, indices[0] : indices[0] + len(indices)])
+            else:
+                index = torch.tensor(indices, dtype=torch.long, device=part_keys.device)
+                keys.append(part_keys.index_select(2, index))
+                values.append(part_values.index_select(2, index))
+        if len(keys) == 1:
+            return keys[0], values[0]
+        return torch.cat(keys, dim=2), torch.cat(values, dim=2)
+
+
+def _concat_past(first: KeyValues | None, second: KeyValues | None) -> KeyValues | None:
+    if first is None or second is None:
+        return first if second is None else second
+    return torch.cat((first[0], second[0]), dim=2), torch.cat((first[1], second[1]), dim=2)
+
+
+@dataclass
+class _Scores:
+    """Label log-probabilities by (node, label token) and greedy tokens by answer node, over a chunk's passes."""
+
+    label: dict[tuple[int, int], float] = field(default_factory=dict)
+    greedy: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, request: ScoreRequest, nodes: Sequence[int], scored: ScoredPass) -> _Scores:
+        kept = [nodes[index] for index in request.keep]
+        label = {
+            (kept[row], token): value
+            for row, token, value in zip(request.label_rows, request.label_tokens, scored.label_logprobs, strict=True)
+        }
+        greedy = {kept[row]: token for row, token in zip(request.greedy_rows, scored.greedy_tokens, strict=True)}
+        return cls(label, greedy)
+
+    def merge(self, other: _Scores) -> None:
+        self.label.update(other.label)
+        self.greedy.update(other.greedy)
+
+
 class TreeReads(ReadStrategy):
     name = "tree"
 
@@ -196,6 +369,8 @@ class TreeReads(ReadStrategy):
         max_packed_tokens: int = DEFAULT_MAX_PACKED_TOKENS,
         max_logit_rows: int = DEFAULT_MAX_LOGIT_ROWS,
         prefix_cache: PrefixCache | None = None,
+        min_chain_tokens: int = DEFAULT_MIN_CHAIN_TOKENS,
+        min_split_tokens: int = DEFAULT_MIN_SPLIT_TOKENS,
     ) -> None:
         super().__init__(model)
         if max_packed_tokens < 1 or max_logit_rows < 1:
@@ -205,6 +380,8 @@ class TreeReads(ReadStrategy):
         self.max_packed_tokens = max_packed_tokens
         self.max_logit_rows = max_logit_rows
         self.prefix_cache = prefix_cache
+        self.min_chain_tokens = min_chain_tokens
+        self.min_split_tokens = min_split_tokens
 
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
         batch = BatchOutcome(outcomes=[])
@@ -244,32 +421,58 @@ class TreeReads(ReadStrategy):
 
     def _run_chunk(self, reads: Sequence[ReadSpec], batch: BatchOutcome) -> list[ReadOutcome]:
         prefixes = [self._cached_prefix(read) for read in reads]
-        past = _PastLayout([prefix for prefix in prefixes if prefix is not None])
         trie = TokenTrie()
         placed = [_place(trie, read, prefix) for read, prefix in zip(reads, prefixes, strict=True)]
-        claimed_past: set[int] = set()
+        claimed_past: set[tuple[int, int]] = set()
         for p, prefix in zip(placed, prefixes, strict=True):
             if prefix is not None:
-                positions = set(past.positions(prefix))
+                positions = {(segment.uid, i) for segment, used in prefix.pieces for i in range(used)}
                 p.tokens_cached = len(positions - claimed_past)
                 claimed_past |= positions
-        query_nodes = sorted({p.answer_node for p in placed} | {n for p in placed for ns in p.label_nodes for n in ns})
-        row_of = {node: row for row, node in enumerate(query_nodes)}
+        cached_of_root = {
+            root: prefix
+            for prefix in prefixes
+            if prefix is not None and prefix.length > 0
+            for root in [trie.root_keys.index(prefix.key)]
+        }
+        if self._single_pass(trie, cached_of_root):
+            scores = self._run_single_pass(trie, placed, prefixes, batch)
+        else:
+            scores = self._run_passes(trie, placed, cached_of_root, batch)
+        batch.packed_tokens += len(trie)
 
-        rows: list[int] = []
-        tokens: list[int] = []
+        outcomes = []
         for p in placed:
-            for label, nodes in zip(p.read.labels, p.label_nodes, strict=True):
-                rows.extend(row_of[node] for node in nodes)
-                tokens.extend(label)
-        request = ScoreRequest(
-            token_ids=trie.tokens,
-            keep=query_nodes,
-            label_rows=rows,
-            label_tokens=tokens,
-            greedy_rows=[row_of[p.answer_node] for p in placed],
-        )
-        started = time.perf_counter()
+            label_logprobs = [
+                sum(scores.label[(node, token)] for node, token in zip(nodes, label, strict=True))
+                for label, nodes in zip(p.read.labels, p.label_nodes, strict=True)
+            ]
+            outcomes.append(
+                ReadOutcome(
+                    id=p.read.id,
+                    label_logprobs=label_logprobs,
+                    greedy_token_id=scores.greedy[p.answer_node],
+                    tokens_computed=p.tokens_computed,
+                    tokens_cached=p.tokens_cached,
+                )
+            )
+        return outcomes
+
+    def _single_pass(self, trie: TokenTrie, cached_of_root: dict[int, CachedPrefix]) -> bool:
+        """One dense-mask pass over everything: for models whose keys cannot be reused across passes (sliding
+        windows, recurrent layers), and when the planner would make just one pass anyway."""
+        if self.model.supports_prefix_cache() is not None:
+            return True
+        if trie.is_chain():
+            return not cached_of_root
+        return False
+
+    def _run_single_pass(
+        self, trie: TokenTrie, placed: Sequence[_PlacedRead], prefixes: Sequence[CachedPrefix | None], batch: BatchOutcome
+    ) -> _Scores:
+        past = _PastLayout([prefix for prefix in prefixes if prefix is not None])
+        nodes = list(range(len(trie)))
+        request = self._score_request(trie, nodes, placed)
         if self.prefix_cache is not None:
             request = replace(
                 request,
@@ -282,29 +485,82 @@ class TreeReads(ReadStrategy):
             request = replace(request, position_ids=trie.depths, attention_mask=self._mask(trie))
         # else: one read with single-token labels (or labels sharing one branch): the plain causal prefill is exact
         # and lets attention use its fastest causal kernel.
+        scored = self._forward(request, batch)
+        if self.prefix_cache is not None and scored.keys is not None and scored.values is not None:
+            self._remember(placed, _NodeKeyValues.whole(scored.keys, scored.values))
+        return _Scores.of(request, nodes, scored)
+
+    def _run_passes(
+        self,
+        trie: TokenTrie,
+        placed: Sequence[_PlacedRead],
+        cached_of_root: dict[int, CachedPrefix],
+        batch: BatchOutcome,
+    ) -> _Scores:
+        passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens)
+        needed_later = {node for step in passes for node in step.past}
+        remember = self.prefix_cache is not None
+        stored = _NodeKeyValues()
+        scores = _Scores()
+        for step in passes:
+            nodes = list(step.nodes)
+            request = self._score_request(trie, nodes, placed)
+            cached = cached_of_root.get(step.root)
+            past = _concat_past(
+                _PastLayout([cached]).key_values() if cached is not None else None, stored.select(step.past)
+            )
+            mask = None
+            if not step.chain:
+                past_length = 0 if past is None else int(past[0].shape[2])
+                tree = trie.subset_ancestor_matrix(nodes)
+                allowed = np.concatenate([np.ones((len(nodes), past_length), dtype=bool), tree], axis=1)
+                mask = self.model.tree_attention_mask(torch.from_numpy(allowed))
+            keep_keys = remember or any(node in needed_later for node in nodes)
+            request = replace(
+                request,
+                position_ids=[trie.depths[node] for node in nodes],
+                attention_mask=mask,
+                past=past,
+                return_key_values=keep_keys,
+            )
+            scored = self._forward(request, batch)
+            if keep_keys and scored.keys is not None and scored.values is not None:
+                stored.add(nodes, scored.keys, scored.values)
+            scores.merge(_Scores.of(request, nodes, scored))
+        if remember:
+            self._remember(placed, stored)
+        return scores
+
+    def _score_request(self, trie: TokenTrie, nodes: Sequence[int], placed: Sequence[_PlacedRead]) -> ScoreRequest:
+        """A pass over `nodes` keeping the rows of the answer and label nodes among them."""
+        members = set(nodes)
+        label_pairs = sorted(
+            {
+                (node, token)
+                for p in placed
+                for label, label_nodes in zip(p.read.labels, p.label_nodes, strict=True)
+                for node, token in zip(label_nodes, label, strict=True)
+                if node in members
+            }
+        )
+        answers = sorted({p.answer_node for p in placed if p.answer_node in members})
+        query_nodes = sorted({node for node, _ in label_pairs} | set(answers))
+        local = {node: index for index, node in enumerate(nodes)}
+        row_of = {node: row for row, node in enumerate(query_nodes)}
+        return ScoreRequest(
+            token_ids=[trie.tokens[node] for node in nodes],
+            keep=[local[node] for node in query_nodes],
+            label_rows=[row_of[node] for node, _ in label_pairs],
+            label_tokens=[token for _, token in label_pairs],
+            greedy_rows=[row_of[node] for node in answers],
+        )
+
+    def _forward(self, request: ScoreRequest, batch: BatchOutcome) -> ScoredPass:
+        started = time.perf_counter()
         scored = self.model.score(request)
-        greedy = scored.greedy_tokens
-        values = iter(scored.label_logprobs)
         batch.forward_seconds += time.perf_counter() - started
         batch.forward_passes += 1
-        batch.packed_tokens += len(trie)
-
-        if self.prefix_cache is not None and scored.keys is not None and scored.values is not None:
-            self._remember(placed, scored.keys, scored.values)
-
-        outcomes = []
-        for p, greedy_token in zip(placed, greedy, strict=True):
-            label_logprobs = [sum(next(values) for _ in label) for label in p.read.labels]
-            outcomes.append(
-                ReadOutcome(
-                    id=p.read.id,
-                    label_logprobs=label_logprobs,
-                    greedy_token_id=greedy_token,
-                    tokens_computed=p.tokens_computed,
-                    tokens_cached=p.tokens_cached,
-                )
-            )
-        return outcomes
+        return scored
 
     def _mask(self, trie: TokenTrie) -> torch.Tensor | dict[str, torch.Tensor]:
         full = self.model.tree_attention_mask(torch.from_numpy(trie.ancestor_matrix()))
@@ -334,7 +590,7 @@ class TreeReads(ReadStrategy):
         allowed = np.concatenate([by_root[np.asarray(trie.root_of, dtype=np.int64)], tree], axis=1)
         return self.model.tree_attention_mask(torch.from_numpy(allowed))
 
-    def _remember(self, placed: Sequence[_PlacedRead], keys: torch.Tensor, values: torch.Tensor) -> None:
+    def _remember(self, placed: Sequence[_PlacedRead], stored: _NodeKeyValues) -> None:
         cache = self.prefix_cache
         assert cache is not None
         for p in placed:
@@ -342,8 +598,7 @@ class TreeReads(ReadStrategy):
             def provide(start: int, p: _PlacedRead = p) -> KeyValues | None:
                 if start < p.prefix_length:
                     return None  # part of what this read continued from was evicted meanwhile
-                nodes = torch.tensor(p.prompt_nodes[start - p.prefix_length :], dtype=torch.long, device=keys.device)
-                return keys.index_select(2, nodes), values.index_select(2, nodes)
+                return stored.select(p.prompt_nodes[start - p.prefix_length :])
 
             cache.insert(p.read.cache_salt, p.read.prompt, provide)
 
