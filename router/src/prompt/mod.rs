@@ -1,6 +1,7 @@
 //! From the decision IR to token sequences: the read strategy chosen by the model's architecture
 //! renders each question with the chat template, tokenizes it, and attaches its label tokens.
 
+pub mod encode;
 pub mod labels;
 pub mod template;
 pub mod wording;
@@ -12,6 +13,7 @@ use tokenizers::Tokenizer;
 
 use crate::error::DecisionError;
 use crate::ir::{DecisionRequest, QuestionKind, Wording};
+use encode::PromptEncoder;
 use labels::LabelVocabulary;
 use template::{ChatTemplate, Message};
 
@@ -46,7 +48,7 @@ pub fn strategy_for(
 /// Next-token reads with vLLM's wording: one user message per question, thinking off,
 /// labels checked to be single distinct tokens at the answer position.
 pub struct NextTokenStrategy {
-    tokenizer: Tokenizer,
+    encoder: PromptEncoder,
     template: ChatTemplate,
     labels: LabelVocabulary,
     max_positions: usize,
@@ -59,8 +61,12 @@ impl NextTokenStrategy {
             .map_err(|e| format!("cannot load {}: {e}", tokenizer_path.display()))?;
         let template = ChatTemplate::from_model_dir(model_dir).map_err(|e| e.to_string())?;
         let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))?;
+        let encoder = PromptEncoder::new(tokenizer);
+        if !encoder.shares_heads() {
+            tracing::info!("this tokenizer is encoded in full per question (no shared-head cut is proven safe for it)");
+        }
         Ok(NextTokenStrategy {
-            tokenizer,
+            encoder,
             template,
             labels,
             max_positions,
@@ -68,7 +74,7 @@ impl NextTokenStrategy {
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.encoder.tokenizer()
     }
 
     /// The rendered prompt text of each question (for tests and debugging).
@@ -146,13 +152,12 @@ impl ReadStrategy for NextTokenStrategy {
             }
         }
         let texts = self.render(request)?;
+        let encoded = self
+            .encoder
+            .encode_all(&texts)
+            .map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))?;
         let mut reads = Vec::with_capacity(texts.len());
-        for (question, text) in request.questions.iter().zip(texts) {
-            let encoding = self
-                .tokenizer
-                .encode(text.as_str(), false)
-                .map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))?;
-            let token_ids = encoding.get_ids().to_vec();
+        for (question, token_ids) in request.questions.iter().zip(encoded) {
             let labels = self
                 .label_sequences(&question.kind, request.wording)
                 .map_err(DecisionError::NotServable)?;
@@ -331,7 +336,7 @@ mod model_tests {
             "{:?}",
             text[0]
         );
-        assert_eq!(s.tokenizer.decode(&s.labels.tail, false).unwrap(), "\n\n");
+        assert_eq!(s.tokenizer().decode(&s.labels.tail, false).unwrap(), "\n\n");
         assert_eq!(reads.len(), 3);
         assert_eq!(reads[0].labels.len(), 3);
         assert_eq!(reads[1].labels.len(), 2);
@@ -350,13 +355,13 @@ mod model_tests {
         let letters: Vec<String> = reads[0]
             .labels
             .iter()
-            .map(|l| s.tokenizer.decode(l, false).unwrap())
+            .map(|l| s.tokenizer().decode(l, false).unwrap())
             .collect();
         assert_eq!(letters, vec!["A", "B"]);
         let yes_no: Vec<String> = reads[1]
             .labels
             .iter()
-            .map(|l| s.tokenizer.decode(l, false).unwrap())
+            .map(|l| s.tokenizer().decode(l, false).unwrap())
             .collect();
         assert_eq!(yes_no, vec!["yes", "no"]);
     }
@@ -367,12 +372,12 @@ mod model_tests {
         let reads = s.prepare(&request(all_kinds(255))).unwrap();
         let labels = &reads[0].labels;
         assert_eq!(labels.len(), 255);
-        let eot = s.tokenizer.token_to_id("<|im_end|>").unwrap();
+        let eot = s.tokenizer().token_to_id("<|im_end|>").unwrap();
         assert!(labels
             .iter()
             .all(|l| l.len() >= 2 && *l.last().unwrap() == eot));
         assert_eq!(
-            s.tokenizer
+            s.tokenizer()
                 .decode(&labels[27][..labels[27].len() - 1], false)
                 .unwrap(),
             "AB"
