@@ -103,6 +103,22 @@ def test_all_three_types_have_the_contract_shape(all_types: tuple[dict[str, Any]
     assert response.headers[REQUEST_ID_HEADER].strip()
 
 
+def test_answers_say_where_their_time_went(all_types: tuple[dict[str, Any], httpx2.Response], http: httpx2.Client) -> None:
+    _, response = all_types
+    timing = {}
+    for entry in response.headers["server-timing"].split(","):
+        name, _, duration = entry.strip().partition(";dur=")
+        timing[name] = float(duration)
+    assert set(timing) == {"router", "queue", "shard"}
+    assert timing["shard"] > 0 and timing["router"] >= 0 and timing["queue"] >= 0
+    metrics = http.get("/metrics").text
+    assert "decision_router_overhead_seconds_count" in metrics
+    assert "decision_queue_wait_seconds_count" in metrics
+    # Errors carry no timing: nothing was read.
+    refused = post_systemone(http, {"state": "x", "questions": {}})
+    assert refused.status_code == 422 and "server-timing" not in refused.headers
+
+
 def test_all_three_types_match_the_reference(
     all_types: tuple[dict[str, Any], httpx2.Response], reference: Reference
 ) -> None:
