@@ -142,9 +142,10 @@ impl DecisionError {
             }
             DecisionError::Overloaded { .. } => "overloaded",
             DecisionError::NotServable(_) => "not_implemented",
-            DecisionError::Shard(_)
-            | DecisionError::ShardUnavailable(_)
-            | DecisionError::Internal(_) => "unknown",
+            // A rank that is down or restarting (retry later) apart from one that failed a read.
+            DecisionError::ShardUnavailable(_) => "shard_unavailable",
+            DecisionError::Shard(_) => "shard_error",
+            DecisionError::Internal(_) => "unknown",
         }
     }
 
@@ -213,6 +214,19 @@ mod tests {
         assert_eq!(
             DecisionError::TokensExceeded { got: 2, limit: 1 }.error_type(),
             "tokens_exceeded"
+        );
+        // Operators tell a dead rank from a failed read from a router bug by the error type.
+        assert_eq!(
+            DecisionError::ShardUnavailable("rank 1: gone".into()).error_type(),
+            "shard_unavailable"
+        );
+        assert_eq!(
+            DecisionError::Shard("rank 0: boom".into()).error_type(),
+            "shard_error"
+        );
+        assert_eq!(
+            DecisionError::Internal("bug".into()).error_type(),
+            "unknown"
         );
     }
 
