@@ -50,7 +50,17 @@ def send_raw_post(url: str, path: str, body: dict) -> socket.socket:
 def test_reads_of_a_gone_client_are_not_computed(launcher_factory: Callable[..., Launcher]) -> None:
     # A small batch budget keeps the long request and the impatient one in separate shard calls.
     launcher = launcher_factory(
-        ["--dtype", "float32", "--hostname", "127.0.0.1", "--max-batch-wait-ms", "0", "--max-batch-prefill-tokens", "256"], name="drop"
+        [
+            "--dtype",
+            "float32",
+            "--hostname",
+            "127.0.0.1",
+            "--max-batch-wait-ms",
+            "0",
+            "--max-batch-prefill-tokens",
+            "256",
+        ],
+        name="drop",
     )
     launcher.wait_healthy(timeout_s=300)
     questions = {f"q{i}": {"type": "noul", "instructions": f"Is point {i} true?"} for i in range(12)}
@@ -59,13 +69,19 @@ def test_reads_of_a_gone_client_are_not_computed(launcher_factory: Callable[...,
         reads_before = metric(client, "decision_batch_reads_sum")
         answers: list[int] = []
         worker = threading.Thread(
-            target=lambda: answers.append(client.post("/v1/systemone", json={"state": LONG_STATE, "questions": questions}).status_code)
+            target=lambda: answers.append(
+                client.post("/v1/systemone", json={"state": LONG_STATE, "questions": questions}).status_code
+            )
         )
         worker.start()
         wait_for(lambda: metric(client, "decision_queued_reads") >= 12, "the long request's 12 reads to be queued")
 
         # Queued behind the long read, this client gives up long before its turn comes.
-        impatient = send_raw_post(launcher.url, "/v1/systemone", {"state": "short", "questions": {"a": {"type": "noul", "instructions": "Now?"}}})
+        impatient = send_raw_post(
+            launcher.url,
+            "/v1/systemone",
+            {"state": "short", "questions": {"a": {"type": "noul", "instructions": "Now?"}}},
+        )
         try:
             wait_for(lambda: metric(client, "decision_queued_reads") >= 13, "the impatient read to be queued")
         finally:
@@ -73,8 +89,14 @@ def test_reads_of_a_gone_client_are_not_computed(launcher_factory: Callable[...,
 
         worker.join(timeout=300)
         assert answers == [200]
-        wait_for(lambda: metric(client, "decision_reads_dropped_total") >= dropped_before + 1, "the gone client's read to be dropped", 30)
+        wait_for(
+            lambda: metric(client, "decision_reads_dropped_total") >= dropped_before + 1,
+            "the gone client's read to be dropped",
+            30,
+        )
         # Only the long request's reads reached the shard.
         assert metric(client, "decision_batch_reads_sum") == reads_before + 12
-        ok = client.post("/v1/systemone", json={"state": "x", "questions": {"a": {"type": "noul", "instructions": "Fine?"}}})
+        ok = client.post(
+            "/v1/systemone", json={"state": "x", "questions": {"a": {"type": "noul", "instructions": "Fine?"}}}
+        )
         assert ok.status_code == 200

@@ -18,8 +18,8 @@ from decision_server.layers import (
     ColumnParallelLinear,
     ParallelLMHead,
     RowParallelLinear,
-    linear_weight_bytes,
     VocabParallelEmbedding,
+    linear_weight_bytes,
 )
 
 # Architectures this decoder implements; others fall back to transformers' modeling at world size 1 only.

@@ -4,9 +4,8 @@ At world size 1 each layer is the plain layer and each collective a no-op."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import os
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -87,11 +87,15 @@ def test_tree_equals_naive_on_a_mixed_batch(
 
 
 @pytest.mark.parametrize("plan", ["default", "split"])
-def test_planned_passes_with_a_prefix_cache_equal_naive(tiny_qwen3: LoadedModel, naive_outcomes: Any, plan: str) -> None:
+def test_planned_passes_with_a_prefix_cache_equal_naive(
+    tiny_qwen3: LoadedModel, naive_outcomes: Any, plan: str
+) -> None:
     from decision_server.prefix_cache import PrefixCache
 
     min_chain, min_split = PLANS[plan]
-    tree = TreeReads(tiny_qwen3, prefix_cache=PrefixCache(64 << 20), min_chain_tokens=min_chain, min_split_tokens=min_split)
+    tree = TreeReads(
+        tiny_qwen3, prefix_cache=PrefixCache(64 << 20), min_chain_tokens=min_chain, min_split_tokens=min_split
+    )
     reads = decision_batch(tiny_qwen3.path)
     first = tree.run(reads[: len(reads) // 2])
     # The second half continues from what the first half cached (chat head, first state) and adds a new state.

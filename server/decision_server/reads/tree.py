@@ -468,7 +468,11 @@ class TreeReads(ReadStrategy):
         return False
 
     def _run_single_pass(
-        self, trie: TokenTrie, placed: Sequence[_PlacedRead], prefixes: Sequence[CachedPrefix | None], batch: BatchOutcome
+        self,
+        trie: TokenTrie,
+        placed: Sequence[_PlacedRead],
+        prefixes: Sequence[CachedPrefix | None],
+        batch: BatchOutcome,
     ) -> _Scores:
         past = _PastLayout([prefix for prefix in prefixes if prefix is not None])
         nodes = list(range(len(trie)))
