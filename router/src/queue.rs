@@ -364,6 +364,21 @@ mod tests {
             .collect()
     }
 
+    /// A request of one read per first token, queued from its own task (announced as it is sent).
+    fn spawn_read(
+        queue: &Queue,
+        first_tokens: &[u32],
+        tokens: usize,
+    ) -> tokio::task::JoinHandle<Result<(Vec<ReadOutcome>, ReadTiming), DecisionError>> {
+        let queue = queue.clone();
+        let reads = reads(first_tokens);
+        tokio::spawn(async move {
+            queue
+                .read(reads, tokens, String::new(), queue.arrival())
+                .await
+        })
+    }
+
     fn config(wait: Duration) -> QueueConfig {
         QueueConfig {
             max_batch_prefill_tokens: 1000,
@@ -400,14 +415,7 @@ mod tests {
         let shard = FakeShard::new(Duration::from_millis(40));
         let queue = Queue::start(shard.clone(), config(Duration::from_millis(50)));
         let late = queue.arrival();
-        let first = {
-            let queue = queue.clone();
-            tokio::spawn(async move {
-                queue
-                    .read(reads(&[1]), 3, String::new(), queue.arrival())
-                    .await
-            })
-        };
+        let first = spawn_read(&queue, &[1], 3);
         tokio::time::sleep(Duration::from_millis(10)).await;
         let (second, _) = queue
             .read(reads(&[2]), 3, String::new(), late)
@@ -428,14 +436,7 @@ mod tests {
         let queue = Queue::start(shard.clone(), config(Duration::from_millis(50)));
         // Refused while being prepared (say, over the token limit): the batch leaves at once.
         let refused = queue.arrival();
-        let waiting = {
-            let queue = queue.clone();
-            tokio::spawn(async move {
-                queue
-                    .read(reads(&[1]), 3, String::new(), queue.arrival())
-                    .await
-            })
-        };
+        let waiting = spawn_read(&queue, &[1], 3);
         tokio::time::sleep(Duration::from_millis(5)).await;
         drop(refused);
         let (_, timing) = waiting.await.unwrap().unwrap();
@@ -463,12 +464,7 @@ mod tests {
         );
         let mut handles = Vec::new();
         for (i, tokens) in [4, 4, 4, 4].into_iter().enumerate() {
-            let queue = queue.clone();
-            handles.push(tokio::spawn(async move {
-                queue
-                    .read(reads(&[i as u32]), tokens, String::new(), queue.arrival())
-                    .await
-            }));
+            handles.push(spawn_read(&queue, &[i as u32], tokens));
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let mut queued = Vec::new();
@@ -488,23 +484,9 @@ mod tests {
     async fn reads_of_a_gone_client_are_not_sent() {
         let shard = FakeShard::new(Duration::from_millis(100));
         let queue = Queue::start(shard.clone(), config(Duration::ZERO));
-        let busy = {
-            let queue = queue.clone();
-            tokio::spawn(async move {
-                queue
-                    .read(reads(&[1]), 3, String::new(), queue.arrival())
-                    .await
-            })
-        };
+        let busy = spawn_read(&queue, &[1], 3);
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let gone = {
-            let queue = queue.clone();
-            tokio::spawn(async move {
-                queue
-                    .read(reads(&[2, 3]), 3, String::new(), queue.arrival())
-                    .await
-            })
-        };
+        let gone = spawn_read(&queue, &[2, 3], 3);
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(queue.queued_reads(), 3);
         gone.abort();
@@ -532,14 +514,7 @@ mod tests {
                 ..config(Duration::ZERO)
             },
         );
-        let busy = {
-            let queue = queue.clone();
-            tokio::spawn(async move {
-                queue
-                    .read(reads(&[1, 2]), 3, String::new(), queue.arrival())
-                    .await
-            })
-        };
+        let busy = spawn_read(&queue, &[1, 2], 3);
         tokio::time::sleep(Duration::from_millis(1)).await;
         let refused = queue
             .read(reads(&[3]), 3, String::new(), queue.arrival())
