@@ -47,6 +47,15 @@ impl PromptEncoder {
         } else {
             None
         };
+        self.encode_with_cut(texts, cut)
+    }
+
+    /// Encodes `texts`, reusing the first one's ids before `cut` for the others when it is given.
+    fn encode_with_cut(
+        &self,
+        texts: &[String],
+        cut: Option<usize>,
+    ) -> Result<Vec<Vec<u32>>, String> {
         let Some(cut) = cut else {
             return texts.iter().map(|text| self.encode(text)).collect();
         };
@@ -98,11 +107,7 @@ impl PromptEncoder {
             let texts: Vec<String> = bodies.iter().map(|body| format!("{head}{body}")).collect();
             let full: Result<Vec<Vec<u32>>, String> =
                 texts.iter().map(|text| self.encode(text)).collect();
-            let shared = PromptEncoder {
-                tokenizer: self.tokenizer.clone(),
-                shared_heads: true,
-            }
-            .encode_all(&texts);
+            let shared = self.encode_with_cut(&texts, shared_cut(&texts));
             matches!((full, shared), (Ok(a), Ok(b)) if a == b)
         })
     }
