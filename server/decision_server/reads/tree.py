@@ -430,10 +430,9 @@ class TreeReads(ReadStrategy):
                 p.tokens_cached = len(positions - claimed_past)
                 claimed_past |= positions
         cached_of_root = {
-            root: prefix
-            for prefix in prefixes
+            trie.root_of[p.answer_node]: prefix
+            for p, prefix in zip(placed, prefixes, strict=True)
             if prefix is not None and prefix.length > 0
-            for root in [trie.root_keys.index(prefix.key)]
         }
         if self._single_pass(trie, cached_of_root):
             scores = self._run_single_pass(trie, placed, prefixes, batch)
@@ -506,13 +505,12 @@ class TreeReads(ReadStrategy):
         remember = self.prefix_cache is not None
         stored = _NodeKeyValues()
         scores = _Scores()
+        # Each root's cached keys/values, gathered from the cache's segments once for all its passes.
+        cached_past = {root: _PastLayout([prefix]).key_values() for root, prefix in cached_of_root.items()}
         for step in passes:
             nodes = list(step.nodes)
             request = self._score_request(trie, nodes, placed)
-            cached = cached_of_root.get(step.root)
-            past = _concat_past(
-                _PastLayout([cached]).key_values() if cached is not None else None, stored.select(step.past)
-            )
+            past = _concat_past(cached_past.get(step.root), stored.select(step.past))
             mask = None
             if not step.chain:
                 past_length = 0 if past is None else int(past[0].shape[2])
