@@ -99,6 +99,8 @@ pub fn spec(
         flag_value(&config.dtype).into(),
         "--read-mode".into(),
         flag_value(&config.read_mode).into(),
+        "--matmul".into(),
+        flag_value(&config.matmul).into(),
         "--rank".into(),
         rank.to_string().into(),
         "--world-size".into(),
@@ -278,7 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn shard_argv_carries_model_socket_dtype_read_mode_and_threads() {
+    fn shard_argv_carries_model_socket_dtype_read_mode_matmul_and_threads() {
         let model = Model {
             dir: "/models/m".into(),
             served_name: "m".into(),
@@ -291,6 +293,8 @@ mod tests {
                 "bfloat16",
                 "--read-mode",
                 "naive",
+                "--matmul",
+                "fast",
                 "--threads",
                 "8",
             ]),
@@ -311,6 +315,8 @@ mod tests {
                 "bfloat16",
                 "--read-mode",
                 "naive",
+                "--matmul",
+                "fast",
                 "--rank",
                 "0",
                 "--world-size",
@@ -333,6 +339,12 @@ mod tests {
         );
         assert!(!default_threads.args.contains(&OsString::from("--threads")));
         assert!(default_threads.args.contains(&OsString::from("auto")));
+        let at = default_threads
+            .args
+            .iter()
+            .position(|a| a == "--matmul")
+            .expect("matmul mode always passed");
+        assert_eq!(default_threads.args[at + 1], OsString::from("exact"));
         assert!(!default_threads
             .args
             .contains(&OsString::from("--master-port")));
@@ -405,7 +417,7 @@ mod tests {
             &no_allocator(),
         );
         assert_eq!(rank1.name, "shard 1");
-        let tail: Vec<OsString> = rank1.args[8..].to_vec();
+        let tail: Vec<OsString> = rank1.args[10..].to_vec();
         assert_eq!(
             tail,
             [

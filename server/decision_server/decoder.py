@@ -332,8 +332,10 @@ class DecoderLM(nn.Module):
         group: ShardGroup,
         dtype: torch.dtype,
         device: torch.device,
+        matmul: str = "exact",
     ) -> DecoderLM:
-        """Builds this rank's part of the model, reading only its slices of each checkpoint tensor."""
+        """Builds this rank's part of the model, reading only its slices of each checkpoint tensor; `matmul` is
+        how float32 linears multiply (`layers.MATMUL_MODES`)."""
         shape = DecoderShape.from_config(config)
         shape.check_world_size(group.world_size)
         embedding_name = "model.embed_tokens.weight"
@@ -365,9 +367,17 @@ class DecoderLM(nn.Module):
                 dtype,
                 device,
                 bias=shape.attention_bias,
+                matmul=matmul,
             )
             out = RowParallelLinear.load(
-                checkpoint, attn + "o_proj.weight", q_rows, group, dtype, device, bias=shape.attention_bias
+                checkpoint,
+                attn + "o_proj.weight",
+                q_rows,
+                group,
+                dtype,
+                device,
+                bias=shape.attention_bias,
+                matmul=matmul,
             )
             q_norm = k_norm = None
             if shape.qk_norm:
@@ -382,9 +392,17 @@ class DecoderLM(nn.Module):
                 dtype,
                 device,
                 bias=shape.mlp_bias,
+                matmul=matmul,
             )
             down = RowParallelLinear.load(
-                checkpoint, mlp + "down_proj.weight", share.intermediate, group, dtype, device, bias=shape.mlp_bias
+                checkpoint,
+                mlp + "down_proj.weight",
+                share.intermediate,
+                group,
+                dtype,
+                device,
+                bias=shape.mlp_bias,
+                matmul=matmul,
             )
             layers.append(
                 DecoderLayer(

@@ -119,14 +119,19 @@ def _digest(request: ScoreRequest) -> int:
 
 
 def load_decoder_model(
-    path: Path, config: Any, dtype: torch.dtype, device: torch.device, parallel: ParallelConfig
+    path: Path,
+    config: Any,
+    dtype: torch.dtype,
+    device: torch.device,
+    parallel: ParallelConfig,
+    matmul: str = "exact",
 ) -> DecoderModel:
     """Joins the group, reads this rank's weight slices, then waits for every rank to be loaded."""
     group = join_group(parallel, device)
     started = time.perf_counter()
     try:
         with Checkpoint(path) as checkpoint:
-            network = DecoderLM.load(checkpoint, config, group, dtype, device)
+            network = DecoderLM.load(checkpoint, config, group, dtype, device, matmul)
             bytes_read = checkpoint.bytes_read
         group.startup_barrier()
     except BaseException:

@@ -16,25 +16,43 @@ from decision_server.distributed import ShardGroup
 
 # Set to 1 to keep bfloat16 weights in torch's plain layout on CPU (F.linear), e.g. to compare the two paths.
 PLAIN_MATMUL_ENV = "DECISION_PLAIN_MATMUL"
+# How float32 linear layers multiply on CPU (`--matmul`): "exact" sums like transformers' own forward,
+# "fast" runs oneDNN's prepacked GEMM, the kernel vLLM's CPU backend uses.
+MATMUL_MODES = ("exact", "fast")
 
 
-def pack_for_matmul(weight: torch.Tensor) -> torch.Tensor:
-    """A bfloat16 `weight` (out, in) in oneDNN's blocked layout on CPUs where torch has oneDNN, else unchanged.
+def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor:
+    """`weight` (out, in) in oneDNN's blocked layout where that pays and keeps the promised numbers, else unchanged.
 
-    For bfloat16 the prepacked GEMM gives the same numbers as F.linear (which also runs oneDNN, repacking the
-    weight on every call) and is faster: 388–418 GFLOP/s against 298–417 for the decoder's shapes on 2 Zen 4
-    cores, most at few rows. float32 stays on F.linear (MKL): oneDNN's float32 GEMM, though 1.1–1.75× faster
-    there, sums in another order, and its label log-probabilities land 3.2e-5 from a float64 forward against
-    2.0e-5 for F.linear's, which matches transformers' own float32 forward to 2e-6 — exactness comes first.
+    bfloat16 is always packed: the prepacked GEMM gives the same numbers as F.linear (which also runs oneDNN,
+    repacking the weight on every call) and is faster: 388-418 GFLOP/s against 298-417 for the decoder's shapes
+    on 2 Zen 4 cores, most at few rows. float32 is packed only in "fast" mode. F.linear (MKL) sums like
+    transformers' own float32 forward (labels within 2e-6 of it); oneDNN's float32 GEMM is 1.1-1.75x faster on
+    the decoder's shapes but sums in another order: its labels land 3.2e-5 from a float64 forward against 2.0e-5
+    for F.linear's, so exactness is the default and speed the choice.
     """
+    if mode not in MATMUL_MODES:
+        raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_MODES)}, got {mode!r}")
     if (
         weight.device.type != "cpu"
-        or weight.dtype != torch.bfloat16
         or not torch.backends.mkldnn.is_available()
         or os.environ.get(PLAIN_MATMUL_ENV) == "1"
     ):
         return weight
+    if weight.dtype == torch.bfloat16:
+        # oneDNN packs bfloat16 only where the CPU converts it natively (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); an
+        # AVX2-only CPU keeps F.linear, which runs bfloat16 there (slowly) instead of failing to load.
+        packable = bfloat16_packs()
+    else:
+        packable = weight.dtype == torch.float32 and mode == "fast"
+    if not packable:
+        return weight
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def bfloat16_packs() -> bool:
+    """Whether this CPU's oneDNN can pack bfloat16 weights."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -44,10 +62,10 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _hold(module: nn.Module, weight: torch.Tensor) -> None:
+def _hold(module: nn.Module, weight: torch.Tensor, mode: str) -> None:
     """Stores a linear layer's weight, packed when that pays: a packed tensor is no parameter (it has no storage
     torch can alias), so it is kept as a plain attribute."""
-    packed = pack_for_matmul(weight)
+    packed = pack_for_matmul(weight, mode)
     if packed.is_mkldnn:
         module.weight = packed
     else:
@@ -72,10 +90,10 @@ class ColumnParallelLinear(nn.Module):
 
     weight: torch.Tensor
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, matmul: str = "exact") -> None:
         super().__init__()
         self.features = int(weight.shape[0])
-        _hold(self, weight)
+        _hold(self, weight, matmul)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
     @classmethod
@@ -87,6 +105,7 @@ class ColumnParallelLinear(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         bias: bool = False,
+        matmul: str = "exact",
     ) -> ColumnParallelLinear:
         """Rows `ranges[i]` of tensor `names[i]` (a `.weight` name), concatenated in order."""
         weights = [
@@ -101,7 +120,7 @@ class ColumnParallelLinear(nn.Module):
                     for name, (start, end) in zip(names, ranges, strict=True)
                 ]
             )
-        return cls(torch.cat(weights) if len(weights) > 1 else weights[0], biases)
+        return cls(torch.cat(weights) if len(weights) > 1 else weights[0], biases, matmul)
 
     @property
     def out_features(self) -> int:
@@ -117,9 +136,11 @@ class RowParallelLinear(nn.Module):
 
     weight: torch.Tensor
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: ShardGroup) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, group: ShardGroup, matmul: str = "exact"
+    ) -> None:
         super().__init__()
-        _hold(self, weight)
+        _hold(self, weight, matmul)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.group = group
 
@@ -133,10 +154,11 @@ class RowParallelLinear(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         bias: bool = False,
+        matmul: str = "exact",
     ) -> RowParallelLinear:
         weight = checkpoint.read(name, dtype, device, dim=1, start=columns[0], end=columns[1])
         whole_bias = checkpoint.read(_bias_name(name), dtype, device) if bias else None
-        return cls(weight, whole_bias, group)
+        return cls(weight, whole_bias, group, matmul)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = matmul(x, self.weight)

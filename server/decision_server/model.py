@@ -358,11 +358,14 @@ def load_model(
     threads: int | None = None,
     needs_custom_mask: bool = True,
     parallel: ParallelConfig | None = None,
+    matmul: str = "exact",
 ) -> LoadedModel:
     """Loads the HF folder at `path` for inference as rank `parallel.rank` of `parallel.world_size`.
 
     Llama-family and Qwen3 models get the shard's own decoder (each rank reads only its weight slices); other
     architectures get transformers' modeling, which cannot be split, so they are refused above world size 1.
+    `matmul` ("exact" or "fast", `layers.MATMUL_MODES`) is how the own decoder's float32 linears multiply;
+    transformers' modeling always runs its own (exact) linears.
     """
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
@@ -391,7 +394,7 @@ def load_model(
     if native_refusal is None:
         from decision_server.decoder_model import load_decoder_model
 
-        loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel)
+        loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel, matmul)
         modeling = "decoder"
     elif parallel.world_size > 1:
         raise UnsupportedModelError(
@@ -401,6 +404,12 @@ def load_model(
     else:
         loaded = _load_transformers(path, torch_dtype, device, needs_custom_mask)
         modeling = "transformers"
+        if matmul != "exact":
+            logger.warning(
+                "--matmul applies to the shard's own decoder only; transformers' modeling keeps its linears",
+                extra={"fields": {"matmul": matmul, "architecture": loaded.architecture}},
+            )
+            matmul = "exact"
     logger.info(
         "model loaded",
         extra={
@@ -409,6 +418,7 @@ def load_model(
                 "architecture": loaded.architecture,
                 "modeling": modeling,
                 "dtype": dtype_name(torch_dtype),
+                "matmul": matmul,
                 "device": loaded.device_name,
                 "rank": loaded.rank,
                 "world_size": loaded.world_size,

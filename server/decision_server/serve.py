@@ -34,6 +34,7 @@ class ServeConfig:
     uds_path: Path
     dtype: str = "auto"
     read_mode: str = "tree"
+    matmul: str = "exact"
     threads: int | None = None
     prefix_cache_mb: int = 0
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -79,6 +80,7 @@ async def serve(config: ServeConfig) -> None:
         threads=config.threads,
         needs_custom_mask=config.read_mode == "tree",
         parallel=config.parallel,
+        matmul=config.matmul,
     )
     strategy = make_read_strategy(config.read_mode, model, config.prefix_cache_mb)
     await asyncio.to_thread(warm_up, model)

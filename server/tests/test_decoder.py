@@ -58,6 +58,19 @@ def test_decoder_equals_transformers_forward(request: pytest.FixtureRequest, nam
         assert ours.greedy_tokens == theirs.greedy_tokens
 
 
+def test_fast_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smollm2_reference: Any) -> None:
+    fast = load_model(smollm2_dir, dtype="float32", matmul="fast")
+    assert isinstance(fast, DecoderModel)
+    packed = [layer.mlp.gate_up.weight.is_mkldnn for layer in fast.network.layers]
+    assert all(packed) == torch.backends.mkldnn.is_available()
+    reference = wrap_module(smollm2_reference, fast.path, CPU, torch.float32)
+    for scored_request in _requests(fast):
+        ours, theirs = fast.score(scored_request), reference.score(scored_request)
+        # oneDNN sums in another order than MKL: a few 1e-5 over SmolLM2's 30 layers, never a different answer.
+        assert ours.label_logprobs == pytest.approx(theirs.label_logprobs, abs=2e-4)
+        assert ours.greedy_tokens == theirs.greedy_tokens
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_decoder_continues_from_past_keys_like_transformers(request: pytest.FixtureRequest, name: str) -> None:
     model = request.getfixturevalue(name)
@@ -120,10 +133,16 @@ def sliding_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_unimplemented_configs_fall_back_to_transformers_at_world_size_1(sliding_qwen3_dir: Path) -> None:
+def test_unimplemented_configs_fall_back_to_transformers_at_world_size_1(
+    sliding_qwen3_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     model = load_model(sliding_qwen3_dir, dtype="float32")
     assert isinstance(model, TransformersModel)
     assert (model.rank, model.world_size) == (0, 1)
+    # --matmul fast cannot reach transformers' linears: the shard says so and loads the model anyway.
+    with caplog.at_level("WARNING", logger="decision_server"):
+        assert isinstance(load_model(sliding_qwen3_dir, dtype="float32", matmul="fast"), TransformersModel)
+    assert any("--matmul applies to the shard's own decoder only" in r.getMessage() for r in caplog.records)
 
 
 def test_unimplemented_configs_are_refused_above_world_size_1_before_joining(sliding_qwen3_dir: Path) -> None:

@@ -336,7 +336,7 @@ def test_prefix_caches_of_unevenly_split_ranks_evict_the_same_segments() -> None
 
 
 def test_bfloat16_linear_weights_are_prepacked_and_compute_what_f_linear_does() -> None:
-    from decision_server.layers import linear_weight_bytes
+    from decision_server.layers import bfloat16_packs, linear_weight_bytes
 
     generator = torch.Generator().manual_seed(5)
     weight = torch.randn(48, 32, generator=generator).bfloat16()
@@ -344,7 +344,8 @@ def test_bfloat16_linear_weights_are_prepacked_and_compute_what_f_linear_does() 
     x = torch.randn(7, 32, generator=generator).bfloat16()
     column = ColumnParallelLinear(weight, bias)
     row = RowParallelLinear(weight, None, ShardGroup.single(CPU))
-    assert column.weight.is_mkldnn == torch.backends.mkldnn.is_available()
+    # Packed where the CPU converts bfloat16 natively; plain on AVX2-only CPUs, where packing used to fail the load.
+    assert column.weight.is_mkldnn == bfloat16_packs()
     assert column.out_features == 48
     assert torch.equal(column(x), F.linear(x, weight, bias))
     assert torch.equal(row(x), F.linear(x, weight))
@@ -354,6 +355,37 @@ def test_bfloat16_linear_weights_are_prepacked_and_compute_what_f_linear_does() 
     assert packed == 2 * weight.numel() * 2 + bias.numel() * 2
     # float32 stays in torch's plain layout: it must equal the transformers reference to 1e-5.
     assert not ColumnParallelLinear(weight.float()).weight.is_mkldnn
+
+
+def test_float32_linear_weights_are_prepacked_only_in_fast_mode() -> None:
+    generator = torch.Generator().manual_seed(6)
+    weight = torch.randn(96, 64, generator=generator)
+    bias = torch.randn(96, generator=generator)
+    x = torch.randn(11, 64, generator=generator)
+    exact = ColumnParallelLinear(weight, bias)
+    assert not exact.weight.is_mkldnn
+    assert torch.equal(exact(x), F.linear(x, weight, bias))
+    fast = ColumnParallelLinear(weight, bias, matmul="fast")
+    row = RowParallelLinear(weight, None, ShardGroup.single(CPU), matmul="fast")
+    assert fast.weight.is_mkldnn == row.weight.is_mkldnn == torch.backends.mkldnn.is_available()
+    # Another summation order, not another result: float32 rounding apart.
+    torch.testing.assert_close(fast(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(row(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="exact, fast"):
+        ColumnParallelLinear(weight, matmul="fastest")
+
+
+def test_bfloat16_stays_plain_where_the_cpu_cannot_pack_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import decision_server.layers as layers
+
+    # AVX2-only CPUs: oneDNN refuses to pack bfloat16 ("bf16 path needs the cpu support avx_ne_convert or
+    # avx512bw…"), which used to fail the shard's load; there the weight stays plain and F.linear runs it.
+    monkeypatch.setattr(layers, "bfloat16_packs", lambda: False)
+    weight = torch.randn(8, 4).bfloat16()
+    x = torch.randn(3, 4).bfloat16()
+    column = ColumnParallelLinear(weight, matmul="fast")
+    assert not column.weight.is_mkldnn
+    assert torch.equal(column(x), F.linear(x, weight))
 
 
 def test_plain_matmul_env_keeps_bfloat16_unpacked(monkeypatch: pytest.MonkeyPatch) -> None:
