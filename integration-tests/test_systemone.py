@@ -81,9 +81,13 @@ def assert_matches_reference(reference: Reference, request: dict[str, Any], payl
             problems.append(f"{qid}: label_mass {diag['label_mass']} vs reference {read.label_mass}")
         if diag["argmax_is_label"] != read.argmax_is_label:
             problems.append(f"{qid}: argmax_is_label {diag['argmax_is_label']} vs reference {read.argmax_is_label}")
-    assert not problems, "answers differ from the transformers reference:\n  " + "\n  ".join(problems) + (
-        "\nprompt of the first question as the reference renders it:\n"
-        + repr(reference.render(messages_for(request, next(iter(request["questions"].values())))))
+    assert not problems, (
+        "answers differ from the transformers reference:\n  "
+        + "\n  ".join(problems)
+        + (
+            "\nprompt of the first question as the reference renders it:\n"
+            + repr(reference.render(messages_for(request, next(iter(request["questions"].values())))))
+        )
     )
 
 
@@ -103,7 +107,9 @@ def test_all_three_types_have_the_contract_shape(all_types: tuple[dict[str, Any]
     assert response.headers[REQUEST_ID_HEADER].strip()
 
 
-def test_answers_say_where_their_time_went(all_types: tuple[dict[str, Any], httpx2.Response], http: httpx2.Client) -> None:
+def test_answers_say_where_their_time_went(
+    all_types: tuple[dict[str, Any], httpx2.Response], http: httpx2.Client
+) -> None:
     _, response = all_types
     timing = {}
     for entry in response.headers["server-timing"].split(","):
@@ -126,7 +132,9 @@ def test_all_three_types_match_the_reference(
     assert_matches_reference(reference, ALL_TYPES, payload)
 
 
-def test_usage_counts_the_prompt_tokens(all_types: tuple[dict[str, Any], httpx2.Response], reference: Reference) -> None:
+def test_usage_counts_the_prompt_tokens(
+    all_types: tuple[dict[str, Any], httpx2.Response], reference: Reference
+) -> None:
     payload, _ = all_types
     lengths = [reference.read(ALL_TYPES, q).prompt_tokens for q in ALL_TYPES["questions"].values()]
     used = payload["usage"]["input_tokens"]
@@ -190,12 +198,22 @@ def test_invariant_to_question_order(http: httpx2.Client, all_types: tuple[dict[
     _compare(all_types[0], payload, [(q, q) for q in ALL_TYPES["questions"]], "the question order was reversed")
 
 
-def test_invariant_to_companion_questions(http: httpx2.Client, all_types: tuple[dict[str, Any], httpx2.Response]) -> None:
+def test_invariant_to_companion_questions(
+    http: httpx2.Client, all_types: tuple[dict[str, Any], httpx2.Response]
+) -> None:
     body = copy.deepcopy(ALL_TYPES)
     body["questions"] = {
-        "lang": {"type": "choice", "instructions": "What language is the ticket in?", "criteria": {"English": None, "Other": None}},
+        "lang": {
+            "type": "choice",
+            "instructions": "What language is the ticket in?",
+            "criteria": {"English": None, "Other": None},
+        },
         **ALL_TYPES["questions"],
-        "polite": {"type": "score", "instructions": "How polite is the message?", "criteria": ["rude", "neutral", "polite"]},
+        "polite": {
+            "type": "score",
+            "instructions": "How polite is the message?",
+            "criteria": ["rude", "neutral", "polite"],
+        },
         "today": {"type": "noul", "instructions": "Does the customer need an answer today?"},
     }
     payload, _ = ok_answers(http, body)
@@ -322,7 +340,11 @@ def test_non_string_instructions_descriptions_and_levels(http: httpx2.Client, re
                 "instructions": ["Which team?", "Pick one."],
                 "criteria": {"billing": {"covers": ["refunds", "invoices"]}, "tech": ["bugs"]},
             },
-            "refund": {"type": "noul", "instructions": {"ask": "money back?"}, "criteria": {"true": ["refund"], "false": None}},
+            "refund": {
+                "type": "noul",
+                "instructions": {"ask": "money back?"},
+                "criteria": {"true": ["refund"], "false": None},
+            },
             "anger": {"type": "score", "instructions": "Anger?", "criteria": [{"level": "low"}, ["mid"], "high"]},
         },
     }
@@ -341,7 +363,9 @@ def test_state_floats_are_rendered_like_python_json(http: httpx2.Client, referen
     assert_matches_reference(reference, body, payload)
 
 
-def test_any_model_name_is_accepted_and_the_served_name_is_returned(http: httpx2.Client, server_info: dict[str, Any]) -> None:
+def test_any_model_name_is_accepted_and_the_served_name_is_returned(
+    http: httpx2.Client, server_info: dict[str, Any]
+) -> None:
     base = {"state": "x", "questions": {"q": {"type": "noul", "instructions": "Is it x?"}}}
     names = []
     for model in ("jev-latest", "gpt-4o", "some/other-model", "", None):
@@ -370,6 +394,7 @@ def test_operations_endpoints(http: httpx2.Client, server_info: dict[str, Any]) 
     health = http.get("/health")
     assert health.status_code == 200 and health.headers.get(REQUEST_ID_HEADER)
     assert server_info["dtype"] in ("float32", "torch.float32"), server_info
+    assert (server_info["read_mode"], server_info["matmul"]) == ("tree", "exact"), server_info
     metrics = http.get("/metrics")
     assert metrics.status_code == 200, metrics.text[:500]
     assert "# TYPE" in metrics.text, metrics.text[:500]

@@ -460,6 +460,7 @@ async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
         "device": info.device,
         "shards": state.shards.world_size(),
         "read_mode": info.read_mode,
+        "matmul": info.matmul,
         "read_strategy": state.decider.strategy.as_ref().map(|s| s.name()).unwrap_or("none"),
         "refusals": refusals,
         "max_position_embeddings": info.max_position_embeddings,

@@ -164,6 +164,28 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + turned * sin
 
 
+def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: float) -> torch.Tensor:
+    """Causal attention of new tokens (queries `query` (heads, tokens, head_dim), keys/values `new`) that follow
+    `past` tokens, on CPU: (heads, tokens, head_dim).
+
+    With a mask over past + new keys, torch's CPU flash kernel computes every query x key block, masked or not,
+    and builds the mask; continuing a chain after a long past (a request's state after the chat head other
+    requests share, or after a cached prefix) then cost twice the attention of the same chain from position 0.
+    Here the past is attended densely and the new tokens causally (the kernel skips the blocks above the
+    diagonal), each with its log-sum-exp, and the two softmax parts are merged exactly in float32.
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q = query.unsqueeze(0)
+    # The kernel reads grouped key/value heads in place (query head h uses key/value head h // group).
+    old, old_lse = flash(q, past.keys.unsqueeze(0), past.values.unsqueeze(0), 0.0, False, scale=scale)[:2]
+    own, own_lse = flash(q, new.keys.unsqueeze(0), new.values.unsqueeze(0), 0.0, True, scale=scale)[:2]
+    top = torch.maximum(old_lse, own_lse)
+    old_weight = torch.exp(old_lse - top).unsqueeze(-1)
+    own_weight = torch.exp(own_lse - top).unsqueeze(-1)
+    merged = (old.float() * old_weight + own.float() * own_weight) / (old_weight + own_weight)
+    return merged[0].to(query.dtype)
+
+
 @dataclass
 class LayerKV:
     keys: torch.Tensor  # (kv_heads_here, tokens, head_dim), positions already applied
@@ -213,6 +235,10 @@ class Attention(nn.Module):
         key = _rotate(key.transpose(0, 1), cos, sin)
         value = value.transpose(0, 1)
         new = LayerKV(key, value)
+        if mask is None and past is not None and past.keys.shape[1] and tokens > 1 and hidden.device.type == "cpu":
+            # No tree: causal attention continuing after the past tokens, without a mask (see _causal_after_past).
+            attended = _causal_after_past(query, new, past, self.head_dim**-0.5)
+            return self.out(attended.transpose(0, 1).reshape(tokens, self.heads * self.head_dim)), new
         if past is not None:
             key = torch.cat((past.keys, key), dim=1)
             value = torch.cat((past.values, value), dim=1)

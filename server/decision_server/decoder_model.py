@@ -36,6 +36,7 @@ class DecoderModel(LoadedModel):
     embedding_rows: int
     max_position_embeddings: int
     attn_implementation: str = "sdpa"
+    matmul: str = "exact"
 
     @property
     def text_config(self) -> Any:
@@ -150,6 +151,7 @@ def load_decoder_model(
         vocab_size=network.shape.vocab_size,
         embedding_rows=network.embedding.rows,
         max_position_embeddings=int(getattr(text_config, "max_position_embeddings", 0) or 0),
+        matmul=matmul,
     )
     if model.max_position_embeddings <= 0:
         raise ValueError(f"{path}: config has no max_position_embeddings")

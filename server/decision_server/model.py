@@ -99,6 +99,8 @@ class LoadedModel(ABC):
     embedding_rows: int
     max_position_embeddings: int
     attn_implementation: str
+    # How float32 linears multiply (`layers.MATMUL_MODES`); transformers' modeling is always "exact".
+    matmul: str = "exact"
 
     @property
     @abstractmethod

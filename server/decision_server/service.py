@@ -96,6 +96,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             world_size=model.world_size,
             rank=model.rank,
             read_mode=self._strategy.name,
+            matmul=model.matmul,
         )
 
     async def _health(self) -> decision_pb2.HealthResponse:

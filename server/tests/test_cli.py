@@ -77,7 +77,7 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             with grpc.insecure_channel(f"unix://{uds}") as channel:
                 stub = decision_pb2_grpc.DecisionShardStub(channel)
                 info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
-                assert (info.read_mode, info.dtype, info.device) == ("naive", "float32", "cpu")
+                assert (info.read_mode, info.dtype, info.device, info.matmul) == ("naive", "float32", "cpu", "exact")
                 assert stub.Health(decision_pb2.HealthRequest(), timeout=30).probe != 0.0
                 (result,) = stub.Read(read_request([(3, [9707, 11, 1879], [[0], [16, 17]])]), timeout=30).results
                 assert result.id == 3 and len(result.label_logprobs) == 2

@@ -58,9 +58,33 @@ def test_decoder_equals_transformers_forward(request: pytest.FixtureRequest, nam
         assert ours.greedy_tokens == theirs.greedy_tokens
 
 
+@pytest.mark.parametrize(("heads", "kv_heads", "past_tokens", "tokens"), [(4, 2, 37, 21), (3, 3, 1, 2), (8, 1, 5, 300)])
+def test_causal_attention_after_a_past_equals_the_masked_softmax(
+    heads: int, kv_heads: int, past_tokens: int, tokens: int
+) -> None:
+    from decision_server.decoder import LayerKV, _causal_after_past
+
+    generator = torch.Generator().manual_seed(heads * 100 + tokens)
+
+    def draw(rows: int, length: int) -> torch.Tensor:
+        return torch.randn(rows, length, 16, generator=generator, dtype=torch.float64).float()
+
+    query, past = draw(heads, tokens), LayerKV(draw(kv_heads, past_tokens), draw(kv_heads, past_tokens))
+    new = LayerKV(draw(kv_heads, tokens), draw(kv_heads, tokens))
+    ours = _causal_after_past(query, new, past, 0.25)
+    # The reference: one softmax over past + new keys in float64, new token i seeing the past and new tokens <= i.
+    keys = torch.cat((past.keys, new.keys), dim=1).double().repeat_interleave(heads // kv_heads, dim=0)
+    values = torch.cat((past.values, new.values), dim=1).double().repeat_interleave(heads // kv_heads, dim=0)
+    scores = query.double() @ keys.transpose(1, 2) * 0.25
+    allowed = torch.arange(tokens).unsqueeze(-1) + past_tokens >= torch.arange(past_tokens + tokens)
+    expected = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ values
+    assert ours.dtype == torch.float32 and ours.shape == (heads, tokens, 16)
+    torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6)
+
+
 def test_fast_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smollm2_reference: Any) -> None:
     fast = load_model(smollm2_dir, dtype="float32", matmul="fast")
-    assert isinstance(fast, DecoderModel)
+    assert isinstance(fast, DecoderModel) and fast.matmul == "fast"  # what Info reports
     packed = [layer.mlp.gate_up.weight.is_mkldnn for layer in fast.network.layers]
     assert all(packed) == torch.backends.mkldnn.is_available()
     reference = wrap_module(smollm2_reference, fast.path, CPU, torch.float32)
@@ -141,7 +165,8 @@ def test_unimplemented_configs_fall_back_to_transformers_at_world_size_1(
     assert (model.rank, model.world_size) == (0, 1)
     # --matmul fast cannot reach transformers' linears: the shard says so and loads the model anyway.
     with caplog.at_level("WARNING", logger="decision_server"):
-        assert isinstance(load_model(sliding_qwen3_dir, dtype="float32", matmul="fast"), TransformersModel)
+        fallback = load_model(sliding_qwen3_dir, dtype="float32", matmul="fast")
+    assert isinstance(fallback, TransformersModel) and fallback.matmul == "exact"
     assert any("--matmul applies to the shard's own decoder only" in r.getMessage() for r in caplog.records)
 
 
