@@ -279,6 +279,15 @@ mod tests {
         }
     }
 
+    /// The argument that follows `flag` in a shard's argv.
+    fn value_after<'a>(args: &'a [OsString], flag: &str) -> &'a OsString {
+        let at = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("{flag} passed to the shard"));
+        &args[at + 1]
+    }
+
     #[test]
     fn shard_argv_carries_model_socket_dtype_read_mode_matmul_and_threads() {
         let model = Model {
@@ -339,12 +348,7 @@ mod tests {
         );
         assert!(!default_threads.args.contains(&OsString::from("--threads")));
         assert!(default_threads.args.contains(&OsString::from("auto")));
-        let at = default_threads
-            .args
-            .iter()
-            .position(|a| a == "--matmul")
-            .expect("matmul mode always passed");
-        assert_eq!(default_threads.args[at + 1], OsString::from("exact"));
+        assert_eq!(value_after(&default_threads.args, "--matmul"), "exact");
         assert!(!default_threads
             .args
             .contains(&OsString::from("--master-port")));
@@ -361,12 +365,7 @@ mod tests {
             None,
             &no_allocator(),
         );
-        let at = cached
-            .args
-            .iter()
-            .position(|a| a == "--prefix-cache-mb")
-            .expect("flag passed to the shard");
-        assert_eq!(cached.args[at + 1], OsString::from("256"));
+        assert_eq!(value_after(&cached.args, "--prefix-cache-mb"), "256");
 
         let preloaded = spec(
             Path::new("decision-server"),
