@@ -6,28 +6,61 @@
 //! The head's ids are reused only where that is provably what a full encode gives: the cut sits at
 //! the start of a line that begins with an ASCII letter or digit in every prompt. With a byte-level
 //! BPE whose pre-tokenizer regex never joins a newline with what follows it (GPT-2's and Qwen's
-//! patterns), and a normalizer that is absent or NFC, no pre-token crosses such a point and nothing
-//! before it depends on what comes after, so the ids before the cut are the same for every prompt
-//! and the ids after it are those of the suffix encoded alone. Other tokenizers, or one that fails
-//! the self-check at load, are encoded in full.
+//! patterns), a normalizer that is absent or NFC, and no added token that strips the whitespace
+//! before it, no pre-token crosses such a point and nothing after it depends on what comes before:
+//! the ids before the cut are the same for every prompt, and the ids after it are those of the
+//! tail encoded alone. (The head alone is not enough: GPT-2's regex splits a trailing run of
+//! whitespace differently at the end of a text.) Other tokenizers, or one that fails the
+//! self-check at load, are encoded in full.
+//!
+//! Tails (a question's body and the reply prefix) repeat across requests, since clients ask the
+//! same questions about many states, so recent tails are kept with their ids.
+//!
+//! An NFC normalizer is a quarter of an encode's time, and it changes nothing in a text that is
+//! already in NFC (all ASCII is). Such texts are encoded by a copy of the tokenizer without it.
 
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::Tokenizer;
+use unicode_normalization::{is_nfc_quick, IsNormalized};
+
+/// Recent prompt tails kept with their ids (each at most `MAX_KEPT_TAIL_BYTES` long: at most 4 MiB
+/// of text in all).
+pub const KEPT_TAILS: usize = 1024;
+pub const MAX_KEPT_TAIL_BYTES: usize = 4096;
 
 pub struct PromptEncoder {
     tokenizer: Tokenizer,
+    /// The same tokenizer without its NFC normalizer, for texts already in NFC; None when the
+    /// tokenizer has no normalizer or another one.
+    without_nfc: Option<Tokenizer>,
     shared_heads: bool,
+    tails: Mutex<LruCache<String, Arc<[u32]>>>,
 }
 
 impl PromptEncoder {
     pub fn new(tokenizer: Tokenizer) -> Self {
+        let without_nfc = matches!(tokenizer.get_normalizer(), Some(NormalizerWrapper::NFC(_)))
+            .then(|| {
+                let mut plain = tokenizer.clone();
+                plain.with_normalizer(None::<NormalizerWrapper>);
+                plain
+            });
         let mut encoder = PromptEncoder {
             tokenizer,
+            without_nfc,
             shared_heads: false,
+            tails: Mutex::new(LruCache::new(
+                NonZeroUsize::new(KEPT_TAILS).expect("KEPT_TAILS > 0"),
+            )),
         };
         encoder.shared_heads = splits_at_line_starts(&encoder.tokenizer) && encoder.self_check();
+        encoder.kept_tails().clear();
         encoder
     }
 
@@ -35,32 +68,24 @@ impl PromptEncoder {
         &self.tokenizer
     }
 
-    /// Whether prompts of one request share the tokenization of their common head.
+    /// Whether prompts are encoded as a head and a tail (the head once per request).
     pub fn shares_heads(&self) -> bool {
         self.shared_heads
     }
 
     /// The ids of each text, exactly as encoding each alone (no special tokens added) gives them.
     pub fn encode_all(&self, texts: &[String]) -> Result<Vec<Vec<u32>>, String> {
-        let cut = if self.shared_heads {
-            shared_cut(texts)
-        } else {
-            None
-        };
-        self.encode_with_cut(texts, cut)
+        match self.shared_heads.then(|| cut_point(texts)).flatten() {
+            Some(cut) => self.encode_with_cut(texts, cut),
+            None => texts.iter().map(|text| self.encode(text)).collect(),
+        }
     }
 
-    /// Encodes `texts`, reusing the first one's ids before `cut` for the others when it is given.
-    fn encode_with_cut(
-        &self,
-        texts: &[String],
-        cut: Option<usize>,
-    ) -> Result<Vec<Vec<u32>>, String> {
-        let Some(cut) = cut else {
-            return texts.iter().map(|text| self.encode(text)).collect();
-        };
+    /// Encodes the first text in full and reuses its ids before `cut` for the others, each
+    /// followed by the ids of its tail (kept or encoded alone).
+    fn encode_with_cut(&self, texts: &[String], cut: usize) -> Result<Vec<Vec<u32>>, String> {
         let first = self
-            .tokenizer
+            .tokenizer_for(&texts[0])
             .encode(texts[0].as_str(), false)
             .map_err(|e| e.to_string())?;
         // The head's ids are those of the first prompt's tokens that end by the cut; the next token
@@ -74,18 +99,49 @@ impl PromptEncoder {
         let mut all = Vec::with_capacity(texts.len());
         all.push(first.get_ids().to_vec());
         for text in &texts[1..] {
-            let mut ids = head_ids.to_vec();
-            ids.extend(self.encode(&text[cut..])?);
+            let tail = self.tail(&text[cut..])?;
+            let mut ids = Vec::with_capacity(head_ids.len() + tail.len());
+            ids.extend_from_slice(head_ids);
+            ids.extend_from_slice(&tail);
             all.push(ids);
         }
         Ok(all)
     }
 
+    /// A tail's ids: kept from an earlier request, or encoded alone (and kept if short enough).
+    fn tail(&self, text: &str) -> Result<Arc<[u32]>, String> {
+        if text.len() > MAX_KEPT_TAIL_BYTES {
+            return self.encode(text).map(Arc::from);
+        }
+        if let Some(ids) = self.kept_tails().get(text) {
+            return Ok(ids.clone());
+        }
+        let ids: Arc<[u32]> = self.encode(text)?.into();
+        self.kept_tails().put(text.to_owned(), ids.clone());
+        Ok(ids)
+    }
+
+    fn kept_tails(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<[u32]>>> {
+        // A panic while holding the lock cannot leave a wrong entry behind: entries are inserted whole.
+        self.tails
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        self.tokenizer
+        self.tokenizer_for(text)
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| e.to_string())
+    }
+
+    /// The tokenizer that encodes `text` as the full one does, the cheapest first: NFC changes
+    /// nothing in a text that its quick check proves to be in NFC already.
+    fn tokenizer_for(&self, text: &str) -> &Tokenizer {
+        match &self.without_nfc {
+            Some(plain) if is_nfc_quick(text.chars()) == IsNormalized::Yes => plain,
+            _ => &self.tokenizer,
+        }
     }
 
     /// Both ways on prompts built to stress the cut (unicode, JSON, digits, spaces and blank lines
@@ -107,15 +163,16 @@ impl PromptEncoder {
             let texts: Vec<String> = bodies.iter().map(|body| format!("{head}{body}")).collect();
             let full: Result<Vec<Vec<u32>>, String> =
                 texts.iter().map(|text| self.encode(text)).collect();
-            let shared = self.encode_with_cut(&texts, shared_cut(&texts));
-            matches!((full, shared), (Ok(a), Ok(b)) if a == b)
+            let cut = cut_point(&texts);
+            let parts = cut.map(|cut| self.encode_with_cut(&texts, cut));
+            matches!((full, parts), (Ok(a), Some(Ok(b))) if a == b)
         })
     }
 }
 
 /// Byte offset of the latest line start shared by all texts where every text continues with an
 /// ASCII letter or digit; None when there is none (or only one text).
-pub fn shared_cut(texts: &[String]) -> Option<usize> {
+pub fn cut_point(texts: &[String]) -> Option<usize> {
     let (first, rest) = texts.split_first()?;
     if rest.is_empty() {
         return None;
@@ -143,8 +200,13 @@ pub fn shared_cut(texts: &[String]) -> Option<usize> {
 }
 
 /// A byte-level BPE with GPT-2's regex (ByteLevel with `use_regex`) or a regex split before a plain
-/// ByteLevel, no prefix space, and no normalizer or NFC.
+/// ByteLevel, no prefix space, no normalizer or NFC, and no added token that takes the whitespace
+/// before it (`lstrip`: it would take the newline before a cut).
 fn splits_at_line_starts(tokenizer: &Tokenizer) -> bool {
+    let no_lstrip = tokenizer
+        .get_added_tokens_decoder()
+        .values()
+        .all(|token| !token.lstrip);
     let normalizer_ok = matches!(
         tokenizer.get_normalizer(),
         None | Some(NormalizerWrapper::NFC(_))
@@ -158,7 +220,7 @@ fn splits_at_line_starts(tokenizer: &Tokenizer) -> bool {
         ),
         _ => false,
     };
-    normalizer_ok && pre_ok
+    normalizer_ok && pre_ok && no_lstrip
 }
 
 #[cfg(test)]
@@ -177,25 +239,26 @@ mod tests {
     #[test]
     fn the_cut_is_the_last_shared_line_start_that_begins_a_word_everywhere() {
         assert_eq!(
-            shared_cut(&strings(&["ab\ncd\n\nQ: x", "ab\ncd\n\nQ: y"])),
+            cut_point(&strings(&["ab\ncd\n\nQ: x", "ab\ncd\n\nQ: y"])),
             Some(7)
         );
         // One body starts with a space: that line start is no cut, the one before is.
         assert_eq!(
-            shared_cut(&strings(&["ab\ncd\n\nQ: x", "ab\ncd\n\n Q: y"])),
+            cut_point(&strings(&["ab\ncd\n\nQ: x", "ab\ncd\n\n Q: y"])),
             Some(3)
         );
         // Bodies that differ from their first byte still cut right after the blank line.
         assert_eq!(
-            shared_cut(&strings(&["s\n\nQuestion: x", "s\n\nA: y", "s\n\n0: z"])),
+            cut_point(&strings(&["s\n\nQuestion: x", "s\n\nA: y", "s\n\n0: z"])),
             Some(3)
         );
         assert_eq!(
-            shared_cut(&strings(&["no newline", "no newline at all"])),
+            cut_point(&strings(&["no newline", "no newline at all"])),
             None
         );
-        assert_eq!(shared_cut(&strings(&["ab\n\nQ"])), None);
-        assert_eq!(shared_cut(&strings(&["ab\n\n", "ab\n\nQ"])), None);
+        assert_eq!(cut_point(&strings(&["ab\n\nQ"])), None);
+        assert_eq!(cut_point(&[]), None);
+        assert_eq!(cut_point(&strings(&["ab\n\n", "ab\n\nQ"])), None);
     }
 
     #[test]
@@ -203,6 +266,125 @@ mod tests {
         for name in ["SmolLM2-135M-Instruct", "tiny-qwen3"] {
             assert!(encoder(name).shares_heads(), "{name}");
         }
+    }
+
+    #[test]
+    fn texts_in_nfc_skip_the_normalizer_and_others_keep_it() {
+        let qwen = encoder("tiny-qwen3");
+        let plain = qwen
+            .without_nfc
+            .as_ref()
+            .expect("Qwen3's normalizer is NFC");
+        assert!(encoder("SmolLM2-135M-Instruct").without_nfc.is_none());
+        // Composed and plain texts are in NFC; a combining accent, a Hangul jamo pair and a
+        // singleton (the Ångström sign) are not, and NFC changes their ids.
+        let composed = ["plain ASCII\n\nQuestion: A?", "Straße – café 日本 😀"];
+        let decomposed = ["cafe\u{301} ok", "\u{1100}\u{1161} x", "\u{212b} unit"];
+        for text in composed.iter().chain(&decomposed) {
+            let full = qwen
+                .tokenizer()
+                .encode(*text, false)
+                .unwrap()
+                .get_ids()
+                .to_vec();
+            assert_eq!(qwen.encode(text).unwrap(), full, "{text:?}");
+        }
+        for text in decomposed {
+            assert!(
+                std::ptr::eq(qwen.tokenizer_for(text), qwen.tokenizer()),
+                "{text:?}"
+            );
+            let skipped = plain.encode(text, false).unwrap().get_ids().to_vec();
+            assert_ne!(
+                skipped,
+                qwen.encode(text).unwrap(),
+                "{text:?}: NFC should matter here"
+            );
+        }
+        for text in composed {
+            assert!(std::ptr::eq(qwen.tokenizer_for(text), plain), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn tails_are_kept_across_requests_within_their_bounds() {
+        let qwen = encoder("tiny-qwen3");
+        assert_eq!(
+            qwen.kept_tails().len(),
+            0,
+            "the self-check leaves nothing kept"
+        );
+        let tail = "Question: Which team?\nA: billing<|im_end|>\n<|im_start|>assistant\n";
+        let long_tail = format!(
+            "Question: {}?<|im_end|>\n",
+            "why ".repeat(MAX_KEPT_TAIL_BYTES / 4)
+        );
+        let texts = |state: &str| -> Vec<String> {
+            vec![
+                format!("<|im_start|>user\n{state}\n\nQuestion: Urgent?<|im_end|>\n"),
+                format!("<|im_start|>user\n{state}\n\n{tail}"),
+                format!("<|im_start|>user\n{state}\n\n{long_tail}"),
+            ]
+        };
+        let full = |texts: &[String]| -> Vec<Vec<u32>> {
+            texts
+                .iter()
+                .map(|t| {
+                    qwen.tokenizer()
+                        .encode(t.as_str(), false)
+                        .unwrap()
+                        .get_ids()
+                        .to_vec()
+                })
+                .collect()
+        };
+        for state in ["first state", "another state, same questions"] {
+            let texts = texts(state);
+            assert_eq!(qwen.encode_all(&texts).unwrap(), full(&texts));
+        }
+        let mut kept = qwen.kept_tails();
+        assert_eq!(kept.len(), 1, "only the short tail is kept");
+        let ids = kept.get(tail).expect("the short tail is kept").to_vec();
+        assert_eq!(ids, qwen.tokenizer().encode(tail, false).unwrap().get_ids());
+        drop(kept);
+        for i in 0..KEPT_TAILS + 10 {
+            qwen.encode_all(&[format!("s\n\nQuestion {i}?"), format!("s\n\nQuestion {i}!")])
+                .unwrap();
+        }
+        assert_eq!(
+            qwen.kept_tails().len(),
+            KEPT_TAILS,
+            "the least recent tails are let go"
+        );
+        assert!(qwen.kept_tails().get(tail).is_none());
+    }
+
+    #[test]
+    fn an_added_token_that_strips_the_whitespace_before_it_turns_cuts_off() {
+        let dir = fixture_dir("tiny-qwen3");
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        assert!(PromptEncoder::new(tokenizer.clone()).shares_heads());
+        // With this token, "\nQuestion" is one added token that takes the newline: no cut before it.
+        tokenizer.add_tokens(&[tokenizers::AddedToken::from("Question", false).lstrip(true)]);
+        let encoder = PromptEncoder::new(tokenizer);
+        assert!(!encoder.shares_heads());
+        // The first prompt's tokens do meet at the cut; only the second tail starts with the token.
+        let texts = strings(&["s\n\nAnswer: a", "s\n\nQuestion: b"]);
+        let full: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|t| {
+                encoder
+                    .tokenizer()
+                    .encode(t.as_str(), false)
+                    .unwrap()
+                    .get_ids()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(encoder.encode_all(&texts).unwrap(), full);
+        let cut = cut_point(&texts).unwrap();
+        let parts = encoder.encode_with_cut(&texts, cut).unwrap();
+        assert_ne!(parts, full, "cutting here would change the ids");
     }
 
     /// A small deterministic generator (xorshift) for texts full of what could break a cut.
@@ -266,7 +448,7 @@ mod tests {
             let mut cuts = 0;
             for _ in 0..400 {
                 let head = gen.text(12);
-                let n = 2 + (gen.next() % 4) as usize;
+                let n = 1 + (gen.next() % 5) as usize;
                 let texts: Vec<String> = (0..n)
                     .map(|_| {
                         let lead = ["Question: ", "A: ", "yes", "0: ", " ", "", "\n", "é"]
@@ -274,7 +456,7 @@ mod tests {
                         format!("{head}\n\n{lead}{}", gen.text(6))
                     })
                     .collect();
-                if shared_cut(&texts).is_some() {
+                if cut_point(&texts).is_some() {
                     cuts += 1;
                 }
                 let full: Vec<Vec<u32>> = texts
@@ -288,11 +470,14 @@ mod tests {
                             .to_vec()
                     })
                     .collect();
-                assert_eq!(
-                    encoder.encode_all(&texts).unwrap(),
-                    full,
-                    "{name}: {texts:?}"
-                );
+                // Twice: the second time the tails are the kept ones.
+                for _ in 0..2 {
+                    assert_eq!(
+                        encoder.encode_all(&texts).unwrap(),
+                        full,
+                        "{name}: {texts:?}"
+                    );
+                }
             }
             assert!(
                 cuts > 100,
