@@ -125,6 +125,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32:
+            # The same operations in one call (bit-equal in float32, tested); faster on strided head views.
+            return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         wide = x.float()
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * wide.to(dtype)
@@ -159,9 +162,22 @@ class Rotary(nn.Module):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `x` (tokens, heads, head_dim) with `cos`/`sin` (tokens, head_dim) ("rotate half").
+
+    The same products and sums as x * cos + rotate_half(x) * sin (bit-equal, tested), written into the two
+    halves of one output: no concatenated copy, and on the token-major layout the projections come in.
+    """
     half = x.shape[-1] // 2
-    turned = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + turned * sin
+    first, second = x[..., :half], x[..., half:]
+    # `cos_sin` repeats its angles over both halves.
+    cos, sin = cos[:, None, :half], sin[:, None, :half]
+    out = torch.empty_like(x)
+    low, high = out[..., :half], out[..., half:]
+    torch.mul(first, cos, out=low)
+    low.sub_(second * sin)
+    torch.mul(second, cos, out=high)
+    high.add_(first * sin)
+    return out
 
 
 def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: float) -> torch.Tensor:
@@ -231,8 +247,8 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             query, key = self.q_norm(query), self.k_norm(key)
         # (heads, tokens, head_dim) from here on.
-        query = _rotate(query.transpose(0, 1), cos, sin)
-        key = _rotate(key.transpose(0, 1), cos, sin)
+        query = _rotate(query, cos, sin).transpose(0, 1)
+        key = _rotate(key, cos, sin).transpose(0, 1)
         value = value.transpose(0, 1)
         new = LayerKV(key, value)
         if mask is None and past is not None and past.keys.shape[1] and tokens > 1 and hidden.device.type == "cpu":
@@ -276,7 +292,7 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         activated: torch.Tensor = self.act(gate)
-        projected: torch.Tensor = self.down(activated * up)
+        projected: torch.Tensor = self.down(activated.mul_(up))
         return projected
 
 

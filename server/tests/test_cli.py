@@ -132,3 +132,21 @@ def test_only_sockets_are_removed_as_stale(tmp_path: Path) -> None:
         remove_stale_socket(regular)
     assert regular.read_text() == "keep me"
     remove_stale_socket(tmp_path / "absent.sock")  # nothing there: nothing to do
+
+
+def test_idle_openmp_threads_sleep_unless_the_caller_chose() -> None:
+    from decision_server.cli import quiet_idle_openmp_threads
+
+    environ: dict[str, str] = {}
+    quiet_idle_openmp_threads(environ)
+    assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+    chosen = {"OMP_WAIT_POLICY": "ACTIVE"}
+    quiet_idle_openmp_threads(chosen)
+    assert chosen == {"OMP_WAIT_POLICY": "ACTIVE"}
+
+
+def test_the_command_line_sets_openmp_up_before_torch_loads() -> None:
+    # OpenMP reads OMP_WAIT_POLICY once, when torch loads it: main() must run before anything imports torch.
+    probe = "import sys, decision_server.cli; print('torch' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "False"

@@ -58,6 +58,38 @@ def test_decoder_equals_transformers_forward(request: pytest.FixtureRequest, nam
         assert ours.greedy_tokens == theirs.greedy_tokens
 
 
+def test_rotary_on_the_token_major_layout_is_bit_equal_to_rotate_half() -> None:
+    from decision_server.decoder import _rotate
+
+    generator = torch.Generator().manual_seed(3)
+    # A strided (tokens, heads, head_dim) view of a fused projection, as the attention gets it.
+    fused = torch.randn(37, 3 * 4 * 16, generator=generator)
+    x = fused[:, 4 * 16 : 2 * 4 * 16].view(37, 4, 16)
+    angles = torch.rand(37, 8, generator=generator) * 40
+    doubled = torch.cat((angles, angles), dim=-1)
+    cos, sin = doubled.cos(), doubled.sin()
+    # transformers' formula: x * cos + rotate_half(x) * sin, on the (heads, tokens, head_dim) layout.
+    heads_first = x.transpose(0, 1)
+    turned = torch.cat((-heads_first[..., 8:], heads_first[..., :8]), dim=-1)
+    expected = heads_first * cos + turned * sin
+    assert torch.equal(_rotate(x, cos, sin).transpose(0, 1), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_is_bit_equal_to_the_reference_formula(dtype: torch.dtype) -> None:
+    from decision_server.decoder import RMSNorm
+
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(64, generator=generator).to(dtype)
+    # Contiguous rows and a strided view of per-head slices (q_norm/k_norm).
+    rows = (torch.randn(9, 64, generator=generator) * 3).to(dtype)
+    heads = (torch.randn(9, 3 * 64, generator=generator) * 3).to(dtype)[:, 64:].reshape(9, 2, 64)
+    for x in (rows, heads):
+        wide = x.float()
+        expected = weight * (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+        assert torch.equal(RMSNorm(weight, 1e-6)(x), expected)
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "past_tokens", "tokens"), [(4, 2, 37, 21), (3, 3, 1, 2), (8, 1, 5, 300)])
 def test_causal_attention_after_a_past_equals_the_masked_softmax(
     heads: int, kv_heads: int, past_tokens: int, tokens: int
