@@ -236,6 +236,20 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
+    /// Each text encoded alone and in full: what `encode_all` must give.
+    fn full_encodes(tokenizer: &Tokenizer, texts: &[String]) -> Vec<Vec<u32>> {
+        texts
+            .iter()
+            .map(|t| {
+                tokenizer
+                    .encode(t.as_str(), false)
+                    .unwrap()
+                    .get_ids()
+                    .to_vec()
+            })
+            .collect()
+    }
+
     #[test]
     fn the_cut_is_the_last_shared_line_start_that_begins_a_word_everywhere() {
         assert_eq!(
@@ -326,21 +340,12 @@ mod tests {
                 format!("<|im_start|>user\n{state}\n\n{long_tail}"),
             ]
         };
-        let full = |texts: &[String]| -> Vec<Vec<u32>> {
-            texts
-                .iter()
-                .map(|t| {
-                    qwen.tokenizer()
-                        .encode(t.as_str(), false)
-                        .unwrap()
-                        .get_ids()
-                        .to_vec()
-                })
-                .collect()
-        };
         for state in ["first state", "another state, same questions"] {
             let texts = texts(state);
-            assert_eq!(qwen.encode_all(&texts).unwrap(), full(&texts));
+            assert_eq!(
+                qwen.encode_all(&texts).unwrap(),
+                full_encodes(qwen.tokenizer(), &texts)
+            );
         }
         let mut kept = qwen.kept_tails();
         assert_eq!(kept.len(), 1, "only the short tail is kept");
@@ -370,17 +375,7 @@ mod tests {
         assert!(!encoder.shares_heads());
         // The first prompt's tokens do meet at the cut; only the second tail starts with the token.
         let texts = strings(&["s\n\nAnswer: a", "s\n\nQuestion: b"]);
-        let full: Vec<Vec<u32>> = texts
-            .iter()
-            .map(|t| {
-                encoder
-                    .tokenizer()
-                    .encode(t.as_str(), false)
-                    .unwrap()
-                    .get_ids()
-                    .to_vec()
-            })
-            .collect();
+        let full = full_encodes(encoder.tokenizer(), &texts);
         assert_eq!(encoder.encode_all(&texts).unwrap(), full);
         let cut = cut_point(&texts).unwrap();
         let parts = encoder.encode_with_cut(&texts, cut).unwrap();
@@ -459,17 +454,7 @@ mod tests {
                 if cut_point(&texts).is_some() {
                     cuts += 1;
                 }
-                let full: Vec<Vec<u32>> = texts
-                    .iter()
-                    .map(|t| {
-                        encoder
-                            .tokenizer()
-                            .encode(t.as_str(), false)
-                            .unwrap()
-                            .get_ids()
-                            .to_vec()
-                    })
-                    .collect();
+                let full = full_encodes(encoder.tokenizer(), &texts);
                 // Twice: the second time the tails are the kept ones.
                 for _ in 0..2 {
                     assert_eq!(
