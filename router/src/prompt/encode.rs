@@ -31,8 +31,8 @@ use unicode_normalization::{is_nfc_quick, IsNormalized};
 
 /// Recent prompt tails kept with their ids (each at most `MAX_KEPT_TAIL_BYTES` long: at most 4 MiB
 /// of text in all).
-pub const KEPT_TAILS: usize = 1024;
-pub const MAX_KEPT_TAIL_BYTES: usize = 4096;
+const KEPT_TAILS: usize = 1024;
+const MAX_KEPT_TAIL_BYTES: usize = 4096;
 
 pub struct PromptEncoder {
     tokenizer: Tokenizer,
@@ -75,7 +75,12 @@ impl PromptEncoder {
 
     /// The ids of each text, exactly as encoding each alone (no special tokens added) gives them.
     pub fn encode_all(&self, texts: &[String]) -> Result<Vec<Vec<u32>>, String> {
-        match self.shared_heads.then(|| cut_point(texts)).flatten() {
+        let cut = if self.shared_heads {
+            shared_cut(texts)
+        } else {
+            None
+        };
+        match cut {
             Some(cut) => self.encode_with_cut(texts, cut),
             None => texts.iter().map(|text| self.encode(text)).collect(),
         }
@@ -89,15 +94,18 @@ impl PromptEncoder {
             .encode(texts[0].as_str(), false)
             .map_err(|e| e.to_string())?;
         // The head's ids are those of the first prompt's tokens that end by the cut; the next token
-        // must start right at it (else the cut is inside a token: encode everything in full).
+        // must start right at it (else the cut is inside a token: encode the others in full).
         let offsets = first.get_offsets();
         let head = offsets.partition_point(|&(_, end)| end <= cut);
-        if offsets.get(head).is_none_or(|&(start, _)| start != cut) {
-            return texts.iter().map(|text| self.encode(text)).collect();
-        }
-        let head_ids = &first.get_ids()[..head];
         let mut all = Vec::with_capacity(texts.len());
         all.push(first.get_ids().to_vec());
+        if offsets.get(head).is_none_or(|&(start, _)| start != cut) {
+            for text in &texts[1..] {
+                all.push(self.encode(text)?);
+            }
+            return Ok(all);
+        }
+        let head_ids = &first.get_ids()[..head];
         for text in &texts[1..] {
             let tail = self.tail(&text[cut..])?;
             let mut ids = Vec::with_capacity(head_ids.len() + tail.len());
@@ -163,7 +171,7 @@ impl PromptEncoder {
             let texts: Vec<String> = bodies.iter().map(|body| format!("{head}{body}")).collect();
             let full: Result<Vec<Vec<u32>>, String> =
                 texts.iter().map(|text| self.encode(text)).collect();
-            let cut = cut_point(&texts);
+            let cut = shared_cut(&texts);
             let parts = cut.map(|cut| self.encode_with_cut(&texts, cut));
             matches!((full, parts), (Ok(a), Some(Ok(b))) if a == b)
         })
@@ -172,7 +180,7 @@ impl PromptEncoder {
 
 /// Byte offset of the latest line start shared by all texts where every text continues with an
 /// ASCII letter or digit; None when there is none (or only one text).
-pub fn cut_point(texts: &[String]) -> Option<usize> {
+pub fn shared_cut(texts: &[String]) -> Option<usize> {
     let (first, rest) = texts.split_first()?;
     if rest.is_empty() {
         return None;
@@ -253,26 +261,26 @@ mod tests {
     #[test]
     fn the_cut_is_the_last_shared_line_start_that_begins_a_word_everywhere() {
         assert_eq!(
-            cut_point(&strings(&["ab\ncd\n\nQ: x", "ab\ncd\n\nQ: y"])),
+            shared_cut(&strings(&["ab\ncd\n\nQ: x", "ab\ncd\n\nQ: y"])),
             Some(7)
         );
         // One body starts with a space: that line start is no cut, the one before is.
         assert_eq!(
-            cut_point(&strings(&["ab\ncd\n\nQ: x", "ab\ncd\n\n Q: y"])),
+            shared_cut(&strings(&["ab\ncd\n\nQ: x", "ab\ncd\n\n Q: y"])),
             Some(3)
         );
         // Bodies that differ from their first byte still cut right after the blank line.
         assert_eq!(
-            cut_point(&strings(&["s\n\nQuestion: x", "s\n\nA: y", "s\n\n0: z"])),
+            shared_cut(&strings(&["s\n\nQuestion: x", "s\n\nA: y", "s\n\n0: z"])),
             Some(3)
         );
         assert_eq!(
-            cut_point(&strings(&["no newline", "no newline at all"])),
+            shared_cut(&strings(&["no newline", "no newline at all"])),
             None
         );
-        assert_eq!(cut_point(&strings(&["ab\n\nQ"])), None);
-        assert_eq!(cut_point(&[]), None);
-        assert_eq!(cut_point(&strings(&["ab\n\n", "ab\n\nQ"])), None);
+        assert_eq!(shared_cut(&strings(&["ab\n\nQ"])), None);
+        assert_eq!(shared_cut(&[]), None);
+        assert_eq!(shared_cut(&strings(&["ab\n\n", "ab\n\nQ"])), None);
     }
 
     #[test]
@@ -365,6 +373,18 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_inside_a_token_falls_back_to_full_encodes() {
+        let qwen = encoder("tiny-qwen3");
+        // Byte 6 is inside "Question" (not a line start): the first prompt's tokens do not meet there.
+        let texts = strings(&["s\n\nQuestion: a", "s\n\nQuestion: b", "s\n\nQuestion: c"]);
+        assert_eq!(
+            qwen.encode_with_cut(&texts, 6).unwrap(),
+            full_encodes(qwen.tokenizer(), &texts)
+        );
+        assert_eq!(qwen.kept_tails().len(), 0, "no tail of a bad cut is kept");
+    }
+
+    #[test]
     fn an_added_token_that_strips_the_whitespace_before_it_turns_cuts_off() {
         let dir = fixture_dir("tiny-qwen3");
         let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
@@ -377,7 +397,7 @@ mod tests {
         let texts = strings(&["s\n\nAnswer: a", "s\n\nQuestion: b"]);
         let full = full_encodes(encoder.tokenizer(), &texts);
         assert_eq!(encoder.encode_all(&texts).unwrap(), full);
-        let cut = cut_point(&texts).unwrap();
+        let cut = shared_cut(&texts).unwrap();
         let parts = encoder.encode_with_cut(&texts, cut).unwrap();
         assert_ne!(parts, full, "cutting here would change the ids");
     }
@@ -451,7 +471,7 @@ mod tests {
                         format!("{head}\n\n{lead}{}", gen.text(6))
                     })
                     .collect();
-                if cut_point(&texts).is_some() {
+                if shared_cut(&texts).is_some() {
                     cuts += 1;
                 }
                 let full = full_encodes(encoder.tokenizer(), &texts);
