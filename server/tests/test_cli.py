@@ -150,3 +150,12 @@ def test_the_command_line_sets_openmp_up_before_torch_loads() -> None:
     probe = "import sys, decision_server.cli; print('torch' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "False"
+    # main() itself sets the policy: a serve that fails at once (no model) still leaves it in the environment.
+    run_main = (
+        "import os, decision_server.cli as cli; "
+        "code = cli.main(['serve', '/nonexistent/model', '--uds-path', '/nonexistent/s']); "
+        "print(code, os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    ran = subprocess.run([sys.executable, "-c", run_main], capture_output=True, text=True, check=True, env=env)
+    assert ran.stdout.split() == ["1", "PASSIVE"]
