@@ -18,21 +18,35 @@
 //!
 //! An NFC normalizer is a quarter of an encode's time, and it changes nothing in a text that is
 //! already in NFC (all ASCII is). Such texts are encoded by a copy of the tokenizer without it.
+//!
+//! The state itself is new in every request, but its words are not. A single space between two
+//! ASCII letters is another point no pre-token crosses: the letters before it end a letter run, and
+//! the space starts the next pre-token (" word") in both patterns, whatever follows. Texts are cut
+//! there into pieces (mostly one word with its leading space), recent pieces are kept with their
+//! ids, and only the runs of pieces not kept are encoded (once per run, split by token offsets).
+//! With byte-level BPE, a piece's ids do not depend on its neighbours, so the ids of a text are
+//! those of its pieces in order. This needs, beyond the shared-head conditions, added tokens that
+//! neither contain whitespace nor look at their neighbours (`single_word`, `lstrip`, `rstrip`),
+//! and no BPE dropout.
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
+use tokenizers::models::ModelWrapper;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::Tokenizer;
+use tokenizers::{Encoding, Tokenizer};
 use unicode_normalization::{is_nfc_quick, IsNormalized};
 
 /// Recent prompt tails kept with their ids (each at most `MAX_KEPT_TAIL_BYTES` long: at most 4 MiB
 /// of text in all).
 const KEPT_TAILS: usize = 1024;
 const MAX_KEPT_TAIL_BYTES: usize = 4096;
+/// Recent pieces kept with their ids (each at most `MAX_KEPT_PIECE_BYTES` long: a few MiB in all).
+const KEPT_PIECES: usize = 32_768;
+const MAX_KEPT_PIECE_BYTES: usize = 64;
 
 pub struct PromptEncoder {
     tokenizer: Tokenizer,
@@ -40,7 +54,10 @@ pub struct PromptEncoder {
     /// tokenizer has no normalizer or another one.
     without_nfc: Option<Tokenizer>,
     shared_heads: bool,
+    /// Texts are encoded piece by piece (cut at single spaces between ASCII letters).
+    pieces: bool,
     tails: Mutex<LruCache<String, Arc<[u32]>>>,
+    kept_pieces: Mutex<LruCache<String, Arc<[u32]>>>,
 }
 
 impl PromptEncoder {
@@ -55,12 +72,26 @@ impl PromptEncoder {
             tokenizer,
             without_nfc,
             shared_heads: false,
+            pieces: false,
             tails: Mutex::new(LruCache::new(
                 NonZeroUsize::new(KEPT_TAILS).expect("KEPT_TAILS > 0"),
             )),
+            kept_pieces: Mutex::new(LruCache::new(
+                NonZeroUsize::new(KEPT_PIECES).expect("KEPT_PIECES > 0"),
+            )),
         };
-        encoder.shared_heads = splits_at_line_starts(&encoder.tokenizer) && encoder.self_check();
+        if splits_at_line_starts(&encoder.tokenizer) {
+            // Pieces and shared heads together, else shared heads alone; each only if the
+            // self-check agrees with full encodes.
+            encoder.shared_heads = true;
+            encoder.pieces = pieces_are_independent(&encoder.tokenizer);
+            if encoder.pieces && !encoder.self_check() {
+                encoder.pieces = false;
+            }
+            encoder.shared_heads = encoder.self_check();
+        }
         encoder.kept_tails().clear();
+        encoder.kept_pieces().clear();
         encoder
     }
 
@@ -71,6 +102,11 @@ impl PromptEncoder {
     /// Whether prompts are encoded as a head and a tail (the head once per request).
     pub fn shares_heads(&self) -> bool {
         self.shared_heads
+    }
+
+    /// Whether texts are encoded piece by piece, with recent pieces kept.
+    pub fn encodes_pieces(&self) -> bool {
+        self.pieces
     }
 
     /// The ids of each text, exactly as encoding each alone (no special tokens added) gives them.
@@ -89,27 +125,39 @@ impl PromptEncoder {
     /// Encodes the first text in full and reuses its ids before `cut` for the others, each
     /// followed by the ids of its tail (kept or encoded alone).
     fn encode_with_cut(&self, texts: &[String], cut: usize) -> Result<Vec<Vec<u32>>, String> {
-        let first = self
-            .tokenizer_for(&texts[0])
-            .encode(texts[0].as_str(), false)
-            .map_err(|e| e.to_string())?;
+        let first = &texts[0];
+        // Up to its last piece start before the cut, the first prompt is encoded piece by piece;
+        // the rest of it in one encode, whose offsets find the cut.
+        let split = if self.pieces {
+            piece_starts(&first[..cut]).last().unwrap_or(0)
+        } else {
+            0
+        };
+        let mut head_ids = self.encode(&first[..split])?;
+        let rest = self.full_encode(&first[split..])?;
+        let mut first_ids = Vec::with_capacity(head_ids.len() + rest.len());
+        first_ids.extend_from_slice(&head_ids);
+        first_ids.extend_from_slice(rest.get_ids());
         // The head's ids are those of the first prompt's tokens that end by the cut; the next token
         // must start right at it (else the cut is inside a token: encode the others in full).
-        let offsets = first.get_offsets();
-        let head = offsets.partition_point(|&(_, end)| end <= cut);
+        let offsets = rest.get_offsets();
+        let head = offsets.partition_point(|&(_, end)| end <= cut - split);
         let mut all = Vec::with_capacity(texts.len());
-        all.push(first.get_ids().to_vec());
-        if offsets.get(head).is_none_or(|&(start, _)| start != cut) {
+        all.push(first_ids);
+        if offsets
+            .get(head)
+            .is_none_or(|&(start, _)| start != cut - split)
+        {
             for text in &texts[1..] {
                 all.push(self.encode(text)?);
             }
             return Ok(all);
         }
-        let head_ids = &first.get_ids()[..head];
+        head_ids.extend_from_slice(&rest.get_ids()[..head]);
         for text in &texts[1..] {
             let tail = self.tail(&text[cut..])?;
             let mut ids = Vec::with_capacity(head_ids.len() + tail.len());
-            ids.extend_from_slice(head_ids);
+            ids.extend_from_slice(&head_ids);
             ids.extend_from_slice(&tail);
             all.push(ids);
         }
@@ -136,11 +184,71 @@ impl PromptEncoder {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn kept_pieces(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<[u32]>>> {
+        // As with tails: entries are inserted whole.
+        self.kept_pieces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A text's ids: piece by piece where that is proven exact, else in one encode.
     fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        if self.pieces {
+            self.encode_pieces(text)
+        } else {
+            self.full_encode(text).map(|e| e.get_ids().to_vec())
+        }
+    }
+
+    /// What the tokenizer gives for the whole text (no special tokens added).
+    fn full_encode(&self, text: &str) -> Result<Encoding, String> {
         self.tokenizer_for(text)
             .encode(text, false)
-            .map(|e| e.get_ids().to_vec())
             .map_err(|e| e.to_string())
+    }
+
+    /// The ids of each piece in order: kept ones as they are, each run of the others encoded at
+    /// once and split at its piece starts by token offsets (and kept, when short).
+    fn encode_pieces(&self, text: &str) -> Result<Vec<u32>, String> {
+        if text.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bounds: Vec<usize> = std::iter::once(0)
+            .chain(piece_starts(text))
+            .chain(std::iter::once(text.len()))
+            .collect();
+        let pieces: Vec<&str> = bounds.windows(2).map(|w| &text[w[0]..w[1]]).collect();
+        let kept: Vec<Option<Arc<[u32]>>> = {
+            let mut cache = self.kept_pieces();
+            pieces
+                .iter()
+                .map(|piece| cache.get(*piece).cloned())
+                .collect()
+        };
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        let mut learned = Vec::new();
+        let mut i = 0;
+        while i < pieces.len() {
+            if let Some(known) = &kept[i] {
+                ids.extend_from_slice(known);
+                i += 1;
+                continue;
+            }
+            let first = i;
+            while i < pieces.len() && kept[i].is_none() {
+                i += 1;
+            }
+            let run = self.full_encode(&text[bounds[first]..bounds[i]])?;
+            ids.extend_from_slice(run.get_ids());
+            learned.extend(split_run(&run, &bounds[first..=i], &pieces[first..i]));
+        }
+        if !learned.is_empty() {
+            let mut cache = self.kept_pieces();
+            for (piece, piece_ids) in learned {
+                cache.put(piece.to_owned(), piece_ids);
+            }
+        }
+        Ok(ids)
     }
 
     /// The tokenizer that encodes `text` as the full one does, the cheapest first: NFC changes
@@ -160,6 +268,8 @@ impl PromptEncoder {
             "{\"ticket\": \"Straße – 12 €\", \"days\": 12, \"n\": 1e-07}\n\n",
             "line one\n \nline\t two\r\n\n\n",
             "日本語のテキスト。\n絵文字 😀 and ' quotes 's\n\n",
+            "It's a test of Straße and cafe\u{301} words, I'll see it so.\tTab a b\n\n",
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nok so A B\n\n",
         ];
         let bodies = [
             "Question: Which team?\nA: billing\nB: tech\nAnswer with the letter of one option only.<|im_end|>\n",
@@ -169,11 +279,15 @@ impl PromptEncoder {
         ];
         heads.iter().all(|head| {
             let texts: Vec<String> = bodies.iter().map(|body| format!("{head}{body}")).collect();
-            let full: Result<Vec<Vec<u32>>, String> =
-                texts.iter().map(|text| self.encode(text)).collect();
+            let full: Result<Vec<Vec<u32>>, String> = texts
+                .iter()
+                .map(|text| self.full_encode(text).map(|e| e.get_ids().to_vec()))
+                .collect();
             let cut = shared_cut(&texts);
             let parts = cut.map(|cut| self.encode_with_cut(&texts, cut));
-            matches!((full, parts), (Ok(a), Some(Ok(b))) if a == b)
+            let each: Result<Vec<Vec<u32>>, String> =
+                texts.iter().map(|text| self.encode(text)).collect();
+            matches!((&full, parts, each), (Ok(a), Some(Ok(b)), Ok(c)) if *a == b && *a == c)
         })
     }
 }
@@ -205,6 +319,55 @@ pub fn shared_cut(texts: &[String]) -> Option<usize> {
         .filter(|(_, &b)| b == b'\n')
         .map(|(at, _)| at + 1)
         .find(|&cut| texts.iter().all(|text| starts_word(text, cut)))
+}
+
+/// Byte offsets where a new piece starts: each single space between two ASCII letters.
+fn piece_starts(text: &str) -> impl Iterator<Item = usize> + '_ {
+    let bytes = text.as_bytes();
+    (1..bytes.len().saturating_sub(1)).filter(move |&at| {
+        bytes[at] == b' '
+            && bytes[at - 1].is_ascii_alphabetic()
+            && bytes[at + 1].is_ascii_alphabetic()
+    })
+}
+
+/// Each piece of a run with its ids, if every token of the run lies within one piece (it does
+/// where the pieces are independent; nothing is kept otherwise). Long pieces are not kept.
+fn split_run<'t>(
+    run: &Encoding,
+    bounds: &[usize],
+    pieces: &[&'t str],
+) -> Vec<(&'t str, Arc<[u32]>)> {
+    let (ids, offsets) = (run.get_ids(), run.get_offsets());
+    let mut split = Vec::with_capacity(pieces.len());
+    let mut token = 0;
+    for (piece, end) in pieces.iter().zip(&bounds[1..]) {
+        let end = end - bounds[0];
+        let from = token;
+        while token < offsets.len() && offsets[token].1 <= end {
+            token += 1;
+        }
+        if offsets.get(token).is_some_and(|&(start, _)| start < end) {
+            return Vec::new();
+        }
+        if piece.len() <= MAX_KEPT_PIECE_BYTES {
+            split.push((*piece, Arc::from(&ids[from..token])));
+        }
+    }
+    split
+}
+
+/// Whether a text's pieces encode independently (given `splits_at_line_starts`): no added token
+/// contains whitespace or looks at its neighbours, and the BPE has no dropout.
+fn pieces_are_independent(tokenizer: &Tokenizer) -> bool {
+    let added_ok = tokenizer.get_added_tokens_decoder().values().all(|token| {
+        !token.single_word
+            && !token.lstrip
+            && !token.rstrip
+            && !token.content.chars().any(char::is_whitespace)
+    });
+    let bpe_ok = matches!(tokenizer.get_model(), ModelWrapper::BPE(bpe) if bpe.dropout.is_none());
+    added_ok && bpe_ok
 }
 
 /// A byte-level BPE with GPT-2's regex (ByteLevel with `use_regex`) or a regex split before a plain
@@ -284,9 +447,140 @@ mod tests {
     }
 
     #[test]
-    fn both_fixture_tokenizers_share_heads() {
+    fn both_fixture_tokenizers_share_heads_and_encode_pieces() {
         for name in ["SmolLM2-135M-Instruct", "tiny-qwen3"] {
-            assert!(encoder(name).shares_heads(), "{name}");
+            let encoder = encoder(name);
+            assert!(encoder.shares_heads(), "{name}");
+            assert!(encoder.encodes_pieces(), "{name}");
+            assert_eq!(
+                encoder.kept_pieces().len(),
+                0,
+                "the self-check leaves nothing kept"
+            );
+        }
+    }
+
+    #[test]
+    fn pieces_start_at_single_spaces_between_ascii_letters() {
+        let starts = |text: &str| piece_starts(text).collect::<Vec<_>>();
+        assert_eq!(starts("The cat sat"), vec![3, 7]);
+        // Not between letters: double spaces, digits, punctuation, non-ASCII letters, the edges.
+        assert_eq!(starts("a  b 1 c, d é e f"), vec![16]);
+        assert_eq!(starts(" a b "), vec![2]);
+        assert_eq!(starts(""), Vec::<usize>::new());
+        assert_eq!(starts("x"), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn single_prompts_encode_piece_by_piece_exactly_like_full_encodes() {
+        for name in ["SmolLM2-135M-Instruct", "tiny-qwen3"] {
+            let encoder = encoder(name);
+            let mut gen = Texts(0x2545_f491_4f6c_dd1d);
+            let mut starts = 0;
+            for _ in 0..400 {
+                let texts = vec![gen.text(24)];
+                starts += piece_starts(&texts[0]).count();
+                let full = full_encodes(encoder.tokenizer(), &texts);
+                // Twice: the second time every short piece is a kept one.
+                for _ in 0..2 {
+                    assert_eq!(
+                        encoder.encode_all(&texts).unwrap(),
+                        full,
+                        "{name}: {texts:?}"
+                    );
+                }
+            }
+            assert!(
+                starts > 400,
+                "{name}: only {starts} piece starts in 400 texts"
+            );
+            assert!(encoder.kept_pieces().len() > 100, "{name}");
+        }
+    }
+
+    #[test]
+    fn pieces_are_kept_within_their_bounds() {
+        let qwen = encoder("tiny-qwen3");
+        let long = format!(" {}", "x".repeat(MAX_KEPT_PIECE_BYTES));
+        let text = format!("a{long} b");
+        assert_eq!(
+            qwen.encode(&text).unwrap(),
+            qwen.tokenizer()
+                .encode(text.as_str(), false)
+                .unwrap()
+                .get_ids()
+        );
+        let mut kept = qwen.kept_pieces();
+        assert_eq!(kept.len(), 2, "the long piece is not kept");
+        assert!(kept.get("a").is_some() && kept.get(" b").is_some());
+        assert!(kept.get(long.as_str()).is_none());
+        drop(kept);
+        // Distinct letter-only words, more of them than are kept.
+        let word = |mut i: usize| {
+            let mut w = String::from("w");
+            while i > 0 {
+                w.push((b'a' + (i % 26) as u8) as char);
+                i /= 26;
+            }
+            w
+        };
+        let text: Vec<String> = (1..=KEPT_PIECES + 10).map(word).collect();
+        let text = text.join(" ");
+        assert_eq!(
+            qwen.encode(&text).unwrap(),
+            qwen.tokenizer()
+                .encode(text.as_str(), false)
+                .unwrap()
+                .get_ids()
+        );
+        let mut kept = qwen.kept_pieces();
+        assert_eq!(
+            kept.len(),
+            KEPT_PIECES,
+            "the least recent pieces are let go"
+        );
+        assert!(kept.get("a").is_none());
+        assert!(kept.get(&format!(" {}", word(KEPT_PIECES + 10))).is_some());
+    }
+
+    #[test]
+    fn a_run_with_a_token_across_a_piece_start_keeps_nothing() {
+        let qwen = encoder("tiny-qwen3");
+        let run = qwen.tokenizer().encode("Question", false).unwrap();
+        assert_eq!(run.get_ids().len(), 1);
+        assert!(split_run(&run, &[0, 3, 8], &["Que", "stion"]).is_empty());
+        let run = qwen.tokenizer().encode("a b", false).unwrap();
+        let split = split_run(&run, &[0, 1, 3], &["a", " b"]);
+        assert_eq!(split.len(), 2);
+        assert_eq!(&*split[1].1, &run.get_ids()[1..]);
+    }
+
+    #[test]
+    fn an_added_token_with_a_space_or_a_strip_turns_pieces_off() {
+        let dir = fixture_dir("tiny-qwen3");
+        let text = "we flew to New York in May";
+        for token in [
+            tokenizers::AddedToken::from("New York", false),
+            tokenizers::AddedToken::from("York", false).rstrip(true),
+        ] {
+            let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+            tokenizer.add_tokens(std::slice::from_ref(&token));
+            let mut encoder = PromptEncoder::new(tokenizer);
+            assert!(!encoder.encodes_pieces(), "{token:?}");
+            let full = encoder
+                .tokenizer()
+                .encode(text, false)
+                .unwrap()
+                .get_ids()
+                .to_vec();
+            assert_eq!(encoder.encode(text).unwrap(), full);
+            // Forced on, pieces kept from other texts would change the ids: the rule is what
+            // keeps them exact.
+            encoder.pieces = true;
+            for other in ["we flew to New cars in a May", "at York"] {
+                encoder.encode(other).unwrap();
+            }
+            assert_ne!(encoder.encode(text).unwrap(), full, "{token:?}");
         }
     }
 
@@ -446,6 +740,10 @@ mod tests {
                 "\u{a0}",
                 "!!",
                 "...",
+                "the cat",
+                " sat on",
+                "x y z",
+                "I'm in",
             ];
             PIECES[(self.next() % PIECES.len() as u64) as usize]
         }

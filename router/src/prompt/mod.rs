@@ -65,6 +65,9 @@ impl NextTokenStrategy {
         if !encoder.shares_heads() {
             tracing::info!("this tokenizer is encoded in full per question (no shared-head cut is proven safe for it)");
         }
+        if !encoder.encodes_pieces() {
+            tracing::info!("prompts are encoded whole, not word by word (pieces are not proven independent for this tokenizer)");
+        }
         Ok(NextTokenStrategy {
             encoder,
             template,
