@@ -122,8 +122,8 @@ impl PromptEncoder {
         }
     }
 
-    /// Encodes the first text in full and reuses its ids before `cut` for the others, each
-    /// followed by the ids of its tail (kept or encoded alone).
+    /// Encodes the first text and reuses its ids before `cut` for the others, each followed by
+    /// the ids of its tail (kept or encoded alone).
     fn encode_with_cut(&self, texts: &[String], cut: usize) -> Result<Vec<Vec<u32>>, String> {
         let first = &texts[0];
         // Up to its last piece start before the cut, the first prompt is encoded piece by piece;
@@ -421,6 +421,18 @@ mod tests {
             .collect()
     }
 
+    /// `encode_all` gives the full encodes, twice (the second time from what the first one kept).
+    fn encodes_like_full_encodes_twice(encoder: &PromptEncoder, name: &str, texts: &[String]) {
+        let full = full_encodes(encoder.tokenizer(), texts);
+        for _ in 0..2 {
+            assert_eq!(
+                encoder.encode_all(texts).unwrap(),
+                full,
+                "{name}: {texts:?}"
+            );
+        }
+    }
+
     #[test]
     fn the_cut_is_the_last_shared_line_start_that_begins_a_word_everywhere() {
         assert_eq!(
@@ -480,15 +492,8 @@ mod tests {
             for _ in 0..400 {
                 let texts = vec![gen.text(24)];
                 starts += piece_starts(&texts[0]).count();
-                let full = full_encodes(encoder.tokenizer(), &texts);
-                // Twice: the second time every short piece is a kept one.
-                for _ in 0..2 {
-                    assert_eq!(
-                        encoder.encode_all(&texts).unwrap(),
-                        full,
-                        "{name}: {texts:?}"
-                    );
-                }
+                // The second time every short piece is a kept one.
+                encodes_like_full_encodes_twice(&encoder, name, &texts);
             }
             assert!(
                 starts > 400,
@@ -504,11 +509,8 @@ mod tests {
         let long = format!(" {}", "x".repeat(MAX_KEPT_PIECE_BYTES));
         let text = format!("a{long} b");
         assert_eq!(
-            qwen.encode(&text).unwrap(),
-            qwen.tokenizer()
-                .encode(text.as_str(), false)
-                .unwrap()
-                .get_ids()
+            vec![qwen.encode(&text).unwrap()],
+            full_encodes(qwen.tokenizer(), std::slice::from_ref(&text))
         );
         let mut kept = qwen.kept_pieces();
         assert_eq!(kept.len(), 2, "the long piece is not kept");
@@ -527,11 +529,8 @@ mod tests {
         let text: Vec<String> = (1..=KEPT_PIECES + 10).map(word).collect();
         let text = text.join(" ");
         assert_eq!(
-            qwen.encode(&text).unwrap(),
-            qwen.tokenizer()
-                .encode(text.as_str(), false)
-                .unwrap()
-                .get_ids()
+            vec![qwen.encode(&text).unwrap()],
+            full_encodes(qwen.tokenizer(), std::slice::from_ref(&text))
         );
         let mut kept = qwen.kept_pieces();
         assert_eq!(
@@ -772,15 +771,8 @@ mod tests {
                 if shared_cut(&texts).is_some() {
                     cuts += 1;
                 }
-                let full = full_encodes(encoder.tokenizer(), &texts);
-                // Twice: the second time the tails are the kept ones.
-                for _ in 0..2 {
-                    assert_eq!(
-                        encoder.encode_all(&texts).unwrap(),
-                        full,
-                        "{name}: {texts:?}"
-                    );
-                }
+                // The second time the tails and pieces are the kept ones.
+                encodes_like_full_encodes_twice(&encoder, name, &texts);
             }
             assert!(
                 cuts > 100,
