@@ -358,8 +358,16 @@ fn split_run<'t>(
 }
 
 /// Whether a text's pieces encode independently (given `splits_at_line_starts`): no added token
-/// contains whitespace or looks at its neighbours, and the BPE has no dropout.
+/// contains whitespace or looks at its neighbours, the BPE has no dropout, and no token of the
+/// vocabulary holds an ASCII letter followed by a space (`Ġ` in byte-level form), so no merge can
+/// join a word to the space after it, whatever the pre-tokenizer's pattern lets through.
 fn pieces_are_independent(tokenizer: &Tokenizer) -> bool {
+    let no_word_space = tokenizer.get_vocab(false).keys().all(|token| {
+        !token
+            .chars()
+            .zip(token.chars().skip(1))
+            .any(|(a, b)| a.is_ascii_alphabetic() && b == '\u{120}')
+    });
     let added_ok = tokenizer.get_added_tokens_decoder().values().all(|token| {
         !token.single_word
             && !token.lstrip
@@ -367,7 +375,7 @@ fn pieces_are_independent(tokenizer: &Tokenizer) -> bool {
             && !token.content.chars().any(char::is_whitespace)
     });
     let bpe_ok = matches!(tokenizer.get_model(), ModelWrapper::BPE(bpe) if bpe.dropout.is_none());
-    added_ok && bpe_ok
+    added_ok && bpe_ok && no_word_space
 }
 
 /// A byte-level BPE with GPT-2's regex (ByteLevel with `use_regex`) or a regex split before a plain
@@ -552,6 +560,20 @@ mod tests {
         let split = split_run(&run, &[0, 1, 3], &["a", " b"]);
         assert_eq!(split.len(), 2);
         assert_eq!(&*split[1].1, &run.get_ids()[1..]);
+    }
+
+    #[test]
+    fn a_vocabulary_token_across_a_word_and_a_space_turns_pieces_off() {
+        let path = fixture_dir("tiny-qwen3").join("tokenizer.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        json["model"]["vocab"]["New\u{120}York"] = serde_json::json!(200_000);
+        let tokenizer: Tokenizer = json.to_string().parse().unwrap();
+        assert!(pieces_are_independent(
+            &Tokenizer::from_file(fixture_dir("tiny-qwen3").join("tokenizer.json")).unwrap()
+        ));
+        assert!(!pieces_are_independent(&tokenizer));
+        assert!(!PromptEncoder::new(tokenizer).encodes_pieces());
     }
 
     #[test]
