@@ -56,8 +56,26 @@ pub struct PromptEncoder {
     shared_heads: bool,
     /// Texts are encoded piece by piece (cut at single spaces between ASCII letters).
     pieces: bool,
-    tails: Mutex<LruCache<String, Arc<[u32]>>>,
-    kept_pieces: Mutex<LruCache<String, Arc<[u32]>>>,
+    tails: Kept,
+    kept_pieces: Kept,
+}
+
+/// Texts kept with their ids, least recently used first out.
+struct Kept(Mutex<LruCache<String, Arc<[u32]>>>);
+
+impl Kept {
+    fn new(capacity: usize) -> Self {
+        Kept(Mutex::new(LruCache::new(
+            NonZeroUsize::new(capacity).expect("capacity > 0"),
+        )))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<[u32]>>> {
+        // A panic while holding the lock cannot leave a wrong entry behind: entries are inserted whole.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl PromptEncoder {
@@ -73,25 +91,21 @@ impl PromptEncoder {
             without_nfc,
             shared_heads: false,
             pieces: false,
-            tails: Mutex::new(LruCache::new(
-                NonZeroUsize::new(KEPT_TAILS).expect("KEPT_TAILS > 0"),
-            )),
-            kept_pieces: Mutex::new(LruCache::new(
-                NonZeroUsize::new(KEPT_PIECES).expect("KEPT_PIECES > 0"),
-            )),
+            tails: Kept::new(KEPT_TAILS),
+            kept_pieces: Kept::new(KEPT_PIECES),
         };
         if splits_at_line_starts(&encoder.tokenizer) {
             // Pieces and shared heads together, else shared heads alone; each only if the
             // self-check agrees with full encodes.
             encoder.shared_heads = true;
             encoder.pieces = pieces_are_independent(&encoder.tokenizer);
-            if encoder.pieces && !encoder.self_check() {
+            if !encoder.self_check() {
                 encoder.pieces = false;
+                encoder.shared_heads = encoder.self_check();
             }
-            encoder.shared_heads = encoder.self_check();
         }
-        encoder.kept_tails().clear();
-        encoder.kept_pieces().clear();
+        encoder.tails.lock().clear();
+        encoder.kept_pieces.lock().clear();
         encoder
     }
 
@@ -169,26 +183,12 @@ impl PromptEncoder {
         if text.len() > MAX_KEPT_TAIL_BYTES {
             return self.encode(text).map(Arc::from);
         }
-        if let Some(ids) = self.kept_tails().get(text) {
+        if let Some(ids) = self.tails.lock().get(text) {
             return Ok(ids.clone());
         }
         let ids: Arc<[u32]> = self.encode(text)?.into();
-        self.kept_tails().put(text.to_owned(), ids.clone());
+        self.tails.lock().put(text.to_owned(), ids.clone());
         Ok(ids)
-    }
-
-    fn kept_tails(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<[u32]>>> {
-        // A panic while holding the lock cannot leave a wrong entry behind: entries are inserted whole.
-        self.tails
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn kept_pieces(&self) -> std::sync::MutexGuard<'_, LruCache<String, Arc<[u32]>>> {
-        // As with tails: entries are inserted whole.
-        self.kept_pieces
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// A text's ids: piece by piece where that is proven exact, else in one encode.
@@ -219,7 +219,7 @@ impl PromptEncoder {
             .collect();
         let pieces: Vec<&str> = bounds.windows(2).map(|w| &text[w[0]..w[1]]).collect();
         let kept: Vec<Option<Arc<[u32]>>> = {
-            let mut cache = self.kept_pieces();
+            let mut cache = self.kept_pieces.lock();
             pieces
                 .iter()
                 .map(|piece| cache.get(*piece).cloned())
@@ -243,7 +243,7 @@ impl PromptEncoder {
             learned.extend(split_run(&run, &bounds[first..=i], &pieces[first..i]));
         }
         if !learned.is_empty() {
-            let mut cache = self.kept_pieces();
+            let mut cache = self.kept_pieces.lock();
             for (piece, piece_ids) in learned {
                 cache.put(piece.to_owned(), piece_ids);
             }
@@ -473,7 +473,7 @@ mod tests {
             assert!(encoder.shares_heads(), "{name}");
             assert!(encoder.encodes_pieces(), "{name}");
             assert_eq!(
-                encoder.kept_pieces().len(),
+                encoder.kept_pieces.lock().len(),
                 0,
                 "the self-check leaves nothing kept"
             );
@@ -507,7 +507,7 @@ mod tests {
                 starts > 400,
                 "{name}: only {starts} piece starts in 400 texts"
             );
-            assert!(encoder.kept_pieces().len() > 100, "{name}");
+            assert!(encoder.kept_pieces.lock().len() > 100, "{name}");
         }
     }
 
@@ -520,7 +520,7 @@ mod tests {
             vec![qwen.encode(&text).unwrap()],
             full_encodes(qwen.tokenizer(), std::slice::from_ref(&text))
         );
-        let mut kept = qwen.kept_pieces();
+        let mut kept = qwen.kept_pieces.lock();
         assert_eq!(kept.len(), 2, "the long piece is not kept");
         assert!(kept.get("a").is_some() && kept.get(" b").is_some());
         assert!(kept.get(long.as_str()).is_none());
@@ -540,7 +540,7 @@ mod tests {
             vec![qwen.encode(&text).unwrap()],
             full_encodes(qwen.tokenizer(), std::slice::from_ref(&text))
         );
-        let mut kept = qwen.kept_pieces();
+        let mut kept = qwen.kept_pieces.lock();
         assert_eq!(
             kept.len(),
             KEPT_PIECES,
@@ -647,7 +647,7 @@ mod tests {
     fn tails_are_kept_across_requests_within_their_bounds() {
         let qwen = encoder("tiny-qwen3");
         assert_eq!(
-            qwen.kept_tails().len(),
+            qwen.tails.lock().len(),
             0,
             "the self-check leaves nothing kept"
         );
@@ -670,7 +670,7 @@ mod tests {
                 full_encodes(qwen.tokenizer(), &texts)
             );
         }
-        let mut kept = qwen.kept_tails();
+        let mut kept = qwen.tails.lock();
         assert_eq!(kept.len(), 1, "only the short tail is kept");
         let ids = kept.get(tail).expect("the short tail is kept").to_vec();
         assert_eq!(ids, qwen.tokenizer().encode(tail, false).unwrap().get_ids());
@@ -680,11 +680,11 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(
-            qwen.kept_tails().len(),
+            qwen.tails.lock().len(),
             KEPT_TAILS,
             "the least recent tails are let go"
         );
-        assert!(qwen.kept_tails().get(tail).is_none());
+        assert!(qwen.tails.lock().get(tail).is_none());
     }
 
     #[test]
@@ -696,7 +696,7 @@ mod tests {
             qwen.encode_with_cut(&texts, 6).unwrap(),
             full_encodes(qwen.tokenizer(), &texts)
         );
-        assert_eq!(qwen.kept_tails().len(), 0, "no tail of a bad cut is kept");
+        assert_eq!(qwen.tails.lock().len(), 0, "no tail of a bad cut is kept");
     }
 
     #[test]
