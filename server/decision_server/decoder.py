@@ -180,6 +180,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return out
 
 
+def _merge_softmax_parts(
+    first: torch.Tensor, first_lse: torch.Tensor, second: torch.Tensor, second_lse: torch.Tensor
+) -> torch.Tensor:
+    """One attention output from two parts over disjoint keys, each normalised with its own log-sum-exp:
+    weights exp(lse - max) renormalise them exactly (in float32)."""
+    top = torch.maximum(first_lse, second_lse)
+    first_weight = torch.exp(first_lse - top).unsqueeze(-1)
+    second_weight = torch.exp(second_lse - top).unsqueeze(-1)
+    return (first.float() * first_weight + second.float() * second_weight) / (first_weight + second_weight)
+
+
 def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: float) -> torch.Tensor:
     """Causal attention of new tokens (queries `query` (heads, tokens, head_dim), keys/values `new`) that follow
     `past` tokens, on CPU: (heads, tokens, head_dim).
@@ -195,11 +206,77 @@ def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: 
     # The kernel reads grouped key/value heads in place (query head h uses key/value head h // group).
     old, old_lse = flash(q, past.keys.unsqueeze(0), past.values.unsqueeze(0), 0.0, False, scale=scale)[:2]
     own, own_lse = flash(q, new.keys.unsqueeze(0), new.values.unsqueeze(0), 0.0, True, scale=scale)[:2]
-    top = torch.maximum(old_lse, own_lse)
-    old_weight = torch.exp(old_lse - top).unsqueeze(-1)
-    own_weight = torch.exp(own_lse - top).unsqueeze(-1)
-    merged = (old.float() * old_weight + own.float() * own_weight) / (old_weight + own_weight)
-    return merged[0].to(query.dtype)
+    return _merge_softmax_parts(old, old_lse, own, own_lse)[0].to(query.dtype)
+
+
+# Blocks of a tree pass smaller than this are attended together (one kernel call over their block-diagonal mask):
+# a call per tiny branch would cost more in dispatch than the masked-out products it saves.
+MIN_TREE_BLOCK_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class TreeAfterPast:
+    """The mask of a pass whose tokens all see every past token and, among themselves, their tree ancestors (the
+    branches pass of a tree read: questions and labels after their shared state), cut into independent blocks.
+
+    A dense mask over past + new keys makes the CPU kernel compute every query x key product, so 32 questions of
+    40 tokens after a 560-token state cost 1,280 x 1,840 products per head where 1,280 x 560 + 32 x 40 x 40 are
+    needed. Here the past is attended densely without a mask, and the new tokens block by block: `blocks` are
+    (start, end, mask) over the new tokens, no token attending outside its block, `mask` None where the block is a
+    plain causal chain. The parts are merged exactly by their log-sum-exp.
+    """
+
+    blocks: tuple[tuple[int, int, torch.Tensor | None], ...]
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, past_length: int, dtype: torch.dtype) -> TreeAfterPast | None:
+        """The split form of `mask` ((1, 1, tokens, past + tokens) booleans), or None where it has another shape:
+        some token does not see the whole past, or there is no past. Block masks are additive, in `dtype` (the
+        CPU kernel takes a mask in the queries' dtype)."""
+        if past_length == 0 or mask.dtype != torch.bool or mask.shape[0] != 1 or mask.shape[1] != 1:
+            return None
+        allowed = mask[0, 0]
+        if not bool(allowed[:, :past_length].all()):
+            return None
+        own = allowed[:, past_length:]
+        tokens = own.shape[0]
+        # A token attends only itself and earlier tokens (its ancestors); a block ends before `b` when no token
+        # from `b` on attends anything before `b`.
+        first = torch.where(own.any(dim=1), own.int().argmax(dim=1), torch.arange(tokens))
+        reach = torch.flip(torch.cummin(torch.flip(first, (0,)), dim=0).values, (0,))
+        starts = torch.nonzero(reach == torch.arange(tokens)).flatten().tolist()  # always holds 0
+        bounds = list(zip(starts, [*starts[1:], tokens], strict=True))
+        grouped: list[tuple[int, int]] = []
+        for start, end in bounds:
+            if grouped and grouped[-1][1] - grouped[-1][0] < MIN_TREE_BLOCK_TOKENS:
+                grouped[-1] = (grouped[-1][0], end)
+            else:
+                grouped.append((start, end))
+        blocks = []
+        for start, end in grouped:
+            block = own[start:end, start:end]
+            causal = bool(torch.equal(block, torch.ones_like(block).tril()))
+            additive = torch.zeros(block.shape, dtype=dtype).masked_fill_(~block, float("-inf"))
+            blocks.append((start, end, None if causal else additive[None, None]))
+        return cls(tuple(blocks))
+
+
+def _tree_after_past(
+    query: torch.Tensor, new: LayerKV, past: LayerKV, tree: TreeAfterPast, scale: float
+) -> torch.Tensor:
+    """Attention of a `TreeAfterPast` pass on CPU: (heads, tokens, head_dim)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q = query.unsqueeze(0)
+    old, old_lse = flash(q, past.keys.unsqueeze(0), past.values.unsqueeze(0), 0.0, False, scale=scale)[:2]
+    parts, lses = [], []
+    for start, end, mask in tree.blocks:
+        keys, values = new.keys[:, start:end].unsqueeze(0), new.values[:, start:end].unsqueeze(0)
+        part, lse = flash(q[:, :, start:end], keys, values, 0.0, mask is None, attn_mask=mask, scale=scale)[:2]
+        parts.append(part)
+        lses.append(lse)
+    own = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+    own_lse = lses[0] if len(lses) == 1 else torch.cat(lses, dim=2)
+    return _merge_softmax_parts(old, old_lse, own, own_lse)[0].to(query.dtype)
 
 
 @dataclass
@@ -235,7 +312,7 @@ class Attention(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | TreeAfterPast | None,
         past: LayerKV | None,
     ) -> tuple[torch.Tensor, LayerKV]:
         tokens = hidden.shape[0]
@@ -251,6 +328,10 @@ class Attention(nn.Module):
         key = _rotate(key, cos, sin).transpose(0, 1)
         value = value.transpose(0, 1)
         new = LayerKV(key, value)
+        if isinstance(mask, TreeAfterPast):
+            assert past is not None  # TreeAfterPast.of never splits a pass without a past
+            attended = _tree_after_past(query, new, past, mask, self.head_dim**-0.5)
+            return self.out(attended.transpose(0, 1).reshape(tokens, self.heads * self.head_dim)), new
         if mask is None and past is not None and past.keys.shape[1] and tokens > 1 and hidden.device.type == "cpu":
             # No tree: causal attention continuing after the past tokens, without a mask (see _causal_after_past).
             attended = _causal_after_past(query, new, past, self.head_dim**-0.5)
@@ -309,7 +390,7 @@ class DecoderLayer(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | TreeAfterPast | None,
         past: LayerKV | None,
     ) -> tuple[torch.Tensor, LayerKV]:
         attended, new = self.attention(self.input_norm(hidden), cos, sin, mask, past)
@@ -485,9 +566,12 @@ class DecoderLM(nn.Module):
         """
         hidden = self.embedding(token_ids)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        layer_mask: torch.Tensor | TreeAfterPast | None = mask
+        if mask is not None and past and hidden.device.type == "cpu":
+            layer_mask = TreeAfterPast.of(mask, int(past[0].keys.shape[1]), hidden.dtype) or mask
         new: list[LayerKV] = []
         for index, layer in enumerate(self.layers):
-            hidden, kv = layer(hidden, cos, sin, mask, past[index] if past is not None else None)
+            hidden, kv = layer(hidden, cos, sin, layer_mask, past[index] if past is not None else None)
             new.append(kv)
         return self.norm(hidden), new
 

@@ -225,3 +225,94 @@ def test_parallel_flags_are_checked() -> None:
 def test_weights_report_their_bytes(smollm2: Any) -> None:
     # SmolLM2-135M: 134.5M parameters with the tied head counted once, float32.
     assert smollm2.weight_bytes() == 538_060_032
+
+
+def _branches_mask(past_tokens: int, branches: list[int], forks: dict[int, int] | None = None) -> torch.Tensor:
+    """(tokens, past + tokens) booleans: every token sees the past; branch b is a chain of `branches[b]` tokens
+    after it; `forks` {branch: k} makes the branch's last k tokens a second chain hanging off its token -k-1 (a
+    multi-token label beside the answer)."""
+    tokens = sum(branches)
+    allowed = torch.zeros(tokens, past_tokens + tokens, dtype=torch.bool)
+    allowed[:, :past_tokens] = True
+    start = 0
+    for index, length in enumerate(branches):
+        fork = (forks or {}).get(index, 0)
+        trunk = length - fork
+        for query in range(length):
+            if query < trunk:
+                allowed[start + query, past_tokens + start : past_tokens + start + query + 1] = True
+            else:
+                # The fork's tokens see the trunk up to its token trunk - 2, then the fork itself.
+                allowed[start + query, past_tokens + start : past_tokens + start + trunk - 1] = True
+                allowed[start + query, past_tokens + start + trunk : past_tokens + start + query + 1] = True
+        start += length
+    return allowed
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "past_tokens", "branches", "forks"),
+    [
+        (4, 2, 37, [3, 150, 5, 200], {0: 1, 2: 2}),  # small and large branches, forks in the small ones
+        (3, 3, 1, [2, 2], {}),  # two tiny chains grouped into one masked block
+        (8, 1, 5, [300], {}),  # one chain: a single causal block
+        (2, 1, 64, [40] * 32, {5: 3}),  # 32 questions after a state, in groups of about 128 tokens
+    ],
+)
+def test_tree_attention_after_a_past_equals_the_masked_softmax(
+    heads: int, kv_heads: int, past_tokens: int, branches: list[int], forks: dict[int, int]
+) -> None:
+    from decision_server.decoder import LayerKV, TreeAfterPast, _tree_after_past
+
+    tokens = sum(branches)
+    generator = torch.Generator().manual_seed(heads * 100 + tokens)
+
+    def draw(rows: int, length: int) -> torch.Tensor:
+        return torch.randn(rows, length, 16, generator=generator, dtype=torch.float64).float()
+
+    query, past = draw(heads, tokens), LayerKV(draw(kv_heads, past_tokens), draw(kv_heads, past_tokens))
+    new = LayerKV(draw(kv_heads, tokens), draw(kv_heads, tokens))
+    allowed = _branches_mask(past_tokens, branches, forks)
+    tree = TreeAfterPast.of(allowed[None, None], past_tokens, torch.float32)
+    assert tree is not None
+    ours = _tree_after_past(query, new, past, tree, 0.25)
+    keys = torch.cat((past.keys, new.keys), dim=1).double().repeat_interleave(heads // kv_heads, dim=0)
+    values = torch.cat((past.values, new.values), dim=1).double().repeat_interleave(heads // kv_heads, dim=0)
+    scores = query.double() @ keys.transpose(1, 2) * 0.25
+    expected = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ values
+    assert ours.dtype == torch.float32 and ours.shape == (heads, tokens, 16)
+    torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6)
+
+
+def test_a_tree_after_a_past_is_cut_into_independent_blocks() -> None:
+    from decision_server.decoder import MIN_TREE_BLOCK_TOKENS, TreeAfterPast
+
+    def blocks(past: int, branches: list[int], forks: dict[int, int] | None = None) -> list[tuple[int, int, bool]]:
+        tree = TreeAfterPast.of(_branches_mask(past, branches, forks)[None, None], past, torch.float32)
+        assert tree is not None
+        return [(start, end, mask is None) for start, end, mask in tree.blocks]
+
+    big = MIN_TREE_BLOCK_TOKENS
+    # Branches of at least MIN_TREE_BLOCK_TOKENS are blocks of their own; a plain chain needs no mask.
+    assert blocks(10, [big, big + 5]) == [(0, big, True), (big, 2 * big + 5, True)]
+    # A fork (a multi-token label) keeps its branch in one block, with a mask.
+    assert blocks(10, [big, big], {1: 2}) == [(0, big, True), (big, 2 * big, False)]
+    # Small branches are grouped until a group reaches MIN_TREE_BLOCK_TOKENS; the group needs a mask.
+    assert blocks(10, [40] * 8) == [(0, 160, False), (160, 320, False)]
+    assert blocks(10, [5]) == [(0, 5, True)]
+    # Masked blocks are additive masks in the queries' dtype: 0 where allowed, -inf elsewhere.
+    tree = TreeAfterPast.of(_branches_mask(3, [2, 2])[None, None], 3, torch.float32)
+    assert tree is not None
+    ((start, end, mask),) = tree.blocks
+    assert (start, end) == (0, 4) and mask is not None and mask.dtype == torch.float32
+    assert torch.equal(mask[0, 0] == 0, _branches_mask(3, [2, 2])[:, 3:])
+
+
+def test_a_mask_that_hides_part_of_the_past_is_not_split() -> None:
+    from decision_server.decoder import TreeAfterPast
+
+    allowed = _branches_mask(6, [3, 3])
+    assert TreeAfterPast.of(allowed[None, None], 0, torch.float32) is None  # no past
+    allowed[4, 2] = False  # one token does not see past token 2 (another request's cached prefix)
+    assert TreeAfterPast.of(allowed[None, None], 6, torch.float32) is None
+    additive = torch.zeros(1, 1, 6, 12)  # eager attention's additive mask: left as it is
+    assert TreeAfterPast.of(additive, 6, torch.float32) is None

@@ -62,19 +62,27 @@ def assert_same_reads(tree: Any, naive: Any, tolerance: float = 1e-4) -> None:
         assert a.greedy_token_id == b.greedy_token_id
 
 
-# (min_chain_tokens, min_split_tokens): everything in one masked pass; the defaults; chains and splits everywhere.
-PLANS = {"one-pass": (10**9, 10**9), "default": (32, 256), "split": (4, 16)}
+# (min_chain_tokens, min_split_tokens): everything in one masked pass; the defaults; chains and splits everywhere;
+# each state a chain, its questions and labels one masked pass after it (what the defaults make of long states).
+PLANS = {"one-pass": (10**9, 10**9), "default": (32, 256), "split": (4, 16), "branches": (8, 64)}
 
 
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("name", MODELS)
 def test_tree_equals_naive_on_a_mixed_batch(
-    request: pytest.FixtureRequest, naive_outcomes: Any, name: str, plan: str
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, naive_outcomes: Any, name: str, plan: str
 ) -> None:
+    from decision_server import decoder
+
     model = request.getfixturevalue(name)
     reads = decision_batch(model.path)
     min_chain, min_split = PLANS[plan]
+    # Branch passes after a computed chain attend it without a mask and themselves block by block.
+    split_passes = []
+    attend = decoder._tree_after_past
+    monkeypatch.setattr(decoder, "_tree_after_past", lambda *args: split_passes.append(args[3]) or attend(*args))
     tree = TreeReads(model, min_chain_tokens=min_chain, min_split_tokens=min_split).run(reads)
+    assert bool(split_passes) == (plan == "branches")
     naive = naive_outcomes(model, reads)
     assert_same_reads(tree, naive)
     assert naive.forward_passes == len(reads) + sum(1 for r in reads for label in r.labels if len(label) > 1)
