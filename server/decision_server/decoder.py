@@ -180,17 +180,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return out
 
 
-def _merge_softmax_parts(
-    first: torch.Tensor, first_lse: torch.Tensor, second: torch.Tensor, second_lse: torch.Tensor
-) -> torch.Tensor:
-    """One attention output from two parts over disjoint keys, each normalised with its own log-sum-exp:
-    weights exp(lse - max) renormalise them exactly (in float32)."""
-    top = torch.maximum(first_lse, second_lse)
-    first_weight = torch.exp(first_lse - top).unsqueeze(-1)
-    second_weight = torch.exp(second_lse - top).unsqueeze(-1)
-    return (first.float() * first_weight + second.float() * second_weight) / (first_weight + second_weight)
-
-
 def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: float) -> torch.Tensor:
     """Causal attention of new tokens (queries `query` (heads, tokens, head_dim), keys/values `new`) that follow
     `past` tokens, on CPU: (heads, tokens, head_dim).
@@ -201,12 +190,8 @@ def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: 
     Here the past is attended densely and the new tokens causally (the kernel skips the blocks above the
     diagonal), each with its log-sum-exp, and the two softmax parts are merged exactly in float32.
     """
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    q = query.unsqueeze(0)
-    # The kernel reads grouped key/value heads in place (query head h uses key/value head h // group).
-    old, old_lse = flash(q, past.keys.unsqueeze(0), past.values.unsqueeze(0), 0.0, False, scale=scale)[:2]
-    own, own_lse = flash(q, new.keys.unsqueeze(0), new.values.unsqueeze(0), 0.0, True, scale=scale)[:2]
-    return _merge_softmax_parts(old, old_lse, own, own_lse)[0].to(query.dtype)
+    # One causal block over all new tokens: the tree attention after a past, without a tree.
+    return _tree_after_past(query, new, past, TreeAfterPast(((0, query.shape[1], None),)), scale)
 
 
 # Blocks of a tree pass smaller than this are attended together (one kernel call over their block-diagonal mask):
@@ -267,6 +252,7 @@ def _tree_after_past(
     """Attention of a `TreeAfterPast` pass on CPU: (heads, tokens, head_dim)."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     q = query.unsqueeze(0)
+    # The kernel reads grouped key/value heads in place (query head h uses key/value head h // group).
     old, old_lse = flash(q, past.keys.unsqueeze(0), past.values.unsqueeze(0), 0.0, False, scale=scale)[:2]
     parts, lses = [], []
     for start, end, mask in tree.blocks:
@@ -276,7 +262,12 @@ def _tree_after_past(
         lses.append(lse)
     own = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
     own_lse = lses[0] if len(lses) == 1 else torch.cat(lses, dim=2)
-    return _merge_softmax_parts(old, old_lse, own, own_lse)[0].to(query.dtype)
+    # Each part is normalised over its own keys; weights exp(lse - max) renormalise them exactly, in float32.
+    top = torch.maximum(old_lse, own_lse)
+    old_weight = torch.exp(old_lse - top).unsqueeze(-1)
+    own_weight = torch.exp(own_lse - top).unsqueeze(-1)
+    merged = (old.float() * old_weight + own.float() * own_weight) / (old_weight + own_weight)
+    return merged[0].to(query.dtype)
 
 
 @dataclass
