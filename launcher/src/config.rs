@@ -57,11 +57,12 @@ pub struct Config {
     #[arg(long, env = "READ_MODE", value_enum, default_value_t = ReadMode::Tree)]
     pub read_mode: ReadMode,
 
-    /// How the shard's float32 linear layers multiply on CPU. `exact`: torch's F.linear, the sums
-    /// transformers' own forward computes (labels within 1e-5 of it). `fast`: oneDNN's prepacked
-    /// GEMM, the kernel vLLM's CPU backend uses, 1.1-1.75x faster per GEMM; labels move by a few
-    /// 1e-5. bfloat16 linears are prepacked either way (same numbers).
-    #[arg(long, env = "MATMUL", value_enum, default_value_t = Matmul::Exact)]
+    /// How the shard's float32 linear layers multiply on CPU. `exact`: torch's F.linear (MKL), the
+    /// sums transformers' own forward computes (labels within 1e-5 of it). `fast`: oneDNN's
+    /// prepacked GEMM, the kernel vLLM's CPU backend uses, 1.1-1.75x faster per GEMM on AMD CPUs;
+    /// labels move by a few 1e-5. `auto`: fast on CPUs that are not Intel's, exact on Intel's
+    /// (where MKL is as fast). bfloat16 linears are prepacked in every mode (same numbers).
+    #[arg(long, env = "MATMUL", value_enum, default_value_t = Matmul::Auto)]
     pub matmul: Matmul,
 
     /// Base path of the shards' unix sockets; rank R listens on `{uds-path}-{R}`.
@@ -196,6 +197,7 @@ pub enum ReadMode {
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Matmul {
+    Auto,
     Exact,
     Fast,
 }
@@ -305,7 +307,7 @@ mod tests {
         assert_eq!(config.num_shard, 1);
         assert_eq!(config.dtype, Dtype::Auto);
         assert_eq!(config.read_mode, ReadMode::Tree);
-        assert_eq!(config.matmul, Matmul::Exact);
+        assert_eq!(config.matmul, Matmul::Auto);
         assert_eq!(config.uds_path, PathBuf::from("/tmp/decision-server"));
         assert_eq!(config.compat, Compat::Typesafe);
         assert_eq!(config.api_key, None);

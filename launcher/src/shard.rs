@@ -348,7 +348,7 @@ mod tests {
         );
         assert!(!default_threads.args.contains(&OsString::from("--threads")));
         assert!(default_threads.args.contains(&OsString::from("auto")));
-        assert_eq!(value_after(&default_threads.args, "--matmul"), "exact");
+        assert_eq!(value_after(&default_threads.args, "--matmul"), "auto");
         assert!(!default_threads
             .args
             .contains(&OsString::from("--master-port")));

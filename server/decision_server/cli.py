@@ -45,12 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--matmul",
-        choices=("exact", "fast"),
-        default="exact",
-        help="How float32 linear layers multiply on CPU. exact: torch's F.linear, the sums transformers' own forward "
-        "computes (labels within 1e-5 of it). fast: oneDNN's prepacked GEMM, the kernel vLLM's CPU backend uses, "
-        "1.1-1.75x faster per GEMM; labels move by a few 1e-5. bfloat16 linears are prepacked in both modes (same "
-        "numbers). Applies to the shard's own decoder (Llama family, Qwen3).",
+        choices=("auto", "exact", "fast"),
+        default="auto",
+        help="How float32 linear layers multiply on CPU. exact: torch's F.linear (MKL), the sums transformers' own "
+        "forward computes (labels within 1e-5 of it). fast: oneDNN's prepacked GEMM, the kernel vLLM's CPU backend "
+        "uses, 1.1-1.75x faster per GEMM on AMD CPUs; labels move by a few 1e-5. auto: fast on CPUs that are not "
+        "Intel's (where MKL is not the faster GEMM), exact on Intel's. bfloat16 linears are prepacked in every mode "
+        "(same numbers). Applies to the shard's own decoder (Llama family, Qwen3).",
     )
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice).")
     serve.add_argument(

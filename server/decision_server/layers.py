@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +18,42 @@ from decision_server.distributed import ShardGroup
 # Set to 1 to keep bfloat16 weights in torch's plain layout on CPU (F.linear), e.g. to compare the two paths.
 PLAIN_MATMUL_ENV = "DECISION_PLAIN_MATMUL"
 # How float32 linear layers multiply on CPU (`--matmul`): "exact" sums like transformers' own forward,
-# "fast" runs oneDNN's prepacked GEMM, the kernel vLLM's CPU backend uses.
+# "fast" runs oneDNN's prepacked GEMM, the kernel vLLM's CPU backend uses; "auto" picks one per CPU (`resolve_matmul`).
 MATMUL_MODES = ("exact", "fast")
+MATMUL_CHOICES = ("auto", *MATMUL_MODES)
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_vendor(cpuinfo: Path | None = None) -> str:
+    """The CPU's vendor string (`GenuineIntel`, `AuthenticAMD`, …), or "" where the system does not say."""
+    try:
+        text = (cpuinfo or CPUINFO).read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return ""
+
+
+def resolve_matmul(mode: str, device_type: str = "cpu", vendor: str | None = None) -> str:
+    """`auto` → the faster float32 GEMM of this CPU (`exact` off the CPU, where the mode changes nothing), else
+    `mode` unchanged.
+
+    MKL (F.linear) takes its best kernels on Intel CPUs only; on AMD CPUs oneDNN's prepacked GEMM beat it on
+    every machine measured (docs/benchmarks.md: 1.1-1.75x per GEMM, 0.83x -> 0.93x of vLLM at 8 q x 512 on
+    Zen 4, 0.92x -> 1.04-1.15x on an AVX2 EPYC), while on Intel MKL is as fast or faster. So auto is `fast`
+    where the vendor is known and not Intel, and `exact` on Intel or where the vendor is unknown.
+    """
+    if mode not in MATMUL_CHOICES:
+        raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_CHOICES)}, got {mode!r}")
+    if mode != "auto":
+        return mode
+    if device_type != "cpu":
+        return "exact"
+    vendor = cpu_vendor() if vendor is None else vendor
+    return "fast" if vendor and vendor != "GenuineIntel" else "exact"
 
 
 def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor:

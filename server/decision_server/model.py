@@ -366,14 +366,16 @@ def load_model(
 
     Llama-family and Qwen3 models get the shard's own decoder (each rank reads only its weight slices); other
     architectures get transformers' modeling, which cannot be split, so they are refused above world size 1.
-    `matmul` ("exact" or "fast", `layers.MATMUL_MODES`) is how the own decoder's float32 linears multiply;
-    transformers' modeling always runs its own (exact) linears.
+    `matmul` ("auto", "exact" or "fast", `layers.MATMUL_CHOICES`) is how the own decoder's float32 linears
+    multiply; auto picks this CPU's faster GEMM (`layers.resolve_matmul`). transformers' modeling always runs its
+    own (exact) linears. The loaded model's `matmul` is the mode that runs, never "auto".
     """
     from transformers import AutoConfig
     from transformers.utils import logging as hf_logging
 
     from decision_server.decoder import DecoderShape, UnsupportedModelError
     from decision_server.distributed import pick_device as pick_rank_device
+    from decision_server.layers import resolve_matmul
 
     parallel = parallel or ParallelConfig()
     # The weight-loading bar draws with carriage returns, which garbles the JSON-lines log stream.
@@ -388,6 +390,8 @@ def load_model(
         # Ranks on one CPU share its cores: each takes its part rather than all of them, which would oversubscribe.
         torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
     torch_dtype = resolve_dtype(dtype, device)
+    requested_matmul = matmul
+    matmul = resolve_matmul(matmul, device.type)
     try:
         DecoderShape.from_config(config).check_world_size(parallel.world_size)
         native_refusal = None
@@ -406,12 +410,12 @@ def load_model(
     else:
         loaded = _load_transformers(path, torch_dtype, device, needs_custom_mask)
         modeling = "transformers"
-        if matmul != "exact":
+        if requested_matmul == "fast":
             logger.warning(
                 "--matmul applies to the shard's own decoder only; transformers' modeling keeps its linears",
-                extra={"fields": {"matmul": matmul, "architecture": loaded.architecture}},
+                extra={"fields": {"matmul": requested_matmul, "architecture": loaded.architecture}},
             )
-            matmul = "exact"
+        matmul = "exact"
     logger.info(
         "model loaded",
         extra={

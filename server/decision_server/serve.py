@@ -34,7 +34,7 @@ class ServeConfig:
     uds_path: Path
     dtype: str = "auto"
     read_mode: str = "tree"
-    matmul: str = "exact"
+    matmul: str = "auto"
     threads: int | None = None
     prefix_cache_mb: int = 0
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

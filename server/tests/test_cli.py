@@ -18,6 +18,7 @@ import grpc
 import pytest
 from conftest import read_request, socket_dir
 
+from decision_server.layers import resolve_matmul
 from decision_server.pb import decision_pb2, decision_pb2_grpc
 from decision_server.serve import remove_stale_socket
 
@@ -77,7 +78,9 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             with grpc.insecure_channel(f"unix://{uds}") as channel:
                 stub = decision_pb2_grpc.DecisionShardStub(channel)
                 info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
-                assert (info.read_mode, info.dtype, info.device, info.matmul) == ("naive", "float32", "cpu", "exact")
+                # No --matmul: auto, reported as the mode it resolved to on this CPU.
+                expected = ("naive", "float32", "cpu", resolve_matmul("auto"))
+                assert (info.read_mode, info.dtype, info.device, info.matmul) == expected
                 assert stub.Health(decision_pb2.HealthRequest(), timeout=30).probe != 0.0
                 (result,) = stub.Read(read_request([(3, [9707, 11, 1879], [[0], [16, 17]])]), timeout=30).results
                 assert result.id == 3 and len(result.label_logprobs) == 2

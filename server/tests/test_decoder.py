@@ -127,6 +127,25 @@ def test_fast_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smol
         assert ours.greedy_tokens == theirs.greedy_tokens
 
 
+def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
+    smollm2_dir: Path, sliding_qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import decision_server.layers as layers
+
+    for vendor, expected in (("AuthenticAMD", "fast"), ("GenuineIntel", "exact")):
+        monkeypatch.setattr(layers, "cpu_vendor", lambda vendor=vendor: vendor)
+        model = load_model(smollm2_dir, dtype="float32", matmul="auto")
+        assert isinstance(model, DecoderModel) and model.matmul == expected  # Info reports the mode that runs
+        packed = model.network.layers[0].mlp.gate_up.weight.is_mkldnn
+        assert packed == (expected == "fast" and torch.backends.mkldnn.is_available())
+    # transformers' modeling keeps its own linears; auto asked for nothing, so nothing is warned about.
+    monkeypatch.setattr(layers, "cpu_vendor", lambda: "AuthenticAMD")
+    with caplog.at_level("WARNING", logger="decision_server"):
+        fallback = load_model(sliding_qwen3_dir, dtype="float32", matmul="auto")
+    assert isinstance(fallback, TransformersModel) and fallback.matmul == "exact"
+    assert not any("--matmul" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_decoder_continues_from_past_keys_like_transformers(request: pytest.FixtureRequest, name: str) -> None:
     model = request.getfixturevalue(name)

@@ -26,6 +26,8 @@ from decision_server.layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
+    cpu_vendor,
+    resolve_matmul,
     vocab_parallel_scores,
 )
 from decision_server.model import ScoreRequest, wrap_module
@@ -373,6 +375,37 @@ def test_float32_linear_weights_are_prepacked_only_in_fast_mode() -> None:
     torch.testing.assert_close(row(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="exact, fast"):
         ColumnParallelLinear(weight, matmul="fastest")
+
+
+@pytest.mark.parametrize(
+    ("mode", "device_type", "vendor", "expected"),
+    [
+        ("auto", "cpu", "AuthenticAMD", "fast"),  # MKL's float32 GEMM is the slower one on AMD
+        ("auto", "cpu", "HygonGenuine", "fast"),
+        ("auto", "cpu", "GenuineIntel", "exact"),
+        ("auto", "cpu", "", "exact"),  # no vendor line (e.g. ARM): the reference sums
+        ("auto", "cuda", "AuthenticAMD", "exact"),  # the mode only packs CPU weights
+        ("exact", "cpu", "AuthenticAMD", "exact"),  # an explicit mode is never overridden
+        ("fast", "cpu", "GenuineIntel", "fast"),
+    ],
+)
+def test_matmul_auto_is_fast_on_cpus_that_are_not_intels(
+    mode: str, device_type: str, vendor: str, expected: str
+) -> None:
+    assert resolve_matmul(mode, device_type, vendor) == expected
+
+
+def test_matmul_auto_reads_the_vendor_of_this_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import decision_server.layers as layers
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n\nprocessor\t: 1\n")
+    assert cpu_vendor(cpuinfo) == "AuthenticAMD"
+    assert cpu_vendor(tmp_path / "missing") == ""
+    monkeypatch.setattr(layers, "CPUINFO", cpuinfo)
+    assert resolve_matmul("auto") == "fast"
+    with pytest.raises(ValueError, match="auto, exact, fast"):
+        resolve_matmul("fastest")
 
 
 def test_bfloat16_stays_plain_where_the_cpu_cannot_pack_it(monkeypatch: pytest.MonkeyPatch) -> None:
