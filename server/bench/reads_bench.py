@@ -1,5 +1,5 @@
 """Forward-time benchmark of the read strategies: N reads sharing one long prompt head, tree vs naive.
-Run: python server/bench/reads_bench.py MODEL_DIR [--head 512] [--reads 8] [--runs 5] [--threads 2]"""
+Run: python server/bench/reads_bench.py MODEL_DIR [--head 512] [--reads 8] [--runs 5] [--threads 2] [--profile]"""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--profile", action="store_true", help="end with torch.profiler's op table of one tree run")
     args = parser.parse_args()
 
     model = load_model(args.model_dir, dtype=args.dtype, threads=args.threads)
@@ -87,6 +88,14 @@ def main() -> None:
         for a, b in zip(x.label_logprobs, y.label_logprobs, strict=True)
     )
     print(f"max |tree - naive| label logprob: {worst:.2e}")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        tree = TreeReads(model)
+        with profile(activities=[ProfilerActivity.CPU]) as profiled:
+            batch = tree.run(reads)
+        print(f"profiled tree run: {batch.forward_seconds * 1e3:.1f} ms forward, {batch.packed_tokens} tokens fed")
+        print(profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
 
 
 if __name__ == "__main__":
