@@ -270,6 +270,27 @@ def _tree_after_past(
     return merged[0].to(query.dtype)
 
 
+@dataclass(frozen=True)
+class KeptRows:
+    """The rows of a pass whose hidden states are read (their next-token scores), for the last layer, which
+    computes only those: the other tokens need nothing from it but their keys/values. On a tree read that skips
+    the last layer's queries, attention output and MLP for most tokens (about 1/layers of the pass).
+
+    `index` (rows,) token indices; `mask` (1, 1, rows, past + tokens) booleans, what each row may attend.
+    """
+
+    index: torch.Tensor
+    mask: torch.Tensor
+
+    @classmethod
+    def of(cls, keep: torch.Tensor, mask: torch.Tensor | None, past_length: int, tokens: int) -> KeptRows:
+        """`mask` as `DecoderLM.hidden_states` takes it (None = causal after the past)."""
+        if mask is not None:
+            return cls(keep, mask.index_select(2, keep))
+        keys = torch.arange(past_length + tokens, device=keep.device)
+        return cls(keep, (keys <= (keep + past_length).unsqueeze(-1))[None, None])
+
+
 @dataclass
 class LayerKV:
     keys: torch.Tensor  # (kv_heads_here, tokens, head_dim), positions already applied
@@ -305,7 +326,9 @@ class Attention(nn.Module):
         sin: torch.Tensor,
         mask: torch.Tensor | TreeAfterPast | None,
         past: LayerKV | None,
+        rows: KeptRows | None = None,
     ) -> tuple[torch.Tensor, LayerKV]:
+        """Attention output of every token, or with `rows` of those rows only (keys/values are of every token)."""
         tokens = hidden.shape[0]
         fused = self.qkv(hidden)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -319,6 +342,10 @@ class Attention(nn.Module):
         key = _rotate(key, cos, sin).transpose(0, 1)
         value = value.transpose(0, 1)
         new = LayerKV(key, value)
+        if rows is not None:
+            if not rows.index.numel():
+                return hidden[:0], new  # no query at all: the layer only adds its keys/values
+            return self._rows_only(query, new, past, rows), new
         if isinstance(mask, TreeAfterPast):
             assert past is not None  # TreeAfterPast.of never splits a pass without a past
             attended = _tree_after_past(query, new, past, mask, self.head_dim**-0.5)
@@ -350,6 +377,24 @@ class Attention(nn.Module):
         )
         merged = attended[0].transpose(0, 1).reshape(tokens, self.heads * self.head_dim)
         return self.out(merged), new
+
+    def _rows_only(self, query: torch.Tensor, new: LayerKV, past: LayerKV | None, rows: KeptRows) -> torch.Tensor:
+        """Attention output (rows, hidden) of the kept rows' queries over every key they may see."""
+        if past is not None and past.keys.shape[1]:
+            keys = torch.cat((past.keys, new.keys), dim=1)
+            values = torch.cat((past.values, new.values), dim=1)
+        else:
+            keys, values = new.keys, new.values
+        count = rows.index.shape[0]
+        attended = F.scaled_dot_product_attention(
+            query.index_select(1, rows.index).unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=rows.mask,
+            scale=self.head_dim**-0.5,
+            enable_gqa=self.heads != self.kv_heads,
+        )
+        return self.out(attended[0].transpose(0, 1).reshape(count, self.heads * self.head_dim))
 
 
 class GatedMLP(nn.Module):
@@ -383,8 +428,14 @@ class DecoderLayer(nn.Module):
         sin: torch.Tensor,
         mask: torch.Tensor | TreeAfterPast | None,
         past: LayerKV | None,
+        rows: KeptRows | None = None,
     ) -> tuple[torch.Tensor, LayerKV]:
-        attended, new = self.attention(self.input_norm(hidden), cos, sin, mask, past)
+        """The layer's output for every token, or with `rows` for those rows only (keys/values of every token)."""
+        attended, new = self.attention(self.input_norm(hidden), cos, sin, mask, past, rows)
+        if rows is not None:
+            hidden = hidden.index_select(0, rows.index)
+            if not rows.index.numel():
+                return hidden, new
         hidden = hidden + attended
         hidden = hidden + self.mlp(self.post_attention_norm(hidden))
         return hidden, new
@@ -550,19 +601,26 @@ class DecoderLM(nn.Module):
         positions: torch.Tensor,
         mask: torch.Tensor | None,
         past: list[LayerKV] | None,
+        keep: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[LayerKV]]:
-        """Final-norm hidden states (tokens, hidden) of a packed sequence, and each layer's new keys/values.
+        """Final-norm hidden states of a packed sequence, and each layer's new keys/values (of every token).
 
-        `mask` (1, 1, tokens, past + tokens), booleans, True = may attend; None = causal.
+        `mask` (1, 1, tokens, past + tokens), booleans, True = may attend; None = causal. The hidden states are
+        (tokens, hidden), or with `keep` (token indices) those rows only, in that order: the last layer then
+        computes only them (`KeptRows`).
         """
         hidden = self.embedding(token_ids)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
+        past_length = int(past[0].keys.shape[1]) if past else 0
         layer_mask: torch.Tensor | TreeAfterPast | None = mask
         if mask is not None and past and hidden.device.type == "cpu":
-            layer_mask = TreeAfterPast.of(mask, int(past[0].keys.shape[1]), hidden.dtype) or mask
+            layer_mask = TreeAfterPast.of(mask, past_length, hidden.dtype) or mask
+        last = len(self.layers) - 1
+        rows = None if keep is None else KeptRows.of(keep, mask, past_length, len(token_ids))
         new: list[LayerKV] = []
         for index, layer in enumerate(self.layers):
-            hidden, kv = layer(hidden, cos, sin, layer_mask, past[index] if past is not None else None)
+            layer_past = past[index] if past is not None else None
+            hidden, kv = layer(hidden, cos, sin, layer_mask, layer_past, rows if index == last else None)
             new.append(kv)
         return self.norm(hidden), new
 

@@ -75,8 +75,8 @@ class DecoderModel(LoadedModel):
             if request.past is not None:
                 keys, values = request.past
                 past = [LayerKV(keys[layer], values[layer]) for layer in range(keys.shape[0])]
-            hidden, new = self.network.hidden_states(ids, positions, request.attention_mask, past)
-            kept = hidden.index_select(0, torch.tensor(request.keep, dtype=torch.long, device=device))
+            keep = torch.tensor(request.keep, dtype=torch.long, device=device)
+            kept, new = self.network.hidden_states(ids, positions, request.attention_mask, past, keep)
             label_logprobs, greedy = vocab_parallel_scores(
                 self.network.head.local_logits(kept),
                 self.network.head.start,

@@ -335,3 +335,46 @@ def test_a_mask_that_hides_part_of_the_past_is_not_split() -> None:
     assert TreeAfterPast.of(allowed[None, None], 6, torch.float32) is None
     additive = torch.zeros(1, 1, 6, 12)  # eager attention's additive mask: left as it is
     assert TreeAfterPast.of(additive, 6, torch.float32) is None
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("shape", ["causal", "tree", "causal after past", "tree after past"])
+def test_the_last_layer_computes_only_the_kept_rows(request: pytest.FixtureRequest, name: str, shape: str) -> None:
+    """With `keep`, the hidden states are the kept rows of the full pass's, every layer's keys/values are the
+    full pass's, and the last layer's MLP sees only the kept rows (none at all for an empty `keep`)."""
+    model = request.getfixturevalue(name)
+    network = model.network
+    generator = torch.Generator().manual_seed(7)
+    past_length = 0 if "past" not in shape else 23
+    tokens = 40
+    ids = torch.randint(0, model.token_limit, (past_length + tokens,), generator=generator)
+    past = None
+    if past_length:
+        with torch.inference_mode():
+            _, past = network.hidden_states(ids[:past_length], torch.arange(past_length), None, None)
+    mask = None
+    positions = torch.arange(past_length, past_length + tokens)
+    if "tree" in shape:
+        # Four branches of 10 tokens after the past (or after the branches' common first token).
+        allowed = _branches_mask(past_length, [10, 10, 10, 10], {1: 2})
+        if not past_length:
+            allowed[:, 0] = True
+        mask = model.tree_attention_mask(allowed)
+        positions = torch.tensor([past_length + i % 10 for i in range(tokens)])
+    seen: list[int] = []
+    hook = network.layers[-1].mlp.register_forward_hook(lambda _m, args, _o: seen.append(args[0].shape[0]))
+    try:
+        with torch.inference_mode():
+            full, full_kv = network.hidden_states(ids[past_length:], positions, mask, past)
+            for keep in ([39, 3, 19, 20], []):
+                seen.clear()
+                kept, kept_kv = network.hidden_states(
+                    ids[past_length:], positions, mask, past, torch.tensor(keep, dtype=torch.long)
+                )
+                assert seen == ([len(keep)] if keep else [])
+                assert kept.shape == (len(keep), network.shape.hidden_size)
+                torch.testing.assert_close(kept, full[keep], rtol=0, atol=2e-5)
+                for ours, theirs in zip(kept_kv, full_kv, strict=True):
+                    assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+    finally:
+        hook.remove()
