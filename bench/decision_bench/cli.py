@@ -54,6 +54,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup", type=int, default=2, help="Unmeasured requests per server before the rounds (default 2)"
     )
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="Idle seconds before each measured round, so work a server keeps doing after its round (vLLM's "
+        "worker spins a core for about a second) does not land on the next server's round (default 0)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="Workload seed (default 0)")
     parser.add_argument(
         "--repeat-state-fraction",
@@ -102,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rounds must be > 0")
     if args.warmup < 0:
         parser.error("--warmup must be ≥ 0")
+    if args.pause < 0:
+        parser.error("--pause must be ≥ 0")
     if args.rss_interval <= 0:
         parser.error("--rss-interval must be > 0")
     if args.rss_settle < 0:
@@ -161,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         watch.start()
     for number in range(rounds):
         for name, url in servers.items():
+            if args.pause:
+                time.sleep(args.pause)
             result = run_round(
                 url,
                 workload,
@@ -196,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             "requests": args.requests,
             "rounds": rounds,
             "warmup": args.warmup,
+            "pause_s": args.pause,
             "seed": spec.seed,
             "repeat_state_fraction": spec.repeat_state_fraction,
             "token_counts": counter.source,

@@ -3,10 +3,12 @@ the memory watch; no model."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,6 +26,7 @@ class StandIn(ThreadingHTTPServer):
         self.fail_every = fail_every
         self.server_timing = server_timing
         self.seen = 0
+        self.arrivals: list[float] = []  # time.monotonic() of each POST
         self.lock = threading.Lock()
 
     @property
@@ -49,6 +52,7 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         with self.server.lock:
             self.server.seen += 1
+            self.server.arrivals.append(time.monotonic())
             seen = self.server.seen
         if self.server.fail_every and seen % self.server.fail_every == 0:
             self._reply(429, b'{"detail":{"error_type":"overloaded","message":"busy"}}')
@@ -174,6 +178,28 @@ def test_ab_rounds_alternate_and_count_errors(
     assert set(report["ratios_b_over_a"]) >= {"median_round_questions_per_s", "latency_p50"}
 
 
+def test_pause_leaves_each_server_idle_before_every_round(
+    server_a: StandIn, server_b: StandIn, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--url", server_a.url, "--url-b", server_b.url, "--state-tokens", "16", "--questions", "1"]
+    args += ["--duration", "20", "--requests", "3", "--rounds", "3", "--warmup", "0", "--pause", "0.3"]
+    started = time.monotonic()
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["workload"]["pause_s"] == 0.3
+    # One request per round, rounds A, B, A, B, A, B, each after a 0.3 s pause: no two requests closer than that.
+    arrivals = sorted([*server_a.arrivals, *server_b.arrivals])
+    assert len(arrivals) == 6
+    assert min(later - earlier for earlier, later in zip([started, *arrivals], arrivals, strict=False)) >= 0.3
+    # Without a pause the next round starts at once.
+    server_a.arrivals.clear()
+    server_b.arrivals.clear()
+    assert main([*args[:-2]]) == 0
+    capsys.readouterr()
+    arrivals = sorted([*server_a.arrivals, *server_b.arrivals])
+    assert max(later - earlier for earlier, later in itertools.pairwise(arrivals)) < 0.3
+
+
 def test_unreachable_server_is_counted_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
     with StandIn() as closed:
         url = closed.url
@@ -203,6 +229,8 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", "http://127.0.0.1:1", "--mix", "choice,poll"]) == 2
     with pytest.raises(SystemExit):
         main(["--url", "http://127.0.0.1:1", "--concurrency", "0"])
+    with pytest.raises(SystemExit):
+        main(["--url", "http://127.0.0.1:1", "--pause", "-1"])
 
 
 def test_table_row_from_report(server_a: StandIn, server_b: StandIn, tmp_path: Path) -> None:
