@@ -32,7 +32,7 @@ venv: $(STAMP)
 	@echo "import site; site.addsitedir('$$($(DEPS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')')" \
 		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_decision_deps.pth"
 	@$(UV) pip install -q --python $(PY) --no-deps --no-build-isolation $(LOCAL_PACKAGES)
-	@for tool in jevcompat; do ln -sfn $(DEPS_VENV)/bin/$$tool $(VENV)/bin/$$tool; done
+	@for tool in jevcompat ruff mypy; do ln -sfn $(DEPS_VENV)/bin/$$tool $(VENV)/bin/$$tool; done
 
 $(UV):
 	python3 -m venv $(CACHE_DIR)/uv-$(UV_VERSION)
@@ -61,10 +61,14 @@ rust:
 run: install
 	$(VENV)/bin/decision-launcher --port $(PORT)
 
-# The embedded default model and a tiny random-weight Qwen3 (real tokenizer and chat template), built once.
+# The embedded default model and tiny random-weight models of every served architecture (tiny Qwen3 and
+# Qwen3.5 with their real tokenizers; LFM2-VL and Gemma4 with small synthetic ones), each built once.
+HYBRID_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl tiny-gemma4
 fixtures: venv
 	@$(VENV)/bin/decision-server export-default --out $(CACHE_DIR)/models/SmolLM2-135M-Instruct
-	@$(VENV)/bin/decision-server make-fixture tiny-qwen3 --out $(CACHE_DIR)/models/tiny-qwen3
+	@# Folders are published atomically, so one with a config.json is complete (skips a 10 s torch import each).
+	@for name in tiny-qwen3 $(HYBRID_FIXTURES); do test -f $(CACHE_DIR)/models/$$name/config.json || \
+		$(VENV)/bin/decision-server make-fixture $$name --out $(CACHE_DIR)/models/$$name || exit 1; done
 
 test: lock-check install fixtures image test-rust test-python test-integration
 
@@ -86,9 +90,11 @@ test-integration:
 image:
 	scripts/image.sh
 
-lint:
+lint: venv
 	cargo fmt --all --check
 	cargo clippy --release --locked --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check server bench
+	$(VENV)/bin/ruff format --check server/decision_server
 
 clean:
 	rm -rf $(VENV)

@@ -30,9 +30,25 @@ TARGETS = tuple(t for t in os.environ.get("DECISION_TEST_TARGETS", "local,contai
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "last: run after every other test (heavy requests that could stall the shard)")
+    config.addinivalue_line(
+        "markers",
+        "local_only: runs on the local target only (heavy, and nothing in it depends on how the server was started)",
+    )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The container target runs every route, both SDKs, the conformance suite and the refusals; the generated
+    # request volume, the 255-option naive comparison and the tensor-parallel comparison run once, locally.
+    deselected = [
+        item
+        for item in items
+        if item.get_closest_marker("local_only") is not None
+        and getattr(item, "callspec", None) is not None
+        and item.callspec.params.get("server_url") == "container"
+    ]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item not in deselected]
     # Stable partition: everything else first, heavy tests at the end, each group in collection order.
     items.sort(key=lambda item: item.get_closest_marker("last") is not None)
 

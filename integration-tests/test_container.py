@@ -8,6 +8,7 @@ things only a container has.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -54,9 +55,10 @@ def assert_answers_readme_request(url: str) -> dict[str, Any]:
     r = httpx2.post(f"{url}/v1/systemone", json=README_BODY, timeout=120)
     assert r.status_code == 200, r.text
     body = r.json()
-    for name in ("team", "urgent", "tone"):
-        probabilities = body["answers"][name]["probabilities"]
-        assert abs(sum(probabilities.values()) - 1.0) < 1e-6, body
+    answers = body["answers"]
+    for name in ("team", "tone"):
+        assert abs(sum(answers[name]["probabilities"].values()) - 1.0) < 1e-6, body
+    assert 0.0 < answers["urgent"]["noul"] < 1.0, body
     return body
 
 
@@ -112,7 +114,8 @@ def test_flags_work_as_environment_variables(started: list[containers.Container]
 
 
 def test_docker_stop_answers_requests_in_flight_and_exits_zero(started: list[containers.Container]) -> None:
-    container = start(started, "--dtype", "float32")
+    # A grace (and docker stop timeout) with room for a loaded CI machine; the image's default is 8 s of 10.
+    container = start(started, "--dtype", "float32", env={"SHUTDOWN_GRACE_SECS": "40"})
     container.wait_healthy(HEALTH_TIMEOUT_S)
     # Long enough to still be computing when the stop arrives (a few seconds on two CPU cores).
     state = {"notes": " ".join(f"line {i}: the customer wrote again about the refund." for i in range(120))}
@@ -130,15 +133,17 @@ def test_docker_stop_answers_requests_in_flight_and_exits_zero(started: list[con
         thread.start()
     time.sleep(1.0)
     assert len(results) == 0, f"requests finished before the stop; make them longer: {results}"
-    took = container.docker_stop(timeout_s=10)
+    took = container.docker_stop(timeout_s=45)
     for thread in threads:
         thread.join(timeout=30)
     logs = container.logs_tail()
     assert results == [200, 200, 200, 200], f"{results}\n{logs}"
     assert container.exit_code() == 0, logs
-    assert took < 10, f"docker stop needed its SIGKILL ({took:.1f} s)\n{logs}"
-    # The router stopped before the shard it was waiting on.
-    assert logs.index("child=router") < logs.rindex("child=shard 0"), logs
+    assert took < 45, f"docker stop needed its SIGKILL ({took:.1f} s)\n{logs}"
+    # The router was stopped (and had drained) before the shard it was waiting on was signalled.
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", logs)
+    stops = [line for line in plain.splitlines() if "sending SIGTERM" in line]
+    assert len(stops) == 2 and "router" in stops[0] and "shard 0" in stops[1], plain
 
 
 def test_bad_model_id_exits_non_zero_naming_the_reason(started: list[containers.Container]) -> None:

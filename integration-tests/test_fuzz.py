@@ -7,8 +7,11 @@ import json
 from typing import Any
 
 import httpx2
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+pytestmark = pytest.mark.local_only
 
 COUNTS = {"requests": 0, "2xx": 0, "4xx": 0}
 EXAMPLES_PER_ROUTE = 850

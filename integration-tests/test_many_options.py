@@ -9,7 +9,10 @@ import math
 from typing import Any
 
 import httpx2
+import pytest
 import torch
+
+pytestmark = pytest.mark.local_only
 
 STATE = "Ticket: the export button crashes the app on large files."
 

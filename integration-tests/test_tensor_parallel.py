@@ -20,6 +20,8 @@ import pytest
 from launchers import Launcher
 from wire import error_detail, label_probabilities, ok_answers, post_systemone
 
+pytestmark = pytest.mark.local_only
+
 HEALTH_TIMEOUT_S = 300.0
 ANSWER_TOL = 1e-4  # one shard vs two: the same model, sums taken in a different order
 ERROR_WITHIN_S = 60.0  # the shards' collectives give up after 60 s at most; a dead peer is noticed at once

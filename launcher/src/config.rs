@@ -52,9 +52,13 @@ pub struct Config {
     #[arg(long, env = "DTYPE", value_enum, default_value_t = Dtype::Auto)]
     pub dtype: Dtype,
 
-    /// How the shard reads a batch: `tree` shares each prompt's prefix in one forward pass,
-    /// `naive` runs one full prefill per question (slower; the reference the tree read must equal).
-    #[arg(long, env = "READ_MODE", value_enum, default_value_t = ReadMode::Tree)]
+    /// The shard's read engine. `auto` lets the model's architecture choose: `tree` for models whose
+    /// every layer is attention, `fork` for hybrids (linear attention, short convolutions), where a
+    /// masked pass would mix sibling questions. `tree` shares each prompt's prefix in one masked
+    /// forward pass; `fork` prefills a shared prefix once and copies its cache per question; `naive`
+    /// runs one full prefill per question (slower; the reference the others must equal). A mode the
+    /// model cannot read exactly with is refused at startup.
+    #[arg(long, env = "READ_MODE", value_enum, default_value_t = ReadMode::Auto)]
     pub read_mode: ReadMode,
 
     /// How the shard's float32 linear layers multiply on CPU. `exact`: torch's F.linear (MKL), the
@@ -191,7 +195,9 @@ pub enum Dtype {
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadMode {
+    Auto,
     Tree,
+    Fork,
     Naive,
 }
 
@@ -306,7 +312,7 @@ mod tests {
         assert_eq!(config.hostname, "0.0.0.0");
         assert_eq!(config.num_shard, 1);
         assert_eq!(config.dtype, Dtype::Auto);
-        assert_eq!(config.read_mode, ReadMode::Tree);
+        assert_eq!(config.read_mode, ReadMode::Auto);
         assert_eq!(config.matmul, Matmul::Auto);
         assert_eq!(config.uds_path, PathBuf::from("/tmp/decision-server"));
         assert_eq!(config.compat, Compat::Typesafe);
@@ -428,6 +434,8 @@ mod tests {
     fn enum_values_are_passed_to_children_in_cli_spelling() {
         assert_eq!(flag_value(&Dtype::Bfloat16), "bfloat16");
         assert_eq!(flag_value(&ReadMode::Naive), "naive");
+        assert_eq!(flag_value(&ReadMode::Fork), "fork");
+        assert_eq!(flag_value(&ReadMode::Auto), "auto");
         assert_eq!(flag_value(&Compat::Typesafe), "typesafe");
     }
 

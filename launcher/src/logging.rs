@@ -8,8 +8,12 @@ use tracing_subscriber::EnvFilter;
 /// Logs go to stdout (like TGI); `RUST_LOG` filters, `info` by default.
 pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours only for a person at a terminal: `docker logs`, files and pipes get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_target(false);
     // A second init (only possible in tests) keeps the first subscriber; that is fine.
     let _ = if json {

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use crate::error::DecisionError;
 use crate::ir::{Decision, DecisionRequest, Usage};
 use crate::limits::Limits;
-use crate::probability;
 use crate::prompt::{PreparedRead, ReadStrategy};
 use crate::queue::{Queue, ReadTiming};
 
@@ -38,6 +37,8 @@ impl Decider {
             .as_ref()
             .map_err(|reason| DecisionError::NotServable(reason.clone()))?
             .clone();
+        crate::prompt::check_media(strategy.as_ref(), &request)?;
+        let strategy_ref = strategy.clone();
         // From here until its reads are queued, a forming batch may wait for this request.
         let arrival = self.queue.arrival();
         // Rendering and tokenizing are CPU work: keep them off the async workers.
@@ -56,14 +57,14 @@ impl Decider {
             });
         }
         let per_question_prompt_tokens = reads.iter().map(|r| r.token_ids.len() as u64).sum();
-        let first_tokens: Vec<Vec<u32>> = reads
-            .iter()
-            .map(|r| r.labels.iter().filter_map(|l| l.first().copied()).collect())
-            .collect();
-        let kept = keep_reads.then(|| reads.clone());
         let (outcomes, timing) = self
             .queue
-            .read(reads, input_tokens, request.cache_salt.clone(), arrival)
+            .read(
+                reads.clone(),
+                input_tokens,
+                request.cache_salt.clone(),
+                arrival,
+            )
             .await?;
         let cached_tokens = outcomes
             .iter()
@@ -75,17 +76,12 @@ impl Decider {
         metrics::counter!("decision_cached_tokens_total").increment(cached_tokens);
         metrics::counter!("decision_computed_tokens_total").increment(computed_tokens);
         metrics::counter!("decision_questions_total").increment(outcomes.len() as u64);
-        let answers = outcomes
-            .into_iter()
-            .zip(first_tokens)
-            .map(|(o, firsts)| {
-                probability::answer(
-                    o.label_logprobs,
-                    firsts.contains(&o.greedy_token_id),
-                    temperature,
-                )
-            })
+        let answers = reads
+            .iter()
+            .zip(&outcomes)
+            .map(|(read, outcome)| strategy_ref.answer(read, outcome, temperature))
             .collect();
+        let kept = keep_reads.then_some(reads);
         let usage = Usage {
             input_tokens: input_tokens as u64,
             cached_tokens,

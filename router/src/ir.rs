@@ -17,6 +17,64 @@ pub struct DecisionRequest {
     pub cache_salt: String,
     /// Whose prompt texts the questions are rendered in.
     pub wording: Wording,
+    /// Images, audio and videos attached to the request (URLs or data URLs), in request order.
+    pub media: Media,
+}
+
+/// A kind of media input, named as the request field that carries it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Modality {
+    Image,
+    Audio,
+    Video,
+}
+
+impl Modality {
+    pub const ALL: [Modality; 3] = [Modality::Image, Modality::Audio, Modality::Video];
+
+    /// The request field (`images`, `audio`, `videos`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            Modality::Image => "images",
+            Modality::Audio => "audio",
+            Modality::Video => "videos",
+        }
+    }
+
+    /// The word for it in messages ("this model does not take image inputs").
+    pub fn noun(&self) -> &'static str {
+        match self {
+            Modality::Image => "image",
+            Modality::Audio => "audio",
+            Modality::Video => "video",
+        }
+    }
+}
+
+/// Media URLs by kind. A strategy reads the kinds it takes; any other kind present refuses the request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Media {
+    pub images: Vec<String>,
+    pub audio: Vec<String>,
+    pub videos: Vec<String>,
+}
+
+impl Media {
+    pub fn of(&self, modality: Modality) -> &[String] {
+        match modality {
+            Modality::Image => &self.images,
+            Modality::Audio => &self.audio,
+            Modality::Video => &self.videos,
+        }
+    }
+
+    /// The kinds present, in field order.
+    pub fn present(&self) -> Vec<Modality> {
+        Modality::ALL
+            .into_iter()
+            .filter(|m| !self.of(*m).is_empty())
+            .collect()
+    }
 }
 
 /// The prompt wording of a reference server (spec/PROMPTS.md §1 and §2); texts live in `prompt::wording`.

@@ -99,6 +99,61 @@ pub fn python_float_repr(value: f64) -> String {
     }
 }
 
+/// `json.dumps(value, ensure_ascii=False, indent=2)`: one item per line, two spaces a level, `": "`
+/// between key and value, empty containers as `[]` / `{}` (serde's pretty layout is Python's).
+pub fn dumps_indented(value: &Value) -> String {
+    let mut out = Vec::new();
+    let formatter = IndentedPython(serde_json::ser::PrettyFormatter::with_indent(b"  "));
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+    // Serializing a Value into memory cannot fail.
+    let _ = serde::Serialize::serialize(value, &mut ser);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// serde's pretty layout with Python's float text.
+struct IndentedPython(serde_json::ser::PrettyFormatter<'static>);
+
+impl serde_json::ser::Formatter for IndentedPython {
+    fn begin_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
+        self.0.end_object_value(w)
+    }
+    fn write_f64<W: ?Sized + io::Write>(&mut self, w: &mut W, value: f64) -> io::Result<()> {
+        w.write_all(python_float_repr(value).as_bytes())
+    }
+}
+
 /// `json.dumps(value, ensure_ascii=False, separators=...)`.
 pub fn dumps(value: &Value, separators: Separators) -> String {
     let (item, key): (&'static [u8], &'static [u8]) = match separators {
@@ -188,6 +243,21 @@ mod tests {
             dumps(&v, Separators::Default),
             r#"{"ratio": 1e-07, "volume": 1e+20, "price": 0.1, "count": 3.0, "n": 3}"#
         );
+    }
+
+    #[test]
+    fn indented_like_python_indent_2() {
+        let v: Value = serde_json::from_str(
+            r#"{"ticket": "Refund ☃", "days": 12, "tags": ["a", 1.0], "empty": {}, "none": [], "x": null}"#,
+        )
+        .unwrap();
+        // json.dumps(v, ensure_ascii=False, indent=2)
+        assert_eq!(
+            dumps_indented(&v),
+            "{\n  \"ticket\": \"Refund ☃\",\n  \"days\": 12,\n  \"tags\": [\n    \"a\",\n    1.0\n  ],\n  \"empty\": {},\n  \"none\": [],\n  \"x\": null\n}"
+        );
+        assert_eq!(dumps_indented(&json!([])), "[]");
+        assert_eq!(dumps_indented(&json!(1e-07)), "1e-07");
     }
 
     #[test]

@@ -13,5 +13,6 @@ pub mod probability;
 pub mod profile;
 pub mod prompt;
 pub mod queue;
+pub mod read;
 pub mod server;
 pub mod shard;

@@ -16,14 +16,15 @@ pub fn softmax(logprobs: &[f64], temperature: f64) -> Vec<f64> {
     exps.into_iter().map(|e| e / sum).collect()
 }
 
-/// Builds an answer from a read: renormalised probabilities, label mass and whether the greedy token is a label.
-pub fn answer(label_logprobs: Vec<f64>, argmax_is_label: bool, temperature: f64) -> Answer {
+/// Builds an answer from a read: renormalised probabilities, label mass (every spelling of every
+/// label, computed by the caller) and whether the greedy token is a label.
+pub fn answer(
+    label_logprobs: Vec<f64>,
+    label_mass: f64,
+    argmax_is_label: bool,
+    temperature: f64,
+) -> Answer {
     let probabilities = softmax(&label_logprobs, temperature);
-    let label_mass = label_logprobs
-        .iter()
-        .map(|lp| lp.exp())
-        .sum::<f64>()
-        .min(1.0);
     Answer {
         probabilities,
         label_mass,
@@ -122,9 +123,10 @@ mod tests {
     }
 
     #[test]
-    fn answer_reports_label_mass() {
-        let a = answer(vec![(0.6f64).ln(), (0.2f64).ln()], true, 1.0);
+    fn answer_keeps_the_label_mass_and_renormalises() {
+        let a = answer(vec![(0.6f64).ln(), (0.2f64).ln()], 0.8, true, 1.0);
         assert!(close(a.label_mass, 0.8));
+        assert!(close(a.probabilities[0], 0.75));
         assert!(close(expected_score(&[0.7, 0.2, 0.1]), 0.4));
     }
 

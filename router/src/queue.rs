@@ -15,7 +15,8 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
 use crate::error::DecisionError;
-use crate::prompt::PreparedRead;
+use crate::read::PreparedRead;
+pub use crate::read::ReadOutcome;
 use crate::shard::ShardSet;
 
 #[derive(Clone, Debug)]
@@ -26,15 +27,6 @@ pub struct QueueConfig {
     pub max_batch_wait: Duration,
     /// Reads that may wait at once; beyond it requests are refused as overloaded.
     pub max_queued_reads: usize,
-}
-
-/// What the shard said about one read.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ReadOutcome {
-    pub label_logprobs: Vec<f64>,
-    pub greedy_token_id: u32,
-    pub tokens_computed: u32,
-    pub tokens_cached: u32,
 }
 
 /// Where a request's reads spent their time after it was queued.
@@ -235,18 +227,7 @@ async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &Atom
     let mut reads = Vec::new();
     for entry in &batch {
         for read in &entry.reads {
-            reads.push(pb::Read {
-                id: reads.len() as u64,
-                token_ids: read.token_ids.clone(),
-                labels: read
-                    .labels
-                    .iter()
-                    .map(|l| pb::LabelSequence {
-                        token_ids: l.clone(),
-                    })
-                    .collect(),
-                cache_salt: entry.cache_salt.clone(),
-            });
+            reads.push(read.to_pb(reads.len() as u64, &entry.cache_salt));
         }
     }
     let n = reads.len();
@@ -269,15 +250,16 @@ async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &Atom
             }
             let mut results = results.into_iter();
             for entry in batch {
-                let mine: Option<Vec<ReadOutcome>> = results
-                    .by_ref()
-                    .take(entry.reads.len())
-                    .map(|r| {
-                        r.map(|r| ReadOutcome {
-                            label_logprobs: r.label_logprobs,
-                            greedy_token_id: r.greedy_token_id,
-                            tokens_computed: r.tokens_computed,
-                            tokens_cached: r.tokens_cached,
+                let mine: Result<Vec<ReadOutcome>, DecisionError> = entry
+                    .reads
+                    .iter()
+                    .zip(results.by_ref().take(entry.reads.len()))
+                    .map(|(read, result)| {
+                        let result = result.ok_or_else(|| {
+                            DecisionError::Shard("the shard left a read unanswered".into())
+                        })?;
+                        ReadOutcome::check(read, result).map_err(|e| {
+                            DecisionError::Internal(format!("malformed shard result: {e}"))
                         })
                     })
                     .collect();
@@ -285,10 +267,7 @@ async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &Atom
                     queued: started.saturating_duration_since(entry.queued_at),
                     shard,
                 };
-                let answer = mine
-                    .map(|outcomes| (outcomes, timing))
-                    .ok_or_else(|| DecisionError::Shard("the shard left a read unanswered".into()));
-                let _ = entry.reply.send(answer);
+                let _ = entry.reply.send(mine.map(|outcomes| (outcomes, timing)));
             }
         }
         Err(e) => {
@@ -312,6 +291,7 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::read::LabelGroup;
 
     /// Answers every read with its own first token id as the label log-probability, after `delay`,
     /// and records the size of each batch it was sent.
@@ -341,12 +321,21 @@ mod tests {
             Ok(pb::ReadResponse {
                 results: reads
                     .iter()
-                    .map(|r| pb::ReadResult {
-                        id: r.id,
-                        label_logprobs: vec![-(r.token_ids[0] as f64)],
-                        greedy_token_id: r.token_ids[0],
-                        tokens_computed: r.token_ids.len() as u32,
-                        tokens_cached: 0,
+                    .map(|r| {
+                        let Some(pb::read::Kind::NextToken(read)) = &r.kind else {
+                            panic!("next-token reads only")
+                        };
+                        pb::ReadResult {
+                            id: r.id,
+                            tokens_computed: read.token_ids.len() as u32,
+                            tokens_cached: 0,
+                            kind: Some(pb::read_result::Kind::NextToken(pb::NextTokenResult {
+                                labels: vec![pb::LabelGroupLogprobs {
+                                    variant_logprobs: vec![-(read.token_ids[0] as f64)],
+                                }],
+                                greedy_token_id: read.token_ids[0],
+                            })),
+                        }
                     })
                     .collect(),
                 ..Default::default()
@@ -359,7 +348,7 @@ mod tests {
             .iter()
             .map(|&t| PreparedRead {
                 token_ids: vec![t, 1, 2],
-                labels: vec![vec![7]],
+                labels: vec![LabelGroup::single(vec![7])],
             })
             .collect()
     }

@@ -62,7 +62,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let shards = ShardSet::connect(&config.shard_uds_path).await?;
     shards.health().await.map_err(|e| e.to_string())?;
     let info = shards.info.clone();
-    tracing::info!(architecture = %info.architecture, dtype = %info.dtype, world_size = info.world_size, read_mode = %info.read_mode, "connected to shards");
+    tracing::info!(architecture = %info.architecture, dtype = %info.dtype, world_size = info.world_size, engine = %info.engine, implementation = %info.implementation, "connected to shards");
     let state = build_state(config, shards)?;
     let addr: SocketAddr = format!("{}:{}", state.config.hostname, state.config.port)
         .parse()
@@ -459,7 +459,10 @@ async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
         "dtype": info.dtype,
         "device": info.device,
         "shards": state.shards.world_size(),
-        "read_mode": info.read_mode,
+        // `read_mode` is the engine's older name, kept for clients that read it.
+        "read_mode": info.engine,
+        "engine": info.engine,
+        "implementation": info.implementation,
         "matmul": info.matmul,
         "read_strategy": state.decider.strategy.as_ref().map(|s| s.name()).unwrap_or("none"),
         "refusals": refusals,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from reads_bench import make_reads
 
+from decision_server.engines import TreeEngine
 from decision_server.layers import MATMUL_MODES, cpu_vendor, resolve_matmul
 from decision_server.model import load_model
-from decision_server.reads import TreeReads
 
 
 def main() -> None:
@@ -26,19 +26,19 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    strategies = {
-        mode: TreeReads(load_model(args.model_dir, dtype="float32", threads=args.threads, matmul=mode))
+    engines = {
+        mode: TreeEngine(load_model(args.model_dir, dtype="float32", threads=args.threads, matmul=mode))
         for mode in MATMUL_MODES
     }
-    reads = make_reads(strategies["exact"].model.token_limit, args.head, args.reads, args.tail, seed=1)
-    for strategy in strategies.values():
-        strategy.run(reads[:2])  # warm-up
-    seconds: dict[str, list[float]] = {mode: [] for mode in strategies}
+    reads = make_reads(engines["exact"].model.token_limit, args.head, args.reads, args.tail, seed=1)
+    for engine in engines.values():
+        engine.run(reads[:2])  # warm-up
+    seconds: dict[str, list[float]] = {mode: [] for mode in engines}
     for run in range(args.runs):
-        order = list(strategies) if run % 2 == 0 else list(reversed(strategies))
+        order = list(engines) if run % 2 == 0 else list(reversed(engines))
         for mode in order:
             started = time.perf_counter()
-            strategies[mode].run(reads)
+            engines[mode].run(reads)
             seconds[mode].append(time.perf_counter() - started)
     medians = {mode: statistics.median(times) for mode, times in seconds.items()}
     for mode, times in seconds.items():

@@ -1,4 +1,4 @@
-"""Forward-time benchmark of the read strategies: N reads sharing one long prompt head, tree vs naive.
+"""Forward-time benchmark of the engines: N reads sharing one long prompt head, tree vs fork vs naive.
 Run: python server/bench/reads_bench.py MODEL_DIR [--head 512] [--reads 8] [--runs 5] [--threads 2] [--profile]"""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from decision_server.engines import ForkEngine, NaiveEngine, ReadSpec, TreeEngine
 from decision_server.model import load_model
 from decision_server.prefix_cache import PrefixCache
-from decision_server.reads import NaiveReads, ReadSpec, TreeReads
 
 
 def make_reads(vocab: int, head: int, reads: int, tail: int, seed: int, tail_seed: int = 0) -> list[ReadSpec]:
@@ -51,21 +51,21 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, {model.device_name}, {args.dtype}"
     )
     results = {}
-    for strategy in (TreeReads(model), NaiveReads(model)):
-        strategy.run(reads[:1])  # warm-up
+    for engine in (TreeEngine(model), ForkEngine(model), NaiveEngine(model)):
+        engine.run(reads[:1])  # warm-up
         seconds = []
         for _ in range(args.runs):
             started = time.perf_counter()
-            batch = strategy.run(reads)
+            batch = engine.run(reads)
             wall = time.perf_counter() - started
             seconds.append(batch.forward_seconds)
-        results[strategy.name] = batch
+        results[engine.name] = batch
         print(
-            f"{strategy.name:>5}: forward median {statistics.median(seconds) * 1e3:8.1f} ms "
+            f"{engine.name:>5}: forward median {statistics.median(seconds) * 1e3:8.1f} ms "
             f"(min {min(seconds) * 1e3:.1f}, max {max(seconds) * 1e3:.1f}; last wall {wall * 1e3:.1f} ms), "
             f"{batch.forward_passes} pass(es), {batch.packed_tokens} tokens fed"
         )
-    cached = TreeReads(model, prefix_cache=PrefixCache(512 << 20))
+    cached = TreeEngine(model, prefix_cache=PrefixCache(512 << 20))
     cached.run(reads)  # caches the shared head (and these tails)
     seconds = []
     for run in range(args.runs):
@@ -77,21 +77,22 @@ def main() -> None:
         f"tree + prefix cache, cached head, new tails: forward median {statistics.median(seconds) * 1e3:.1f} ms, "
         f"{batch.packed_tokens} tokens fed, {sum(o.tokens_cached for o in batch.outcomes)} cached"
     )
-    single = TreeReads(model)
+    single = TreeEngine(model)
     seconds = []
     for _ in range(args.runs):
         seconds.append(single.run([ReadSpec(id=0, prompt=tuple(range(unique)), labels=((1,),))]).forward_seconds)
     print(f"bound: one plain prefill over {unique} tokens: median {statistics.median(seconds) * 1e3:.1f} ms")
-    worst = max(
-        abs(a - b)
-        for x, y in zip(results["tree"].outcomes, results["naive"].outcomes, strict=True)
-        for a, b in zip(x.label_logprobs, y.label_logprobs, strict=True)
-    )
-    print(f"max |tree - naive| label logprob: {worst:.2e}")
+    for name in ("tree", "fork"):
+        worst = max(
+            abs(a - b)
+            for x, y in zip(results[name].outcomes, results["naive"].outcomes, strict=True)
+            for a, b in zip(x.label_logprobs, y.label_logprobs, strict=True)
+        )
+        print(f"max |{name} - naive| label logprob: {worst:.2e}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
-        tree = TreeReads(model)
+        tree = TreeEngine(model)
         with profile(activities=[ProfilerActivity.CPU]) as profiled:
             batch = tree.run(reads)
         print(f"profiled tree run: {batch.forward_seconds * 1e3:.1f} ms forward, {batch.packed_tokens} tokens fed")

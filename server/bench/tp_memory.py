@@ -85,8 +85,13 @@ def measure(model_dir: Path, world_size: int, dtype: str, threads: int, prompt_t
             reads=[
                 decision_pb2.Read(
                     id=1,
-                    token_ids=[(i * 7919) % 20000 + 100 for i in range(prompt_tokens)],
-                    labels=[decision_pb2.LabelSequence(token_ids=[32]), decision_pb2.LabelSequence(token_ids=[33, 34])],
+                    next_token=decision_pb2.NextTokenRead(
+                        token_ids=[(i * 7919) % 20000 + 100 for i in range(prompt_tokens)],
+                        labels=[
+                            decision_pb2.LabelGroup(variants=[decision_pb2.LabelSequence(token_ids=[32])]),
+                            decision_pb2.LabelGroup(variants=[decision_pb2.LabelSequence(token_ids=[33, 34])]),
+                        ],
+                    ),
                 )
             ]
         )
@@ -101,7 +106,7 @@ def measure(model_dir: Path, world_size: int, dtype: str, threads: int, prompt_t
             row["rss_after_read_mib"] = proc_status_kib(process.pid, "VmRSS") / 1024
             row["peak_rss_mib"] = proc_status_kib(process.pid, "VmHWM") / 1024
             row["read_seconds"] = round(seconds, 3)
-            row["label_logprobs"] = list(result.results[0].label_logprobs)
+            row["label_logprobs"] = [group.variant_logprobs[0] for group in result.results[0].next_token.labels]
         for channel in channels:
             channel.close()
         return rows

@@ -15,7 +15,9 @@ from decision_server.logs import setup_logging
 
 logger = logging.getLogger("decision_server")
 
-FIXTURE_NAMES = ("tiny-qwen3", "qwen3-0.6b")
+# Spelled out so parsing flags imports no fixture code (imports here stay lazy); tests/test_hybrid_fixtures.py
+# checks it equals decision_server.fixtures.FIXTURE_NAMES.
+FIXTURE_NAMES = ("tiny-qwen3", "qwen3-0.6b", "tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-lfm2-vl", "tiny-gemma4")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,9 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--read-mode",
-        choices=("tree", "naive"),
-        default="tree",
-        help="tree: one forward pass over the batch's unique tokens; naive: one prefill per read (reference).",
+        # architectures.READ_MODES, spelled out so parsing flags imports no torch (a test checks they agree).
+        choices=("auto", "tree", "fork", "naive"),
+        default="auto",
+        help="Engine that runs the reads. tree: one masked forward pass over the batch's unique tokens (exact only "
+        "when every layer is attention); fork: prefill each shared head once, copy the model's cache/state per "
+        "branch (exact for linear attention and convolutions too); naive: one prefill per read (the reference). "
+        "auto: tree for all-attention models, fork for hybrids. tree on a hybrid model is refused at startup.",
     )
     serve.add_argument(
         "--matmul",
@@ -103,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     export_gguf.add_argument("--out", type=Path, required=True, help="Output folder.")
 
     fixture = commands.add_parser(
-        "make-fixture", help="Build a random-weight Qwen3 model with the real Qwen3 tokenizer and chat template."
+        "make-fixture",
+        help="Build a random-weight test model (Qwen3, Qwen3.5, LFM2-VL, Gemma4) with its tokenizer and chat template.",
     )
     fixture.add_argument("name", choices=FIXTURE_NAMES, help="Which fixture shape to build.")
     fixture.add_argument("--out", type=Path, required=True, help="Output folder.")

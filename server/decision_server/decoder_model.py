@@ -18,7 +18,7 @@ from decision_server.checkpoint import Checkpoint
 from decision_server.decoder import DecoderLM, LayerKV
 from decision_server.distributed import ParallelConfig, ShardGroup, join_group
 from decision_server.layers import vocab_parallel_scores
-from decision_server.model import LoadedModel, ScoredPass, ScoreRequest
+from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class DecoderModel(LoadedModel):
     max_position_embeddings: int
     attn_implementation: str = "sdpa"
     matmul: str = "exact"
+    implementation: str = "decoder"
 
     @property
     def text_config(self) -> Any:

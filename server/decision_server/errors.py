@@ -7,7 +7,7 @@ import grpc
 import torch
 
 from decision_server.distributed import CollectiveError
-from decision_server.reads.types import InvalidReadError
+from decision_server.engines.types import InvalidReadError
 
 
 def grpc_status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:

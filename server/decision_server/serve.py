@@ -14,10 +14,11 @@ from pathlib import Path
 
 import grpc
 
+from decision_server.architectures import architecture_of, choose_engine
 from decision_server.distributed import ParallelConfig
-from decision_server.model import LoadedModel, ScoreRequest, dtype_name, load_model
+from decision_server.engines import make_engine
+from decision_server.model import LoadedModel, ScoreRequest, dtype_name, load_config, load_model
 from decision_server.pb import decision_pb2_grpc
-from decision_server.reads import make_read_strategy
 from decision_server.service import DecisionShardService
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class ServeConfig:
     model_dir: Path
     uds_path: Path
     dtype: str = "auto"
-    read_mode: str = "tree"
+    read_mode: str = "auto"
     matmul: str = "auto"
     threads: int | None = None
     prefix_cache_mb: int = 0
@@ -74,15 +75,19 @@ def warm_up(model: LoadedModel) -> None:
 
 
 async def serve(config: ServeConfig) -> None:
+    # The engine is chosen from the config before any weight is read: a refusal (tree on a hybrid) is immediate,
+    # and the attention kernel depends on it (only tree passes take custom masks).
+    hf_config = load_config(config.model_dir)
+    engine_name = choose_engine(config.read_mode, architecture_of(hf_config), hf_config.get_text_config())
     model = load_model(
         config.model_dir,
         dtype=config.dtype,
         threads=config.threads,
-        needs_custom_mask=config.read_mode == "tree",
+        needs_custom_mask=engine_name == "tree",
         parallel=config.parallel,
         matmul=config.matmul,
     )
-    strategy = make_read_strategy(config.read_mode, model, config.prefix_cache_mb)
+    engine = make_engine(engine_name, model, config.prefix_cache_mb)
     await asyncio.to_thread(warm_up, model)
 
     stop = asyncio.Event()
@@ -102,7 +107,7 @@ async def serve(config: ServeConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, request_stop, signal.Signals(signum).name)
 
-    service = DecisionShardService(model, strategy, on_fatal=on_fatal)
+    service = DecisionShardService(model, engine, on_fatal=on_fatal)
     server = build_server(service, config.uds_path)
     await server.start()
     try:
@@ -115,7 +120,8 @@ async def serve(config: ServeConfig) -> None:
                     "architecture": model.architecture,
                     "dtype": dtype_name(model.dtype),
                     "device": model.device_name,
-                    "read_mode": strategy.name,
+                    "engine": engine.name,
+                    "implementation": model.implementation,
                     "prefix_cache_mb": config.prefix_cache_mb,
                     "rank": model.rank,
                     "world_size": model.world_size,

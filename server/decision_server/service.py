@@ -1,4 +1,4 @@
-"""The DecisionShard gRPC service: protobuf in, read strategy, protobuf out.
+"""The DecisionShard gRPC service: protobuf reads in, the engine, protobuf results out.
 Model work runs on one dedicated thread so the event loop keeps answering Health while a batch computes."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import TypeVar
 
 import grpc
 
+from decision_server.engines import BatchOutcome, Engine, InvalidReadError, ReadSpec
 from decision_server.errors import grpc_status_for, is_fatal
-from decision_server.model import LoadedModel, dtype_name
+from decision_server.model_base import LoadedModel, dtype_name
 from decision_server.pb import decision_pb2, decision_pb2_grpc
-from decision_server.reads import BatchOutcome, ReadSpec, ReadStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -26,29 +26,57 @@ class ProbeError(RuntimeError):
     """The health probe ran but produced a non-finite value: the device or the weights are broken."""
 
 
+# The read kinds this shard computes; the others of the proto's oneof are refused as INVALID_ARGUMENT.
+READ_KINDS = ("next_token",)
+
+
+def read_spec(read: decision_pb2.Read) -> ReadSpec:
+    """The engine's input for one next-token read: every group's variants flattened, with the group sizes kept so
+    the results can be regrouped (and messages can name a group and variant)."""
+    kind = read.WhichOneof("kind")
+    if kind is None:
+        raise InvalidReadError(read.id, f"no read kind set; this shard computes {', '.join(READ_KINDS)} reads")
+    if kind not in READ_KINDS:
+        raise InvalidReadError(read.id, f"read kind {kind} is not computed by this shard")
+    next_token = read.next_token
+    for index, group in enumerate(next_token.labels):
+        if not group.variants:
+            raise InvalidReadError(read.id, f"label {index} has no variants")
+    return ReadSpec(
+        id=read.id,
+        prompt=tuple(next_token.token_ids),
+        labels=tuple(tuple(variant.token_ids) for group in next_token.labels for variant in group.variants),
+        cache_salt=read.cache_salt,
+        group_sizes=tuple(len(group.variants) for group in next_token.labels),
+    )
+
+
 def read_specs(request: decision_pb2.ReadRequest) -> list[ReadSpec]:
-    return [
-        ReadSpec(
-            id=read.id,
-            prompt=tuple(read.token_ids),
-            labels=tuple(tuple(label.token_ids) for label in read.labels),
-            cache_salt=read.cache_salt,
-        )
-        for read in request.reads
-    ]
+    return [read_spec(read) for read in request.reads]
 
 
-def read_response(batch: BatchOutcome) -> decision_pb2.ReadResponse:
+def next_token_result(spec: ReadSpec, logprobs: list[float], greedy_token_id: int) -> decision_pb2.NextTokenResult:
+    """The engine's flat per-variant log-probabilities regrouped as the read's label groups, variant order kept."""
+    groups = []
+    start = 0
+    for size in spec.sizes:
+        groups.append(decision_pb2.LabelGroupLogprobs(variant_logprobs=logprobs[start : start + size]))
+        start += size
+    if start != len(logprobs):
+        raise RuntimeError(f"read {spec.id}: {len(logprobs)} log-probabilities for {start} label variants")
+    return decision_pb2.NextTokenResult(labels=groups, greedy_token_id=greedy_token_id)
+
+
+def read_response(specs: list[ReadSpec], batch: BatchOutcome) -> decision_pb2.ReadResponse:
     return decision_pb2.ReadResponse(
         results=[
             decision_pb2.ReadResult(
                 id=outcome.id,
-                label_logprobs=outcome.label_logprobs,
-                greedy_token_id=outcome.greedy_token_id,
                 tokens_computed=outcome.tokens_computed,
                 tokens_cached=outcome.tokens_cached,
+                next_token=next_token_result(spec, outcome.label_logprobs, outcome.greedy_token_id),
             )
-            for outcome in batch.outcomes
+            for spec, outcome in zip(specs, batch.outcomes, strict=True)
         ],
         forward_micros=round(batch.forward_seconds * 1e6),
     )
@@ -58,11 +86,11 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
     def __init__(
         self,
         model: LoadedModel,
-        strategy: ReadStrategy,
+        engine: Engine,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._model = model
-        self._strategy = strategy
+        self._engine = engine
         self._on_fatal = on_fatal
         # One thread: reads are serialised (each already uses every core) and never race on the model.
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reads")
@@ -95,8 +123,9 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             device=model.device_name,
             world_size=model.world_size,
             rank=model.rank,
-            read_mode=self._strategy.name,
+            engine=self._engine.name,
             matmul=model.matmul,
+            implementation=model.implementation,
         )
 
     async def _health(self) -> decision_pb2.HealthResponse:
@@ -108,7 +137,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
 
     async def _read(self, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
         def work() -> decision_pb2.ReadResponse:
-            batch = self._strategy.run(read_specs(request))
+            specs = read_specs(request)
+            batch = self._engine.run(specs)
             logger.debug(
                 "read batch",
                 extra={
@@ -120,7 +150,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
                     }
                 },
             )
-            return read_response(batch)
+            return read_response(specs, batch)
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._model_thread, work)

@@ -23,12 +23,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # each forward 2-15x slower than a single thread (measured); the suite's budget depends on steady timings.
 torch.set_num_threads(int(os.environ.get("DECISION_TEST_THREADS", "1")))
 
+from decision_server.engines import Engine, make_engine  # noqa: E402
 from decision_server.export import export_default  # noqa: E402
 from decision_server.fixtures import make_fixture  # noqa: E402
 from decision_server.model import LoadedModel, load_model  # noqa: E402
 from decision_server.paths import default_model_dir, fixture_dir  # noqa: E402
 from decision_server.pb import decision_pb2, decision_pb2_grpc  # noqa: E402
-from decision_server.reads import ReadStrategy, make_read_strategy  # noqa: E402
 from decision_server.serve import build_server  # noqa: E402
 from decision_server.service import DecisionShardService  # noqa: E402
 
@@ -139,10 +139,8 @@ def socket_dir() -> Iterator[Path]:
 
 
 @contextmanager
-def running_shard(
-    model: LoadedModel, strategy: ReadStrategy | str = "tree"
-) -> Iterator[decision_pb2_grpc.DecisionShardStub]:
-    chosen = make_read_strategy(strategy, model) if isinstance(strategy, str) else strategy
+def running_shard(model: LoadedModel, engine: Engine | str = "tree") -> Iterator[decision_pb2_grpc.DecisionShardStub]:
+    chosen = make_engine(engine, model) if isinstance(engine, str) else engine
     with socket_dir() as folder:
         shard = InProcessShard(DecisionShardService(model, chosen), folder / "shard.sock")
         shard.start()
@@ -158,14 +156,14 @@ def running_shard(
 def naive_outcomes() -> Callable[[LoadedModel, list[Any]], Any]:
     """Naive reads of a batch, computed once per (model, batch) for the whole session: the reference is the
     slowest thing the suite runs, and several tests compare against the same batch."""
-    from decision_server.reads import NaiveReads
+    from decision_server.engines import NaiveEngine
 
     memo: dict[tuple[int, tuple[Any, ...]], Any] = {}
 
     def outcomes(model: LoadedModel, reads: list[Any]) -> Any:
         key = (id(model), tuple(reads))
         if key not in memo:
-            memo[key] = NaiveReads(model).run(reads)
+            memo[key] = NaiveEngine(model).run(reads)
         return memo[key]
 
     return outcomes
@@ -173,22 +171,41 @@ def naive_outcomes() -> Callable[[LoadedModel, list[Any]], Any]:
 
 @pytest.fixture
 def shard() -> Callable[..., Any]:
-    """`with shard(model, "tree") as stub:` — a live in-process shard for one test."""
+    """`with shard(model, "tree") as stub:` — a live in-process shard for one test (an engine name or engine)."""
     return running_shard
 
 
-def read_request(reads: list[tuple[int, list[int], list[list[int]]]], salt: str = "") -> decision_pb2.ReadRequest:
-    return decision_pb2.ReadRequest(
-        reads=[
-            decision_pb2.Read(
-                id=read_id,
-                token_ids=prompt,
-                labels=[decision_pb2.LabelSequence(token_ids=label) for label in labels],
-                cache_salt=salt,
-            )
-            for read_id, prompt, labels in reads
-        ]
+def grouped_read(read_id: int, prompt: list[int], groups: list[list[list[int]]], salt: str = "") -> decision_pb2.Read:
+    """A next-token read whose labels are groups of variant token sequences."""
+    return decision_pb2.Read(
+        id=read_id,
+        cache_salt=salt,
+        next_token=decision_pb2.NextTokenRead(
+            token_ids=prompt,
+            labels=[
+                decision_pb2.LabelGroup(variants=[decision_pb2.LabelSequence(token_ids=v) for v in group])
+                for group in groups
+            ],
+        ),
     )
+
+
+def read_request(reads: list[tuple[int, list[int], list[list[int]]]], salt: str = "") -> decision_pb2.ReadRequest:
+    """Next-token reads with one variant per label group."""
+    return decision_pb2.ReadRequest(
+        reads=[grouped_read(read_id, prompt, [[label] for label in labels], salt) for read_id, prompt, labels in reads]
+    )
+
+
+def label_logprobs(result: decision_pb2.ReadResult) -> list[float]:
+    """Every variant's log-probability of a next-token result, flattened in group then variant order (one per
+    label for reads made by `read_request`)."""
+    return [value for group in result.next_token.labels for value in group.variant_logprobs]
+
+
+def greedy_token(result: decision_pb2.ReadResult) -> int:
+    token: int = result.next_token.greedy_token_id
+    return token
 
 
 def random_tokens(generator: torch.Generator, count: int, vocab: int, low: int = 0) -> list[int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import read_request, socket_dir
+from conftest import label_logprobs, read_request, socket_dir
 
 from decision_server.layers import resolve_matmul
 from decision_server.pb import decision_pb2, decision_pb2_grpc
@@ -73,17 +73,17 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             lines = start_reader(process.stderr)
             ready = wait_for_message(lines, "ready", timeout=120)
             assert ready["uds_path"] == str(uds)
-            assert ready["read_mode"] == "naive"
+            assert (ready["engine"], ready["implementation"]) == ("naive", "decoder")
             assert ready["architecture"] == "Qwen3ForCausalLM"
             with grpc.insecure_channel(f"unix://{uds}") as channel:
                 stub = decision_pb2_grpc.DecisionShardStub(channel)
                 info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
                 # No --matmul: auto, reported as the mode it resolved to on this CPU.
                 expected = ("naive", "float32", "cpu", resolve_matmul("auto"))
-                assert (info.read_mode, info.dtype, info.device, info.matmul) == expected
+                assert (info.engine, info.dtype, info.device, info.matmul) == expected
                 assert stub.Health(decision_pb2.HealthRequest(), timeout=30).probe != 0.0
                 (result,) = stub.Read(read_request([(3, [9707, 11, 1879], [[0], [16, 17]])]), timeout=30).results
-                assert result.id == 3 and len(result.label_logprobs) == 2
+                assert result.id == 3 and len(label_logprobs(result)) == 2
             process.send_signal(signal.SIGTERM)
             assert process.wait(timeout=30) == 0
             wait_for_message(lines, "stopped", timeout=5)

@@ -7,11 +7,11 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import read_request
+from conftest import label_logprobs, read_request
 
+from decision_server.engines import BatchOutcome, Engine, ReadSpec
 from decision_server.model import LoadedModel
 from decision_server.pb import decision_pb2
-from decision_server.reads import BatchOutcome, ReadSpec, ReadStrategy
 
 GOOD = (1, [1, 2, 3], [[4], [5, 6]])
 
@@ -29,7 +29,7 @@ def invalid_cases(model: LoadedModel) -> list[tuple[list[tuple[int, list[int], l
     ]
 
 
-@pytest.mark.parametrize("mode", ["tree", "naive"])
+@pytest.mark.parametrize("mode", ["tree", "fork", "naive"])
 def test_invalid_reads_are_invalid_argument(tiny_qwen3: LoadedModel, shard: Any, mode: str) -> None:
     with shard(tiny_qwen3, mode) as stub:
         for reads, message in invalid_cases(tiny_qwen3):
@@ -39,7 +39,7 @@ def test_invalid_reads_are_invalid_argument(tiny_qwen3: LoadedModel, shard: Any,
             assert message in failure.value.details()
         # The shard keeps serving after rejecting bad input.
         (result,) = stub.Read(read_request([GOOD]), timeout=60).results
-        assert result.id == 1 and len(result.label_logprobs) == 2
+        assert result.id == 1 and len(label_logprobs(result)) == 2
 
 
 def test_prompt_at_the_position_limit_is_accepted(tiny_qwen3: LoadedModel, shard: Any) -> None:
@@ -47,7 +47,7 @@ def test_prompt_at_the_position_limit_is_accepted(tiny_qwen3: LoadedModel, shard
     with shard(tiny_qwen3, "tree") as stub:
         (result,) = stub.Read(read_request([(9, [1] * (limit - 1), [[4], [4, 5]])]), timeout=120).results
     assert result.tokens_computed == limit - 1
-    assert all(value < 0 for value in result.label_logprobs)
+    assert all(value < 0 for value in label_logprobs(result))
 
 
 def test_empty_batch_gives_empty_response(tiny_qwen3: LoadedModel, shard: Any) -> None:
@@ -57,7 +57,7 @@ def test_empty_batch_gives_empty_response(tiny_qwen3: LoadedModel, shard: Any) -
     assert response.forward_micros == 0
 
 
-class ExplodingReads(ReadStrategy):
+class ExplodingEngine(Engine):
     name = "exploding"
 
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
@@ -65,7 +65,7 @@ class ExplodingReads(ReadStrategy):
 
 
 def test_unexpected_failure_is_internal_with_its_message(tiny_qwen3: LoadedModel, shard: Any) -> None:
-    with shard(tiny_qwen3, ExplodingReads(tiny_qwen3)) as stub:
+    with shard(tiny_qwen3, ExplodingEngine(tiny_qwen3)) as stub:
         with pytest.raises(grpc.RpcError) as failure:
             stub.Read(read_request([GOOD]), timeout=60)
         assert failure.value.code() == grpc.StatusCode.INTERNAL
@@ -74,7 +74,7 @@ def test_unexpected_failure_is_internal_with_its_message(tiny_qwen3: LoadedModel
         with pytest.raises(grpc.RpcError) as invalid:
             stub.Read(read_request([(3, [], [[1]])]), timeout=60)
         assert invalid.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert stub.Info(decision_pb2.InfoRequest(), timeout=60).read_mode == "exploding"
+        assert stub.Info(decision_pb2.InfoRequest(), timeout=60).engine == "exploding"
 
 
 def test_non_finite_health_probe_is_an_error(
@@ -88,7 +88,7 @@ def test_non_finite_health_probe_is_an_error(
     assert "health probe on cpu returned nan" in failure.value.details()
 
 
-class SlowReads(ReadStrategy):
+class SlowEngine(Engine):
     """Holds the model thread for a while, like a large batch would."""
 
     name = "slow"
@@ -96,18 +96,21 @@ class SlowReads(ReadStrategy):
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
         import time
 
-        from decision_server.reads import ReadOutcome
+        from decision_server.engines import ReadOutcome
 
         time.sleep(2.0)
         return BatchOutcome(
-            outcomes=[ReadOutcome(id=r.id, label_logprobs=[], greedy_token_id=0, tokens_computed=0) for r in reads]
+            outcomes=[
+                ReadOutcome(id=r.id, label_logprobs=[0.0] * len(r.labels), greedy_token_id=0, tokens_computed=0)
+                for r in reads
+            ]
         )
 
 
 def test_health_answers_while_a_read_is_running(tiny_qwen3: LoadedModel, shard: Any) -> None:
     import time
 
-    with shard(tiny_qwen3, SlowReads(tiny_qwen3)) as stub:
+    with shard(tiny_qwen3, SlowEngine(tiny_qwen3)) as stub:
         pending = [stub.Read.future(read_request([(i, [1, 2], [[3]])]), timeout=60) for i in range(2)]
         time.sleep(0.2)
         started = time.monotonic()
@@ -120,8 +123,8 @@ def test_health_answers_while_a_read_is_running(tiny_qwen3: LoadedModel, shard: 
 def test_status_mapping() -> None:
     import torch
 
+    from decision_server.engines import InvalidReadError
     from decision_server.errors import grpc_status_for, is_fatal
-    from decision_server.reads import InvalidReadError
 
     assert grpc_status_for(InvalidReadError(5, "prompt has no tokens")) == (
         grpc.StatusCode.INVALID_ARGUMENT,

@@ -17,7 +17,7 @@ EXPECTED_INFO = {
 }
 
 
-@pytest.mark.parametrize("mode", ["tree", "naive"])
+@pytest.mark.parametrize("mode", ["tree", "fork", "naive"])
 @pytest.mark.parametrize("name", sorted(EXPECTED_INFO))
 def test_info_and_health(request: pytest.FixtureRequest, shard: Any, name: str, mode: str) -> None:
     model = request.getfixturevalue(name)
@@ -31,7 +31,8 @@ def test_info_and_health(request: pytest.FixtureRequest, shard: Any, name: str, 
     assert info.dtype == "float32"
     assert info.device == "cpu"
     assert (info.world_size, info.rank) == (1, 0)
-    assert info.read_mode == mode
+    assert info.engine == mode
+    assert info.implementation == "decoder"
     assert math.isfinite(health.probe)
     # The probe is computed from the weights: it equals the same op done here, and is not a constant.
     with Checkpoint(model.path) as checkpoint:

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import read_request
+from conftest import label_logprobs, read_request
 from prompts import QUESTIONS, STATES, label_tokens, prompt_tokens
 from test_tree_vs_naive import assert_same_reads, decision_batch
 
+from decision_server.engines import NaiveEngine, ReadSpec, TreeEngine, make_engine
 from decision_server.model import LoadedModel, wrap_module
 from decision_server.prefix_cache import KeyValues, PrefixCache
-from decision_server.reads import NaiveReads, ReadSpec, TreeReads, make_read_strategy
 
 # Fake keys/values for bookkeeping tests: 2 layers, 1 head, head_dim 1, value = the token's position,
 # so a slice that comes back from the wrong place is visible. 16 bytes per token (keys + values, float32).
@@ -88,16 +88,16 @@ def test_insert_after_eviction_of_the_prefix_stores_nothing() -> None:
 def test_cached_reads_equal_naive_reads(request: pytest.FixtureRequest, naive_outcomes: Any, name: str) -> None:
     model = request.getfixturevalue(name)
     reads = decision_batch(model.path)
-    strategy = TreeReads(model, prefix_cache=PrefixCache(64 << 20))
-    cold = strategy.run(reads)
+    engine = TreeEngine(model, prefix_cache=PrefixCache(64 << 20))
+    cold = engine.run(reads)
     assert [o.tokens_cached for o in cold.outcomes] == [0] * len(reads)
     assert [o.tokens_computed for o in cold.outcomes] == [
-        o.tokens_computed for o in TreeReads(model).run(reads).outcomes
+        o.tokens_computed for o in TreeEngine(model).run(reads).outcomes
     ]
     naive = naive_outcomes(model, reads)
     assert_same_reads(cold, naive)
 
-    warm = strategy.run(reads)
+    warm = engine.run(reads)
     assert_same_reads(warm, naive)
     # Everything but each read's answer token came from the cache, counted once per batch like computed tokens.
     unique = len({read.prompt[:end] for read in reads for end in range(1, len(read.prompt) + 1)})
@@ -107,32 +107,32 @@ def test_cached_reads_equal_naive_reads(request: pytest.FixtureRequest, naive_ou
 
 
 def test_a_new_question_on_a_cached_state_computes_only_its_tail(tiny_qwen3: LoadedModel) -> None:
-    strategy = TreeReads(tiny_qwen3, prefix_cache=PrefixCache(64 << 20))
+    engine = TreeEngine(tiny_qwen3, prefix_cache=PrefixCache(64 << 20))
     labels = tuple(tuple(label_tokens(tiny_qwen3.path, text)) for text in ("A", "B", "refund please"))
     earlier = [
         ReadSpec(id=i, prompt=tuple(prompt_tokens(tiny_qwen3.path, STATES[0], q)), labels=labels)
         for i, q in enumerate(QUESTIONS[:2])
     ]
-    strategy.run(earlier)
+    engine.run(earlier)
     new = ReadSpec(id=9, prompt=tuple(prompt_tokens(tiny_qwen3.path, STATES[0], QUESTIONS[2])), labels=labels)
     shared = max(
         next((i for i, (a, b) in enumerate(zip(e.prompt, new.prompt, strict=False)) if a != b), 0) for e in earlier
     )
     assert shared > 10
-    (outcome,) = strategy.run([new]).outcomes
+    (outcome,) = engine.run([new]).outcomes
     assert (outcome.tokens_cached, outcome.tokens_computed) == (shared, len(new.prompt) - shared)
-    (reference,) = NaiveReads(tiny_qwen3).run([new]).outcomes
+    (reference,) = NaiveEngine(tiny_qwen3).run([new]).outcomes
     assert outcome.label_logprobs == pytest.approx(reference.label_logprobs, abs=1e-5)
     assert outcome.greedy_token_id == reference.greedy_token_id
 
 
 def test_salted_reads_never_hit_each_others_cache(tiny_qwen3: LoadedModel) -> None:
-    strategy = TreeReads(tiny_qwen3, prefix_cache=PrefixCache(64 << 20))
+    engine = TreeEngine(tiny_qwen3, prefix_cache=PrefixCache(64 << 20))
     prompt = tuple(prompt_tokens(tiny_qwen3.path, STATES[1], QUESTIONS[1]))
-    strategy.run([ReadSpec(id=1, prompt=prompt, labels=((9693,),), cache_salt="tenant-a")])
-    (other,) = strategy.run([ReadSpec(id=2, prompt=prompt, labels=((9693,),), cache_salt="tenant-b")]).outcomes
+    engine.run([ReadSpec(id=1, prompt=prompt, labels=((9693,),), cache_salt="tenant-a")])
+    (other,) = engine.run([ReadSpec(id=2, prompt=prompt, labels=((9693,),), cache_salt="tenant-b")]).outcomes
     assert (other.tokens_cached, other.tokens_computed) == (0, len(prompt))
-    (same,) = strategy.run([ReadSpec(id=3, prompt=prompt, labels=((9693,),), cache_salt="tenant-a")]).outcomes
+    (same,) = engine.run([ReadSpec(id=3, prompt=prompt, labels=((9693,),), cache_salt="tenant-a")]).outcomes
     assert (same.tokens_cached, same.tokens_computed) == (len(prompt) - 1, 1)
     assert same.label_logprobs == pytest.approx(other.label_logprobs, abs=1e-5)
 
@@ -142,22 +142,22 @@ def test_a_tight_budget_evicts_and_stays_exact(tiny_qwen3: LoadedModel, naive_ou
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
     reads = decision_batch(tiny_qwen3.path)
     cache = PrefixCache(per_token * 80)  # room for about one prompt
-    strategy = TreeReads(tiny_qwen3, prefix_cache=cache)
+    engine = TreeEngine(tiny_qwen3, prefix_cache=cache)
     naive = naive_outcomes(tiny_qwen3, reads)
     for _ in range(3):
-        assert_same_reads(strategy.run(reads), naive, tolerance=1e-5)
+        assert_same_reads(engine.run(reads), naive, tolerance=1e-5)
         assert 0 < cache.bytes_used <= cache.capacity_bytes
 
 
 def test_cached_tokens_reach_the_client(tiny_qwen3: LoadedModel, shard: Any) -> None:
     prompt = prompt_tokens(tiny_qwen3.path, STATES[0], QUESTIONS[0])
     request = read_request([(1, prompt, [[32], [33, 34]])])
-    with shard(tiny_qwen3, make_read_strategy("tree", tiny_qwen3, prefix_cache_mb=16)) as stub:
+    with shard(tiny_qwen3, make_engine("tree", tiny_qwen3, prefix_cache_mb=16)) as stub:
         (cold,) = stub.Read(request, timeout=60).results
         (warm,) = stub.Read(request, timeout=60).results
     assert (cold.tokens_cached, cold.tokens_computed) == (0, len(prompt))
     assert (warm.tokens_cached, warm.tokens_computed) == (len(prompt) - 1, 1)
-    assert list(warm.label_logprobs) == pytest.approx(list(cold.label_logprobs), abs=1e-5)
+    assert label_logprobs(warm) == pytest.approx(label_logprobs(cold), abs=1e-5)
 
 
 def test_sliding_window_models_get_no_cache(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -177,8 +177,8 @@ def test_sliding_window_models_get_no_cache(tmp_path: Path, caplog: pytest.LogCa
     )
     model: LoadedModel = wrap_module(Qwen3ForCausalLM(config), tmp_path, torch.device("cpu"), torch.float32)
     with caplog.at_level(logging.WARNING):
-        strategy = make_read_strategy("tree", model, prefix_cache_mb=8)
-    assert isinstance(strategy, TreeReads) and strategy.prefix_cache is None
+        engine = make_engine("tree", model, prefix_cache_mb=8)
+    assert isinstance(engine, TreeEngine) and engine.prefix_cache is None
     assert "prefix cache disabled" in caplog.text
     with pytest.raises(ValueError, match="sliding-window"):
-        TreeReads(model, prefix_cache=PrefixCache(1 << 20))
+        TreeEngine(model, prefix_cache=PrefixCache(1 << 20))

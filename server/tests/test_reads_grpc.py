@@ -5,14 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import read_request, reference_logprobs, reference_sequence_logprob
+from conftest import greedy_token, label_logprobs, read_request, reference_logprobs, reference_sequence_logprob
 from prompts import QUESTIONS, STATES, label_tokens, prompt_tokens
 
 MODELS = ("smollm2", "tiny_qwen3")
 SINGLE_LABELS = ("A", "B", "yes", "no", "0", "2")
 
 
-@pytest.mark.parametrize("mode", ["tree", "naive"])
+@pytest.mark.parametrize("mode", ["tree", "fork", "naive"])
 @pytest.mark.parametrize("name", MODELS)
 def test_read_equals_plain_forward(request: pytest.FixtureRequest, shard: Any, name: str, mode: str) -> None:
     model = request.getfixturevalue(name)
@@ -27,11 +27,11 @@ def test_read_equals_plain_forward(request: pytest.FixtureRequest, shard: Any, n
             expected = reference_logprobs(reference, prompt)
             projected_everywhere = reference_logprobs(reference, prompt, all_logits=True)
             assert result.id == read_id
-            assert len(result.label_logprobs) == len(labels)
-            for (token,), value in zip(labels, result.label_logprobs, strict=True):
+            assert len(label_logprobs(result)) == len(labels)
+            for (token,), value in zip(labels, label_logprobs(result), strict=True):
                 assert value == pytest.approx(float(expected[token]), abs=1e-5)
                 assert value == pytest.approx(float(projected_everywhere[token]), abs=1e-4)
-            assert result.greedy_token_id == int(expected.argmax())
+            assert greedy_token(result) == int(expected.argmax())
             assert result.tokens_computed == len(prompt)
             assert result.tokens_cached == 0
             assert response.forward_micros > 0
@@ -43,7 +43,7 @@ def test_read_equals_plain_forward(request: pytest.FixtureRequest, shard: Any, n
 MULTI_TOKEN_TOLERANCE = {"smollm2": 1e-4, "tiny_qwen3": 1e-5}
 
 
-@pytest.mark.parametrize("mode", ["tree", "naive"])
+@pytest.mark.parametrize("mode", ["tree", "fork", "naive"])
 @pytest.mark.parametrize("name", MODELS)
 def test_multi_token_labels_equal_chain_of_conditionals(
     request: pytest.FixtureRequest, shard: Any, name: str, mode: str
@@ -63,7 +63,7 @@ def test_multi_token_labels_equal_chain_of_conditionals(
     with shard(model, mode) as stub:
         (result,) = stub.Read(read_request([(5, prompt, labels)])).results
     tolerance = MULTI_TOKEN_TOLERANCE[name]
-    for label, value in zip(labels, result.label_logprobs, strict=True):
+    for label, value in zip(labels, label_logprobs(result), strict=True):
         assert value == pytest.approx(reference_sequence_logprob(reference, prompt, label), abs=tolerance)
     # Scored only at the prompt's end: multi-token branches must not change the greedy token.
-    assert result.greedy_token_id == int(reference_logprobs(reference, prompt).argmax())
+    assert greedy_token(result) == int(reference_logprobs(reference, prompt).argmax())

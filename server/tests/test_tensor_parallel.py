@@ -20,12 +20,12 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import read_request, socket_dir
+from conftest import greedy_token, label_logprobs, read_request, socket_dir
 from prompts import QUESTIONS, STATES, prompt_tokens
 from test_tree_vs_naive import decision_batch
 
+from decision_server.engines import ReadSpec, make_engine
 from decision_server.pb import decision_pb2, decision_pb2_grpc
-from decision_server.reads import ReadSpec, make_read_strategy
 
 COMMAND = [sys.executable, "-m", "decision_server.cli"]
 STARTUP_TIMEOUT_S = 180.0
@@ -130,8 +130,8 @@ def read_all(ranks: list[Rank], request: decision_pb2.ReadRequest, timeout: floa
         futures = [pool.submit(rank.stub.Read, request, timeout=timeout) for rank in ranks]
         responses = [future.result() for future in futures]
     for other in responses[1:]:
-        assert [list(r.label_logprobs) for r in other.results] == [list(r.label_logprobs) for r in responses[0].results]
-        assert [r.greedy_token_id for r in other.results] == [r.greedy_token_id for r in responses[0].results]
+        assert [label_logprobs(r) for r in other.results] == [label_logprobs(r) for r in responses[0].results]
+        assert [greedy_token(r) for r in other.results] == [greedy_token(r) for r in responses[0].results]
     first: decision_pb2.ReadResponse = responses[0]
     return first
 
@@ -163,24 +163,22 @@ def _max_difference(one: decision_pb2.ReadResponse, two: decision_pb2.ReadRespon
     worst = 0.0
     assert [r.id for r in one.results] == [r.id for r in two.results]
     for a, b in zip(one.results, two.results, strict=True):
-        assert a.greedy_token_id == b.greedy_token_id, (a.id, a.greedy_token_id, b.greedy_token_id)
+        assert greedy_token(a) == greedy_token(b), (a.id, greedy_token(a), greedy_token(b))
         assert (a.tokens_computed, a.tokens_cached) == (b.tokens_computed, b.tokens_cached), a.id
-        assert len(a.label_logprobs) == len(b.label_logprobs)
-        worst = max([worst, *(abs(x - y) for x, y in zip(a.label_logprobs, b.label_logprobs, strict=True))])
+        assert len(label_logprobs(a)) == len(label_logprobs(b))
+        worst = max([worst, *(abs(x - y) for x, y in zip(label_logprobs(a), label_logprobs(b), strict=True))])
     return worst
 
 
 def _one_shard_reads(model: Any, shard: Any, requests: list[decision_pb2.ReadRequest]) -> list[Any]:
-    with shard(model, make_read_strategy("tree", model, prefix_cache_mb=PREFIX_CACHE_MB)) as stub:
+    with shard(model, make_engine("tree", model, prefix_cache_mb=PREFIX_CACHE_MB)) as stub:
         return [stub.Read(r, timeout=120) for r in requests]
 
 
 def _check_two_ranks_equal_one_shard(name: str, model: Any, ranks: list[Rank], expected: list[Any]) -> None:
     infos = [rank.stub.Info(decision_pb2.InfoRequest(), timeout=30) for rank in ranks]
     assert [(i.world_size, i.rank) for i in infos] == [(2, 0), (2, 1)]
-    assert {(i.architecture, i.vocab_size, i.read_mode) for i in infos} == {
-        (model.architecture, model.vocab_size, "tree")
-    }
+    assert {(i.architecture, i.vocab_size, i.engine) for i in infos} == {(model.architecture, model.vocab_size, "tree")}
     got = [read_all(ranks, r) for r in _requests(model.path)]
     worst = max(_max_difference(a, b) for a, b in zip(expected, got, strict=True))
     print(f"{name}: max |1 shard - 2 shards| over {sum(len(r.results) for r in got)} reads = {worst:.3g}")

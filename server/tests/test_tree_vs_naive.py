@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import read_request
+from conftest import greedy_token, label_logprobs, read_request
 from prompts import QUESTIONS, STATES, label_tokens, prompt_tokens
 
+from decision_server.engines import NaiveEngine, ReadSpec, TreeEngine
 from decision_server.model import LoadedModel, wrap_module
-from decision_server.reads import NaiveReads, ReadSpec, TreeReads
 
 MODELS = ("smollm2", "tiny_qwen3")
 
@@ -81,7 +81,7 @@ def test_tree_equals_naive_on_a_mixed_batch(
     split_passes = []
     attend = decoder._tree_after_past
     monkeypatch.setattr(decoder, "_tree_after_past", lambda *args: split_passes.append(args[3]) or attend(*args))
-    tree = TreeReads(model, min_chain_tokens=min_chain, min_split_tokens=min_split).run(reads)
+    tree = TreeEngine(model, min_chain_tokens=min_chain, min_split_tokens=min_split).run(reads)
     # (Chain continuations go through the same attention as one causal block, without a tree mask.)
     tree_passes = [split for split in split_passes if any(mask is not None for _, _, mask in split.blocks)]
     assert bool(tree_passes) == (plan == "branches")
@@ -93,7 +93,7 @@ def test_tree_equals_naive_on_a_mixed_batch(
     if plan == "split":
         # A causal pass per shared chain, a masked pass per set of branches: several, far fewer than naive's.
         assert 3 <= tree.forward_passes < naive.forward_passes
-    assert tree.packed_tokens == TreeReads(model).run(reads).packed_tokens
+    assert tree.packed_tokens == TreeEngine(model).run(reads).packed_tokens
 
 
 @pytest.mark.parametrize("plan", ["default", "split"])
@@ -103,7 +103,7 @@ def test_planned_passes_with_a_prefix_cache_equal_naive(
     from decision_server.prefix_cache import PrefixCache
 
     min_chain, min_split = PLANS[plan]
-    tree = TreeReads(
+    tree = TreeEngine(
         tiny_qwen3, prefix_cache=PrefixCache(64 << 20), min_chain_tokens=min_chain, min_split_tokens=min_split
     )
     reads = decision_batch(tiny_qwen3.path)
@@ -119,7 +119,7 @@ def test_planned_passes_with_a_prefix_cache_equal_naive(
 def test_tree_counts_shared_prompt_tokens_once(request: pytest.FixtureRequest, naive_outcomes: Any, name: str) -> None:
     model = request.getfixturevalue(name)
     reads = decision_batch(model.path)
-    tree = TreeReads(model).run(reads)
+    tree = TreeEngine(model).run(reads)
     counts = [o.tokens_computed for o in tree.outcomes]
     assert counts == expected_tokens_computed(reads)
     unique = len({read.prompt[:end] for read in reads for end in range(1, len(read.prompt) + 1)})
@@ -144,8 +144,8 @@ def test_tree_and_naive_servers_agree_over_grpc(tiny_qwen3: LoadedModel, shard: 
         naive = stub.Read(request)
     assert [r.id for r in tree.results] == [r.id for r in reads]
     for a, b in zip(tree.results, naive.results, strict=True):
-        assert list(a.label_logprobs) == pytest.approx(list(b.label_logprobs), abs=1e-4)
-        assert a.greedy_token_id == b.greedy_token_id
+        assert label_logprobs(a) == pytest.approx(label_logprobs(b), abs=1e-4)
+        assert greedy_token(a) == greedy_token(b)
     assert sum(r.tokens_computed for r in tree.results) < sum(r.tokens_computed for r in naive.results)
 
 
@@ -157,10 +157,10 @@ def test_different_salts_share_nothing(tiny_qwen3: LoadedModel) -> None:
         ReadSpec(id=2, prompt=prompt, labels=labels, cache_salt="tenant-b"),
         ReadSpec(id=3, prompt=prompt, labels=labels, cache_salt="tenant-a"),
     ]
-    tree = TreeReads(tiny_qwen3).run(reads)
+    tree = TreeEngine(tiny_qwen3).run(reads)
     assert [o.tokens_computed for o in tree.outcomes] == [len(prompt), len(prompt), 0]
     assert tree.outcomes[0].label_logprobs == pytest.approx(tree.outcomes[1].label_logprobs, abs=1e-5)
-    assert_same_reads(tree, NaiveReads(tiny_qwen3).run(reads))
+    assert_same_reads(tree, NaiveEngine(tiny_qwen3).run(reads))
 
 
 def test_prompt_that_extends_another_reads_label_branch(tiny_qwen3: LoadedModel) -> None:
@@ -171,19 +171,19 @@ def test_prompt_that_extends_another_reads_label_branch(tiny_qwen3: LoadedModel)
         ReadSpec(id=1, prompt=base, labels=((32, 33, 34),)),
         ReadSpec(id=2, prompt=(*base, 32), labels=((33, 34), (35,))),
     ]
-    tree = TreeReads(tiny_qwen3).run(reads)
+    tree = TreeEngine(tiny_qwen3).run(reads)
     assert [o.tokens_computed for o in tree.outcomes] == [len(base), 1]
-    assert_same_reads(tree, NaiveReads(tiny_qwen3).run(reads), tolerance=1e-5)
+    assert_same_reads(tree, NaiveEngine(tiny_qwen3).run(reads), tolerance=1e-5)
     # The same sequence scored two ways: P(32 33 34 | base) = P(32 | base) * P(33 34 | base 32).
-    both = NaiveReads(tiny_qwen3).run([ReadSpec(id=3, prompt=base, labels=((32,),))]).outcomes[0].label_logprobs[0]
+    both = NaiveEngine(tiny_qwen3).run([ReadSpec(id=3, prompt=base, labels=((32,),))]).outcomes[0].label_logprobs[0]
     assert tree.outcomes[0].label_logprobs[0] == pytest.approx(both + tree.outcomes[1].label_logprobs[0], abs=1e-5)
 
 
 @pytest.mark.parametrize(("max_tokens", "max_rows"), [(60, 512), (4096, 3)])
 def test_split_batches_equal_one_pass(tiny_qwen3: LoadedModel, max_tokens: int, max_rows: int) -> None:
     reads = decision_batch(tiny_qwen3.path)
-    whole = TreeReads(tiny_qwen3).run(reads)
-    split = TreeReads(tiny_qwen3, max_packed_tokens=max_tokens, max_logit_rows=max_rows).run(reads)
+    whole = TreeEngine(tiny_qwen3).run(reads)
+    split = TreeEngine(tiny_qwen3, max_packed_tokens=max_tokens, max_logit_rows=max_rows).run(reads)
     assert split.forward_passes > 1
     assert_same_reads(split, whole, tolerance=1e-5)
     # A prefix recomputed in another pass is counted again: honest about work done.
@@ -224,13 +224,13 @@ def test_sliding_window_layers_get_a_windowed_tree_mask(tmp_path: Path, attn: st
         )
         for i in range(3)
     ]
-    tree = TreeReads(model).run(reads)
-    naive = NaiveReads(model).run(reads)
+    tree = TreeEngine(model).run(reads)
+    naive = NaiveEngine(model).run(reads)
     assert_same_reads(tree, naive, tolerance=1e-5)
     # Guard that the window matters here: with it disabled the tree result must change.
     model.module.config.sliding_window = None
     model.module.config.layer_types = ["full_attention"] * 3
-    unwindowed = TreeReads(model).run(reads)
+    unwindowed = TreeEngine(model).run(reads)
     assert (
         max(
             abs(a - b)

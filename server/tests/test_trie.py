@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decision_server.reads import ReadSpec
-from decision_server.reads.tree import Pass, TokenTrie, _place, plan_passes
+from decision_server.engines import ReadSpec
+from decision_server.engines.tree import Pass, TokenTrie, place_read, plan_passes
 
 
 def test_ancestor_matrix_of_a_small_tree() -> None:
@@ -59,7 +59,7 @@ def test_missing_nodes_predicts_insertion() -> None:
         read = ReadSpec(id=i, prompt=tuple(shared + tail) or (1,), labels=labels, cache_salt="s" if i % 5 else "t")
         predicted = trie.missing_nodes(read)
         before = len(trie)
-        _place(trie, read, None)
+        place_read(trie, read, None)
         assert len(trie) - before == predicted
     # Parents always precede children: the packed order is a valid causal order.
     assert all(parent < node for node, parent in enumerate(trie.parents))

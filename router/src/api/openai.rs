@@ -126,6 +126,7 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         chat_template_kwargs,
         cache_salt,
         wording: Wording::Vllm,
+        media: Default::default(),
     };
     Ok(Parsed { request, echo })
 }

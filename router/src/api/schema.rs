@@ -41,6 +41,12 @@ pub struct SystemOneRequest {
     pub questions: BTreeMap<String, SystemOneQuestion>,
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
     pub cache_salt: Option<String>,
+    /// Image URLs or data URLs, for models that take images; any other model answers 400 naming the field.
+    pub images: Option<Vec<String>>,
+    /// Audio URLs or data URLs, for models that take audio; any other model answers 400 naming the field.
+    pub audio: Option<Vec<String>>,
+    /// Video URLs or data URLs, for models that take video; any other model answers 400 naming the field.
+    pub videos: Option<Vec<String>>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]

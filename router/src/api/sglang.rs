@@ -127,6 +127,7 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
         chat_template_kwargs,
         cache_salt: String::new(),
         wording: Wording::Sglang,
+        media: Default::default(),
     };
     Ok(Parsed {
         request,
@@ -343,7 +344,11 @@ pub fn format(
             let labels: Vec<Value> = read
                 .labels
                 .iter()
-                .map(|l| if l.len() == 1 { json!(l[0]) } else { json!(l) })
+                .map(|group| match group.variants.as_slice() {
+                    [one] if one.len() == 1 => json!(one[0]),
+                    [one] => json!(one),
+                    variants => json!(variants),
+                })
                 .collect();
             obj.insert("label_token_ids".into(), Value::Array(labels));
         }

@@ -4,7 +4,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::error::{DecisionError, FieldError, Loc};
-use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind};
+use crate::ir::{ChoiceOption, Decision, DecisionRequest, Media, Modality, Question, QuestionKind};
 use crate::limits::Limits;
 use crate::probability;
 use crate::profile::Compat;
@@ -66,6 +66,7 @@ pub fn parse(
             String::new()
         }
     };
+    let media = parse_media(obj, &mut errors);
     let questions = match obj.get("questions") {
         None => {
             errors.push(FieldError::new(
@@ -95,7 +96,50 @@ pub fn parse(
         chat_template_kwargs,
         cache_salt,
         wording: compat.systemone_wording(),
+        media,
     })
+}
+
+/// `images`, `audio`, `videos`: each null, absent, or a list of URL / data-URL strings. Which kinds
+/// a model takes is its read strategy's business; here only the shape is checked.
+fn parse_media(obj: &Map<String, Value>, errors: &mut Vec<FieldError>) -> Media {
+    let mut media = Media::default();
+    for modality in Modality::ALL {
+        let field = modality.field();
+        let urls = match obj.get(field) {
+            None | Some(Value::Null) => continue,
+            Some(Value::Array(items)) => items,
+            Some(_) => {
+                errors.push(FieldError::new(
+                    loc(&[field]),
+                    "list_type",
+                    format!("{field} must be a list of URLs or data URLs"),
+                ));
+                continue;
+            }
+        };
+        let mut kept = Vec::with_capacity(urls.len());
+        for (i, url) in urls.iter().enumerate() {
+            match url {
+                Value::String(s) => kept.push(s.clone()),
+                _ => {
+                    let mut at = loc(&[field]);
+                    at.push(Loc::Index(i));
+                    errors.push(FieldError::new(
+                        at,
+                        "string_type",
+                        format!("{field}[{i}] must be a URL or data URL string"),
+                    ))
+                }
+            }
+        }
+        match modality {
+            Modality::Image => media.images = kept,
+            Modality::Audio => media.audio = kept,
+            Modality::Video => media.videos = kept,
+        }
+    }
+    media
 }
 
 /// Any model name is accepted and answered as the served model, except the `base:adapter` form.

@@ -1,4 +1,4 @@
-"""The interface every read strategy implements, with the input checks they all share.
+"""The interface every engine implements, with the input checks they all share.
 Checks run before any tensor work so a bad read fails the RPC with a clear message, never a device error."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
-from decision_server.model import LoadedModel
-from decision_server.reads.types import BatchOutcome, InvalidReadError, ReadSpec
+from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadSpec
+from decision_server.model_base import LoadedModel
 
 
 def validate_read(read: ReadSpec, token_limit: int, max_positions: int) -> None:
@@ -17,7 +17,7 @@ def validate_read(read: ReadSpec, token_limit: int, max_positions: int) -> None:
         raise InvalidReadError(read.id, "prompt has no tokens")
     for index, label in enumerate(read.labels):
         if not label:
-            raise InvalidReadError(read.id, f"label {index} has no tokens")
+            raise InvalidReadError(read.id, f"{read.label_name(index)} has no tokens")
     for token in read.prompt:
         if token >= token_limit:
             raise InvalidReadError(read.id, f"prompt token id {token} is out of range (vocabulary size {token_limit})")
@@ -25,7 +25,8 @@ def validate_read(read: ReadSpec, token_limit: int, max_positions: int) -> None:
         for token in label:
             if token >= token_limit:
                 raise InvalidReadError(
-                    read.id, f"label {index} token id {token} is out of range (vocabulary size {token_limit})"
+                    read.id,
+                    f"{read.label_name(index)} token id {token} is out of range (vocabulary size {token_limit})",
                 )
     if len(read.prompt) > max_positions:
         raise InvalidReadError(
@@ -41,8 +42,9 @@ def validate_read(read: ReadSpec, token_limit: int, max_positions: int) -> None:
         )
 
 
-class ReadStrategy(ABC):
-    """Turns a batch of reads into label log-probabilities with one loaded model."""
+class Engine(ABC):
+    """Executes a batch of next-token reads on one loaded model: which forward passes run, over which tokens, and
+    what each shares with the others. Every engine computes the same log-probabilities; they differ in speed."""
 
     name: str
 

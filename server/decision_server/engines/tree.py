@@ -1,8 +1,9 @@
-"""Tree reads: every read of a batch in one forward pass over the batch's unique tokens.
+"""The tree engine: every read of a batch in one forward pass over the batch's unique tokens.
 Reads become paths in a trie (prompt, then multi-token label branches); the trie is packed into one sequence
 where each token attends to itself and its ancestors only, at position = its depth, so each path computes
 exactly what its own causal prefill would, while shared prefixes are computed once. With a prefix cache,
-paths continue from cached keys/values of earlier batches instead of recomputing them.
+paths continue from cached keys/values of earlier batches instead of recomputing them. It is exact only when every
+layer applies the mask (attention); models with recurrent or convolution layers use the fork engine instead.
 
 A trie is computed in a few passes rather than one dense-mask pass over everything (see `plan_passes`): a long
 shared chain (chat head + state) runs as a plain causal prefill with the fastest attention kernel, and only the
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from decision_server.model import LoadedModel, ScoredPass, ScoreRequest
+from decision_server.architectures import EngineRefusedError, tree_refusal
+from decision_server.engines.base import Engine
+from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec
+from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
-from decision_server.reads.base import ReadStrategy
-from decision_server.reads.types import BatchOutcome, ReadOutcome, ReadSpec
 
 # Defaults sized for a CPU: the dense (T, T) mask and attention scores grow with T squared, and every logit row
 # costs a full-vocabulary projection (600 kB in float32 for a 150k vocabulary).
@@ -241,7 +243,9 @@ def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int) -
 
 
 @dataclass
-class _PlacedRead:
+class PlacedRead:
+    """Where one read's prompt and label branches sit in a batch's trie."""
+
     read: ReadSpec
     prefix_length: int  # prompt tokens served from the cache
     prompt_nodes: list[int]  # nodes of prompt[prefix_length:]
@@ -324,9 +328,9 @@ class _NodeKeyValues:
                 keys.append(part_keys[:, :, indices[0] : indices[0] + len(indices)])
                 values.append(part_values[:, :, indices[0] : indices[0] + len(indices)])
             else:
-                index = torch.tensor(indices, dtype=torch.long, device=part_keys.device)
-                keys.append(part_keys.index_select(2, index))
-                values.append(part_values.index_select(2, index))
+                gather = torch.tensor(indices, dtype=torch.long, device=part_keys.device)
+                keys.append(part_keys.index_select(2, gather))
+                values.append(part_values.index_select(2, gather))
         if len(keys) == 1:
             return keys[0], values[0]
         return torch.cat(keys, dim=2), torch.cat(values, dim=2)
@@ -339,14 +343,14 @@ def _concat_past(first: KeyValues | None, second: KeyValues | None) -> KeyValues
 
 
 @dataclass
-class _Scores:
+class NodeScores:
     """Label log-probabilities by (node, label token) and greedy tokens by answer node, over a chunk's passes."""
 
     label: dict[tuple[int, int], float] = field(default_factory=dict)
     greedy: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, request: ScoreRequest, nodes: Sequence[int], scored: ScoredPass) -> _Scores:
+    def of(cls, request: ScoreRequest, nodes: Sequence[int], scored: ScoredPass) -> NodeScores:
         kept = [nodes[index] for index in request.keep]
         label = {
             (kept[row], token): value
@@ -355,12 +359,12 @@ class _Scores:
         greedy = {kept[row]: token for row, token in zip(request.greedy_rows, scored.greedy_tokens, strict=True)}
         return cls(label, greedy)
 
-    def merge(self, other: _Scores) -> None:
+    def merge(self, other: NodeScores) -> None:
         self.label.update(other.label)
         self.greedy.update(other.greedy)
 
 
-class TreeReads(ReadStrategy):
+class TreeEngine(Engine):
     name = "tree"
 
     def __init__(
@@ -373,6 +377,9 @@ class TreeReads(ReadStrategy):
         min_split_tokens: int = DEFAULT_MIN_SPLIT_TOKENS,
     ) -> None:
         super().__init__(model)
+        if (reason := tree_refusal(model.text_config)) is not None:
+            # Never silently wrong: a masked pass over such layers mixes the questions of a batch.
+            raise EngineRefusedError(f"tree reads cannot serve {model.architecture}: {reason}")
         if max_packed_tokens < 1 or max_logit_rows < 1:
             raise ValueError("tree read budgets must be positive")
         if prefix_cache is not None and (reason := model.supports_prefix_cache()) is not None:
@@ -406,7 +413,7 @@ class TreeReads(ReadStrategy):
             if current and (len(trie) + added > self.max_packed_tokens or rows + read_rows > self.max_logit_rows):
                 chunks.append(current)
                 current, trie, rows = [], TokenTrie(), 0
-            _place(trie, read, None)
+            place_read(trie, read, None)
             current.append(read)
             rows += read_rows
         if current:
@@ -422,7 +429,7 @@ class TreeReads(ReadStrategy):
     def _run_chunk(self, reads: Sequence[ReadSpec], batch: BatchOutcome) -> list[ReadOutcome]:
         prefixes = [self._cached_prefix(read) for read in reads]
         trie = TokenTrie()
-        placed = [_place(trie, read, prefix) for read, prefix in zip(reads, prefixes, strict=True)]
+        placed = [place_read(trie, read, prefix) for read, prefix in zip(reads, prefixes, strict=True)]
         claimed_past: set[tuple[int, int]] = set()
         for p, prefix in zip(placed, prefixes, strict=True):
             if prefix is not None:
@@ -440,22 +447,7 @@ class TreeReads(ReadStrategy):
             scores = self._run_passes(trie, placed, cached_of_root, batch)
         batch.packed_tokens += len(trie)
 
-        outcomes = []
-        for p in placed:
-            label_logprobs = [
-                sum(scores.label[(node, token)] for node, token in zip(nodes, label, strict=True))
-                for label, nodes in zip(p.read.labels, p.label_nodes, strict=True)
-            ]
-            outcomes.append(
-                ReadOutcome(
-                    id=p.read.id,
-                    label_logprobs=label_logprobs,
-                    greedy_token_id=scores.greedy[p.answer_node],
-                    tokens_computed=p.tokens_computed,
-                    tokens_cached=p.tokens_cached,
-                )
-            )
-        return outcomes
+        return read_outcomes(placed, scores)
 
     def _single_pass(self, trie: TokenTrie, cached_of_root: dict[int, CachedPrefix]) -> bool:
         """One dense-mask pass over everything: for models whose keys cannot be reused across passes (sliding
@@ -469,10 +461,10 @@ class TreeReads(ReadStrategy):
     def _run_single_pass(
         self,
         trie: TokenTrie,
-        placed: Sequence[_PlacedRead],
+        placed: Sequence[PlacedRead],
         prefixes: Sequence[CachedPrefix | None],
         batch: BatchOutcome,
-    ) -> _Scores:
+    ) -> NodeScores:
         past = _PastLayout([prefix for prefix in prefixes if prefix is not None])
         nodes = list(range(len(trie)))
         request = self._score_request(trie, nodes, placed)
@@ -491,20 +483,20 @@ class TreeReads(ReadStrategy):
         scored = self._forward(request, batch)
         if self.prefix_cache is not None and scored.keys is not None and scored.values is not None:
             self._remember(placed, _NodeKeyValues.whole(scored.keys, scored.values))
-        return _Scores.of(request, nodes, scored)
+        return NodeScores.of(request, nodes, scored)
 
     def _run_passes(
         self,
         trie: TokenTrie,
-        placed: Sequence[_PlacedRead],
+        placed: Sequence[PlacedRead],
         cached_of_root: dict[int, CachedPrefix],
         batch: BatchOutcome,
-    ) -> _Scores:
+    ) -> NodeScores:
         passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens)
         needed_later = {node for step in passes for node in step.past}
         remember = self.prefix_cache is not None
         stored = _NodeKeyValues()
-        scores = _Scores()
+        scores = NodeScores()
         # Each root's cached keys/values, gathered from the cache's segments once for all its passes.
         cached_past = {root: _PastLayout([prefix]).key_values() for root, prefix in cached_of_root.items()}
         for step in passes:
@@ -528,12 +520,12 @@ class TreeReads(ReadStrategy):
             scored = self._forward(request, batch)
             if keep_keys and scored.keys is not None and scored.values is not None:
                 stored.add(nodes, scored.keys, scored.values)
-            scores.merge(_Scores.of(request, nodes, scored))
+            scores.merge(NodeScores.of(request, nodes, scored))
         if remember:
             self._remember(placed, stored)
         return scores
 
-    def _score_request(self, trie: TokenTrie, nodes: Sequence[int], placed: Sequence[_PlacedRead]) -> ScoreRequest:
+    def _score_request(self, trie: TokenTrie, nodes: Sequence[int], placed: Sequence[PlacedRead]) -> ScoreRequest:
         """A pass over `nodes` keeping the rows of the answer and label nodes among them."""
         members = set(nodes)
         label_pairs = sorted(
@@ -592,12 +584,12 @@ class TreeReads(ReadStrategy):
         allowed = np.concatenate([by_root[np.asarray(trie.root_of, dtype=np.int64)], tree], axis=1)
         return self.model.tree_attention_mask(torch.from_numpy(allowed))
 
-    def _remember(self, placed: Sequence[_PlacedRead], stored: _NodeKeyValues) -> None:
+    def _remember(self, placed: Sequence[PlacedRead], stored: _NodeKeyValues) -> None:
         cache = self.prefix_cache
         assert cache is not None
         for p in placed:
 
-            def provide(start: int, p: _PlacedRead = p) -> KeyValues | None:
+            def provide(start: int, p: PlacedRead = p) -> KeyValues | None:
                 if start < p.prefix_length:
                     return None  # part of what this read continued from was evicted meanwhile
                 return stored.select(p.prompt_nodes[start - p.prefix_length :])
@@ -605,7 +597,28 @@ class TreeReads(ReadStrategy):
             cache.insert(p.read.cache_salt, p.read.prompt, provide)
 
 
-def _place(trie: TokenTrie, read: ReadSpec, prefix: CachedPrefix | None) -> _PlacedRead:
+def read_outcomes(placed: Sequence[PlacedRead], scores: NodeScores) -> list[ReadOutcome]:
+    """Each read's label log-probabilities (the sum over a label's tokens) and greedy token, in request order."""
+    outcomes = []
+    for p in placed:
+        label_logprobs = [
+            sum(scores.label[(node, token)] for node, token in zip(nodes, label, strict=True))
+            for label, nodes in zip(p.read.labels, p.label_nodes, strict=True)
+        ]
+        outcomes.append(
+            ReadOutcome(
+                id=p.read.id,
+                label_logprobs=label_logprobs,
+                greedy_token_id=scores.greedy[p.answer_node],
+                tokens_computed=p.tokens_computed,
+                tokens_cached=p.tokens_cached,
+            )
+        )
+    return outcomes
+
+
+def place_read(trie: TokenTrie, read: ReadSpec, prefix: CachedPrefix | None) -> PlacedRead:
+    """Inserts `read` (from its salt's root, or after a cached prefix) and claims its new prompt nodes."""
     if prefix is None:
         root, skip = trie.root(_salt_root(read.cache_salt)), 0
     else:
@@ -615,7 +628,7 @@ def _place(trie: TokenTrie, read: ReadSpec, prefix: CachedPrefix | None) -> _Pla
     # Only prompt tokens are counted, the first time any read's prompt needs them; label branches are scoring work.
     computed = trie.claim(prompt_nodes)
     label_nodes = [[answer, *trie.add_path(answer, label[:-1])] for label in read.labels]
-    return _PlacedRead(
+    return PlacedRead(
         read=read,
         prefix_length=skip,
         prompt_nodes=prompt_nodes,

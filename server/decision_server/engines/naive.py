@@ -1,17 +1,17 @@
-"""The reference read strategy: one plain causal prefill per read and per multi-token label.
-It shares nothing between reads, so it is slow but obviously right; tree reads are tested against it."""
+"""The reference engine: one plain causal prefill per read and per multi-token label.
+It shares nothing between reads, so it is slow but obviously right; the tree and fork engines are tested against it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 
-from decision_server.model import ScoredPass, ScoreRequest
-from decision_server.reads.base import ReadStrategy
-from decision_server.reads.types import BatchOutcome, ReadOutcome, ReadSpec
+from decision_server.engines.base import Engine
+from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec
+from decision_server.model_base import ScoredPass, ScoreRequest
 
 
-class NaiveReads(ReadStrategy):
+class NaiveEngine(Engine):
     name = "naive"
 
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:

@@ -1,0 +1,363 @@
+//! Liquid d1 reads (LFM2-VL decision models, spec/PROMPTS.md §5): the state as indented JSON, a
+//! `QUESTION:` block per question, option codes, and label groups of every single-token spelling.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::chat::{checked_kwargs, ChatPrompts};
+use super::wording::{DIGITS, LETTERS};
+use super::ReadStrategy;
+use crate::error::DecisionError;
+use crate::ir::{ChoiceOption, DecisionRequest, Question, QuestionKind};
+use crate::json_text;
+use crate::read::{LabelGroup, PreparedRead};
+
+pub const CHOICE_REPLY: &str = "Reply with the option code only.";
+pub const YES_NO_REPLY: &str = "Reply with yes or no only.";
+
+pub struct LiquidStrategy {
+    chat: ChatPrompts,
+}
+
+impl LiquidStrategy {
+    /// Liquid's templates must pass the same startup label check as every next-token model.
+    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, String> {
+        let chat = ChatPrompts::load(model_dir, max_positions)?;
+        for (set, checked) in [
+            ("letters A-Z", &chat.labels.letters),
+            ("yes/no", &chat.labels.yes_no),
+            ("digits 0-9", &chat.labels.digits),
+        ] {
+            if let Err(reason) = checked {
+                return Err(format!(
+                    "Liquid reads need the {set} as single tokens: {reason}"
+                ));
+            }
+        }
+        Ok(LiquidStrategy { chat })
+    }
+
+    pub fn boxed(model_dir: &Path, max_positions: usize) -> Result<Box<dyn ReadStrategy>, String> {
+        Self::load(model_dir, max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
+    }
+
+    /// The rendered prompt text of each question (for tests and debugging).
+    pub fn render(&self, request: &DecisionRequest) -> Result<Vec<String>, DecisionError> {
+        let kwargs = checked_kwargs(&request.chat_template_kwargs)?;
+        let state = state_text(&request.state);
+        let instructions = request.instructions.as_deref().filter(|i| !i.is_empty());
+        request
+            .questions
+            .iter()
+            .map(|question| {
+                let messages = ChatPrompts::messages(instructions, true, content(&state, question));
+                self.chat.render(&messages, &kwargs)
+            })
+            .collect()
+    }
+
+    /// Each label's spellings that are one token on their own (the first must be), none shared with
+    /// an earlier label: `yes|Yes|YES`, `code|" "+code`, a digit.
+    fn label_groups(&self, question: &Question) -> Result<Vec<LabelGroup>, DecisionError> {
+        let forms: Vec<Vec<String>> = match &question.kind {
+            QuestionKind::YesNo { .. } => vec![
+                vec!["yes".into(), "Yes".into(), "YES".into()],
+                vec!["no".into(), "No".into(), "NO".into()],
+            ],
+            QuestionKind::Choice { options } => codes(options)
+                .into_iter()
+                .map(|code| vec![code.clone(), format!(" {code}")])
+                .collect(),
+            QuestionKind::Score { levels } => DIGITS[..levels.len()]
+                .iter()
+                .map(|d| vec![(*d).to_owned()])
+                .collect(),
+        };
+        let mut taken: Vec<u32> = Vec::new();
+        let mut groups = Vec::with_capacity(forms.len());
+        for label_forms in forms {
+            let mut variants: Vec<Vec<u32>> = Vec::new();
+            for form in &label_forms {
+                if let Some(id) = self.single_token(form) {
+                    if !variants.iter().any(|v| v[0] == id) {
+                        variants.push(vec![id]);
+                    }
+                }
+            }
+            let canonical = self.single_token(&label_forms[0]);
+            let distinct = variants.iter().all(|v| !taken.contains(&v[0]));
+            if variants.is_empty() || canonical != Some(variants[0][0]) || !distinct {
+                return Err(DecisionError::BadRequest {
+                    param: Some(format!("questions.{}", question.id)),
+                    message: format!(
+                        "question '{}': label '{}' is not one distinct token for this model",
+                        question.id, label_forms[0]
+                    ),
+                });
+            }
+            taken.extend(variants.iter().map(|v| v[0]));
+            groups.push(LabelGroup { variants });
+        }
+        Ok(groups)
+    }
+
+    fn single_token(&self, form: &str) -> Option<u32> {
+        let encoding = self.chat.tokenizer().encode(form, false).ok()?;
+        match encoding.get_ids() {
+            [id] => Some(*id),
+            _ => None,
+        }
+    }
+}
+
+impl ReadStrategy for LiquidStrategy {
+    fn name(&self) -> &'static str {
+        "liquid"
+    }
+
+    fn refusal(&self, _kind: &QuestionKind) -> Option<String> {
+        None
+    }
+
+    fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError> {
+        for question in &request.questions {
+            let (n, max) = match &question.kind {
+                QuestionKind::Choice { options } => (options.len(), LETTERS.len()),
+                QuestionKind::Score { levels } => (levels.len(), DIGITS.len()),
+                QuestionKind::YesNo { .. } => (2, 2),
+            };
+            if n > max {
+                return Err(DecisionError::BadRequest {
+                    param: Some(format!("questions.{}", question.id)),
+                    message: format!(
+                        "question '{}': at most {max} options for this model, got {n}",
+                        question.id
+                    ),
+                });
+            }
+        }
+        let groups = request
+            .questions
+            .iter()
+            .map(|q| self.label_groups(q))
+            .collect::<Result<Vec<_>, _>>()?;
+        let texts = self.render(request)?;
+        let encoded = self.chat.encode_all(&texts)?;
+        let mut reads = Vec::with_capacity(texts.len());
+        for ((question, token_ids), labels) in request.questions.iter().zip(encoded).zip(groups) {
+            self.chat.check_prompt(&question.id, &token_ids, &labels)?;
+            reads.push(PreparedRead { token_ids, labels });
+        }
+        Ok(reads)
+    }
+}
+
+/// null → nothing, a string as is, anything else `json.dumps(x, ensure_ascii=False, indent=2)`.
+pub fn state_text(state: &Value) -> String {
+    match state {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        other => json_text::dumps_indented(other),
+    }
+}
+
+/// The user message: `"{state}\n\n\nQUESTION:\n{ask}"`, or the ask alone when the state is empty.
+pub fn content(state: &str, question: &Question) -> String {
+    let ask = ask(question);
+    if state.is_empty() {
+        ask
+    } else {
+        format!("{state}\n\n\nQUESTION:\n{ask}")
+    }
+}
+
+fn ask(question: &Question) -> String {
+    let instructions = question.instructions.as_deref().unwrap_or("");
+    match &question.kind {
+        QuestionKind::Choice { options } => {
+            let lines: Vec<String> = codes(options)
+                .iter()
+                .zip(options)
+                .map(|(code, option)| {
+                    // A description replaces the name; a bare name shows with spaces for underscores.
+                    let text = match option.description.as_deref().filter(|d| !d.is_empty()) {
+                        Some(description) => description.to_owned(),
+                        None => option.name.replace('_', " "),
+                    };
+                    format!("{code} {text}")
+                })
+                .collect();
+            format!(
+                "{instructions}\n\nOptions:\n{}\n\n{CHOICE_REPLY}",
+                lines.join("\n")
+            )
+        }
+        QuestionKind::YesNo { yes, no } => {
+            let truthy = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
+            // A side that was not given prints as Python's `None`, as the reference's f-string does.
+            let side = |s: &Option<String>| s.clone().unwrap_or_else(|| "None".into());
+            let sides = if truthy(yes) || truthy(no) {
+                format!("\nYes: {}\nNo: {}", side(yes), side(no))
+            } else {
+                String::new()
+            };
+            format!("{instructions}{sides}\n\n{YES_NO_REPLY}")
+        }
+        QuestionKind::Score { levels } => {
+            let legend: Vec<String> = levels
+                .iter()
+                .enumerate()
+                .map(|(i, level)| format!("{i} {level}"))
+                .collect();
+            format!(
+                "{instructions}\n\n{}\n\nReply with a single digit 0-{} only.",
+                legend.join("\n"),
+                levels.len().saturating_sub(1)
+            )
+        }
+    }
+}
+
+/// The option names themselves when every trimmed name is one letter (case kept), else A, B, … .
+pub fn codes(options: &[ChoiceOption]) -> Vec<String> {
+    let one_letter = |name: &str| {
+        let mut chars = name.trim().chars();
+        matches!((chars.next(), chars.next()), (Some(c), None) if c.is_alphabetic())
+    };
+    if !options.is_empty() && options.iter().all(|o| one_letter(&o.name)) {
+        options.iter().map(|o| o.name.trim().to_owned()).collect()
+    } else {
+        LETTERS[..options.len().min(LETTERS.len())]
+            .iter()
+            .map(|l| (*l).to_owned())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn question(id: &str, instructions: Option<&str>, kind: QuestionKind) -> Question {
+        Question {
+            id: id.into(),
+            instructions: instructions.map(Into::into),
+            kind,
+        }
+    }
+
+    fn choice(options: &[(&str, Option<&str>)]) -> QuestionKind {
+        QuestionKind::Choice {
+            options: options
+                .iter()
+                .map(|(name, description)| ChoiceOption {
+                    name: (*name).into(),
+                    description: description.map(Into::into),
+                })
+                .collect(),
+        }
+    }
+
+    fn noul(yes: Option<&str>, no: Option<&str>) -> QuestionKind {
+        QuestionKind::YesNo {
+            yes: yes.map(Into::into),
+            no: no.map(Into::into),
+        }
+    }
+
+    // The goldens below are the reference's own outputs (vLLM 0.32 LiquidStrategy) for the same inputs.
+
+    #[test]
+    fn choice_with_an_indented_json_state() {
+        let state = state_text(&json!({"ticket": "Refund not received", "days": 12}));
+        let q = question(
+            "intent",
+            Some("What does the customer want?"),
+            choice(&[("refund", Some("money back")), ("order_status", None)]),
+        );
+        assert_eq!(
+            content(&state, &q),
+            "{\n  \"ticket\": \"Refund not received\",\n  \"days\": 12\n}\n\n\nQUESTION:\nWhat does the customer want?\n\nOptions:\nA money back\nB order status\n\nReply with the option code only."
+        );
+    }
+
+    #[test]
+    fn null_state_and_a_missing_side_printed_as_none() {
+        let state = state_text(&Value::Null);
+        assert_eq!(state, "");
+        let q = question(
+            "urgent",
+            Some("Is it urgent?"),
+            noul(Some("locked account"), None),
+        );
+        assert_eq!(
+            content(&state, &q),
+            "Is it urgent?\nYes: locked account\nNo: None\n\nReply with yes or no only."
+        );
+        let empty_side = question(
+            "urgent",
+            Some("Is it urgent?"),
+            noul(Some(""), Some("fine")),
+        );
+        assert_eq!(
+            content("", &empty_side),
+            "Is it urgent?\nYes: \nNo: fine\n\nReply with yes or no only."
+        );
+    }
+
+    #[test]
+    fn plain_state_with_no_instructions_or_sides() {
+        let q = question("urgent", None, noul(None, None));
+        assert_eq!(
+            content(&state_text(&json!("plain")), &q),
+            "plain\n\n\nQUESTION:\n\n\nReply with yes or no only."
+        );
+    }
+
+    #[test]
+    fn score_levels_are_raw_and_digits_count_from_zero() {
+        let q = question(
+            "tone",
+            Some("How upset?"),
+            QuestionKind::Score {
+                levels: vec!["calm".into(), "very_angry".into()],
+            },
+        );
+        assert_eq!(
+            content("plain", &q),
+            "plain\n\n\nQUESTION:\nHow upset?\n\n0 calm\n1 very_angry\n\nReply with a single digit 0-1 only."
+        );
+    }
+
+    #[test]
+    fn single_letter_names_are_their_own_codes() {
+        let kind = choice(&[("a", None), (" B ", Some("bee"))]);
+        let QuestionKind::Choice { options } = &kind else {
+            unreachable!()
+        };
+        assert_eq!(codes(options), vec!["a", "B"]);
+        assert!(content("", &question("q", Some("Pick"), kind.clone()))
+            .contains("Options:\na a\nB bee\n"));
+        let mixed = choice(&[("a", None), ("bb", None)]);
+        let QuestionKind::Choice { options } = &mixed else {
+            unreachable!()
+        };
+        assert_eq!(codes(options), vec!["A", "B"]);
+        let digit = choice(&[("1", None), ("2", None)]);
+        let QuestionKind::Choice { options } = &digit else {
+            unreachable!()
+        };
+        assert_eq!(codes(options), vec!["A", "B"], "digits are not letters");
+    }
+
+    #[test]
+    fn state_strings_pass_through_and_nested_json_indents() {
+        assert_eq!(state_text(&json!("as is")), "as is");
+        assert_eq!(
+            state_text(&json!({"a": [1, {"b": null}]})),
+            "{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ]\n}"
+        );
+    }
+}

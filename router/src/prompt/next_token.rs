@@ -1,0 +1,286 @@
+//! Next-token reads in vLLM's or SGLang's wording (spec/PROMPTS.md §1–§3): one chat per question, thinking
+//! off, each label a single distinct token after the reply prefix (or an exact sequence beyond 26 options).
+
+use std::path::Path;
+
+use super::chat::{checked_kwargs, ChatPrompts};
+use super::{kind_name, ReadStrategy};
+use crate::error::DecisionError;
+use crate::ir::{DecisionRequest, QuestionKind, Wording};
+use crate::read::{LabelGroup, PreparedRead};
+
+pub struct NextTokenStrategy {
+    pub(crate) chat: ChatPrompts,
+}
+
+impl NextTokenStrategy {
+    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, String> {
+        Ok(NextTokenStrategy {
+            chat: ChatPrompts::load(model_dir, max_positions)?,
+        })
+    }
+
+    pub fn boxed(model_dir: &Path, max_positions: usize) -> Result<Box<dyn ReadStrategy>, String> {
+        Self::load(model_dir, max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
+    }
+
+    pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
+        self.chat.tokenizer()
+    }
+
+    /// The rendered prompt text of each question (for tests and debugging).
+    pub fn render(&self, request: &DecisionRequest) -> Result<Vec<String>, DecisionError> {
+        let kwargs = checked_kwargs(&request.chat_template_kwargs)?;
+        let wording = request.wording;
+        let state = wording.state_text(&request.state);
+        request
+            .questions
+            .iter()
+            .map(|question| {
+                let user = wording.user_message(&state, question);
+                let messages = ChatPrompts::messages(
+                    request.instructions.as_deref(),
+                    wording.system_message(),
+                    user,
+                );
+                self.chat.render(&messages, &kwargs)
+            })
+            .collect()
+    }
+
+    fn label_sequences(
+        &self,
+        kind: &QuestionKind,
+        wording: Wording,
+    ) -> Result<Vec<Vec<u32>>, String> {
+        let n = kind.arity();
+        self.chat
+            .labels
+            .sequences(wording.scheme(kind, n), n)
+            .map_err(|reason| {
+                format!(
+                    "this model cannot answer {} questions with {n} answers: {reason}",
+                    kind_name(kind)
+                )
+            })
+    }
+}
+
+impl ReadStrategy for NextTokenStrategy {
+    fn name(&self) -> &'static str {
+        "next_token"
+    }
+
+    fn refusal(&self, kind: &QuestionKind) -> Option<String> {
+        self.label_sequences(kind, Wording::Vllm).err()
+    }
+
+    fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError> {
+        for question in &request.questions {
+            self.label_sequences(&question.kind, request.wording)
+                .map_err(DecisionError::NotServable)?;
+            let max = request.wording.max_arity(&question.kind);
+            if question.kind.arity() > max {
+                return Err(DecisionError::NotServable(format!(
+                    "question '{}': {} answers, but this read strategy labels at most {max}",
+                    question.id,
+                    question.kind.arity()
+                )));
+            }
+        }
+        let texts = self.render(request)?;
+        let encoded = self.chat.encode_all(&texts)?;
+        let mut reads = Vec::with_capacity(texts.len());
+        for (question, token_ids) in request.questions.iter().zip(encoded) {
+            let labels: Vec<LabelGroup> = self
+                .label_sequences(&question.kind, request.wording)
+                .map_err(DecisionError::NotServable)?
+                .into_iter()
+                .map(LabelGroup::single)
+                .collect();
+            self.chat.check_prompt(&question.id, &token_ids, &labels)?;
+            reads.push(PreparedRead { token_ids, labels });
+        }
+        Ok(reads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Label checks and prepared reads on the real tokenizers and chat templates of the fixtures.
+    use super::*;
+    use crate::ir::{ChoiceOption, Question};
+    use crate::prompt::fixture_dir;
+    use crate::prompt::labels::LabelVocabulary;
+    use crate::prompt::template::ChatTemplate;
+    use crate::prompt::wording;
+    use serde_json::{Map, Value};
+    use tokenizers::Tokenizer;
+
+    fn request(questions: Vec<Question>) -> DecisionRequest {
+        DecisionRequest {
+            state: serde_json::json!({"ticket": "Refund not received", "days": 12}),
+            instructions: Some("You route tickets.".into()),
+            questions,
+            chat_template_kwargs: Map::new(),
+            cache_salt: String::new(),
+            wording: Wording::Vllm,
+            media: Default::default(),
+        }
+    }
+
+    fn all_kinds(n_options: usize) -> Vec<Question> {
+        vec![
+            Question {
+                id: "team".into(),
+                instructions: Some("Which team?".into()),
+                kind: QuestionKind::Choice {
+                    options: (0..n_options)
+                        .map(|i| ChoiceOption {
+                            name: format!("team {i}"),
+                            description: None,
+                        })
+                        .collect(),
+                },
+            },
+            Question {
+                id: "urgent".into(),
+                instructions: Some("Urgent?".into()),
+                kind: QuestionKind::YesNo {
+                    yes: None,
+                    no: None,
+                },
+            },
+            Question {
+                id: "tone".into(),
+                instructions: None,
+                kind: QuestionKind::Score {
+                    levels: vec!["calm".into(), "angry".into()],
+                },
+            },
+        ]
+    }
+
+    #[test]
+    fn every_label_set_passes_on_both_fixtures() {
+        for name in ["SmolLM2-135M-Instruct", "tiny-qwen3"] {
+            let s = NextTokenStrategy::load(&fixture_dir(name), 4096).unwrap();
+            assert!(
+                s.chat.labels.letters.is_ok(),
+                "{name}: {:?}",
+                s.chat.labels.letters
+            );
+            assert!(
+                s.chat.labels.yes_no.is_ok(),
+                "{name}: {:?}",
+                s.chat.labels.yes_no
+            );
+            assert!(
+                s.chat.labels.digits.is_ok(),
+                "{name}: {:?}",
+                s.chat.labels.digits
+            );
+            let codes = s.chat.labels.codes.as_ref().unwrap();
+            assert_eq!(codes.len(), wording::MAX_OPTION_CODES);
+            let distinct: std::collections::HashSet<&Vec<u32>> = codes.iter().collect();
+            assert_eq!(distinct.len(), codes.len(), "{name}: option codes collide");
+        }
+    }
+
+    #[test]
+    fn qwen3_reply_prefix_is_after_the_empty_think_block() {
+        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 4096).unwrap();
+        let reads = s.prepare(&request(all_kinds(3))).unwrap();
+        let text = s.render(&request(all_kinds(3))).unwrap();
+        assert!(
+            text[0].ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            "{:?}",
+            text[0]
+        );
+        assert_eq!(
+            s.tokenizer().decode(&s.chat.labels.tail, false).unwrap(),
+            "\n\n"
+        );
+        assert_eq!(reads.len(), 3);
+        assert_eq!(reads[0].labels.len(), 3);
+        assert_eq!(reads[1].labels.len(), 2);
+        assert!(reads.iter().all(|r| r
+            .labels
+            .iter()
+            .all(|g| g.variants.len() == 1 && g.variants[0].len() == 1)));
+    }
+
+    #[test]
+    fn smollm2_prompt_is_the_chat_template_of_the_vllm_wording() {
+        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
+        let text = s.render(&request(all_kinds(2))).unwrap();
+        assert_eq!(
+            text[0],
+            "<|im_start|>system\nYou route tickets.<|im_end|>\n<|im_start|>user\n{\"ticket\": \"Refund not received\", \"days\": 12}\n\nQuestion: Which team?\nA: team 0\nB: team 1\nAnswer with the letter of one option only.<|im_end|>\n<|im_start|>assistant\n"
+        );
+        let reads = s.prepare(&request(all_kinds(2))).unwrap();
+        let letters: Vec<String> = reads[0]
+            .labels
+            .iter()
+            .map(|g| s.tokenizer().decode(&g.variants[0], false).unwrap())
+            .collect();
+        assert_eq!(letters, vec!["A", "B"]);
+        let yes_no: Vec<String> = reads[1]
+            .labels
+            .iter()
+            .map(|g| s.tokenizer().decode(&g.variants[0], false).unwrap())
+            .collect();
+        assert_eq!(yes_no, vec!["yes", "no"]);
+    }
+
+    #[test]
+    fn many_options_are_exact_sequences_closed_by_end_of_turn() {
+        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
+        let reads = s.prepare(&request(all_kinds(255))).unwrap();
+        let labels = &reads[0].labels;
+        assert_eq!(labels.len(), 255);
+        let eot = s.tokenizer().token_to_id("<|im_end|>").unwrap();
+        assert!(labels.iter().all(|g| {
+            let l = &g.variants[0];
+            l.len() >= 2 && *l.last().unwrap() == eot
+        }));
+        assert_eq!(
+            s.tokenizer()
+                .decode(
+                    &labels[27].variants[0][..labels[27].variants[0].len() - 1],
+                    false
+                )
+                .unwrap(),
+            "AB"
+        );
+    }
+
+    #[test]
+    fn thinking_on_and_prompts_too_long_are_refused() {
+        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 24).unwrap();
+        let mut r = request(all_kinds(2));
+        r.chat_template_kwargs
+            .insert("enable_thinking".into(), Value::Bool(true));
+        assert!(matches!(s.prepare(&r), Err(DecisionError::ThinkingOn)));
+        let long = request(all_kinds(2));
+        assert!(matches!(
+            s.prepare(&long),
+            Err(DecisionError::PromptTooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn a_template_that_splits_labels_refuses_them() {
+        let dir = fixture_dir("tiny-qwen3");
+        let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        // A reply prefix ending in a space: " A" is one token that swallows the space, so the prefix changes.
+        let template =
+            ChatTemplate::new("<|im_start|>user\n{{ messages[0].content }}<|im_end|>\n<|im_start|>assistant\nAnswer: ".into(), Map::new()).unwrap();
+        let labels = LabelVocabulary::check(&tokenizer, &template, &Map::new()).unwrap();
+        let reason = labels.letters.unwrap_err();
+        assert!(
+            reason.contains("label 'A' is not a single token"),
+            "{reason}"
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! The read-strategy registry: a model's `config.json` architecture, plus marker files beside it, picks
+//! the strategy that renders its requests and reads its answers. Adding a strategy is one line here.
+
+use std::path::Path;
+
+use super::liquid::LiquidStrategy;
+use super::next_token::NextTokenStrategy;
+use super::ReadStrategy;
+
+type Load = fn(&Path, usize) -> Result<Box<dyn ReadStrategy>, String>;
+
+struct Entry {
+    architectures: &'static [&'static str],
+    /// A file that must sit beside `config.json` for this entry to apply (checked before entries without).
+    marker: Option<&'static str>,
+    load: Load,
+}
+
+/// Every architecture of the seed table. First match wins among entries whose marker file is present;
+/// entries with a marker are tried first, so a marked folder (a Clef checkpoint is a Qwen3.5 folder plus
+/// its head) never falls through to the plain strategy of its architecture. Architectures recognised
+/// but not served by this build load into a refusal naming what they are, never into a wrong strategy.
+const REGISTRY: &[Entry] = &[
+    Entry {
+        architectures: &["Qwen3_5ForConditionalGeneration"],
+        marker: Some("joint_head_config.json"),
+        load: |_, _| {
+            Err("a Clef-Flash joint-schema model; its joint-schema head strategy is not in this build".into())
+        },
+    },
+    Entry {
+        architectures: &["Qwen3OmniMoeForConditionalGeneration"],
+        marker: Some("joint_head_config.json"),
+        load: |_, _| {
+            Err("a Clef-Omni joint-schema model; its joint-schema head strategy is not in this build".into())
+        },
+    },
+    Entry {
+        architectures: &["DiffusionGemmaForBlockDiffusion"],
+        marker: None,
+        load: |_, _| {
+            Err("a DiffusionGemma block-diffusion model; its canvas read strategy is not in this build".into())
+        },
+    },
+    Entry {
+        architectures: &["Lfm2VlForConditionalGeneration"],
+        marker: None,
+        load: LiquidStrategy::boxed,
+    },
+    Entry {
+        architectures: &[
+            "LlamaForCausalLM",
+            "Qwen3ForCausalLM",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForConditionalGeneration",
+            "Gemma4ForCausalLM",
+            "Gemma4ForConditionalGeneration",
+        ],
+        marker: None,
+        load: NextTokenStrategy::boxed,
+    },
+];
+
+/// Picks and loads the read strategy for a model. An architecture with no strategy, or whose strategy
+/// cannot load (labels that are not single tokens, a broken template), is an error naming why.
+pub fn strategy_for(
+    architecture: &str,
+    model_dir: &Path,
+    max_positions: usize,
+) -> Result<Box<dyn ReadStrategy>, String> {
+    let applies = |e: &&Entry| {
+        e.architectures.contains(&architecture)
+            && e.marker.is_none_or(|m| model_dir.join(m).is_file())
+    };
+    let entry = REGISTRY
+        .iter()
+        .filter(|e| e.marker.is_some())
+        .find(applies)
+        .or_else(|| REGISTRY.iter().filter(|e| e.marker.is_none()).find(applies));
+    if let Some(entry) = entry {
+        return (entry.load)(model_dir, max_positions).map_err(|why| match entry.marker {
+            Some(marker) => format!("architecture '{architecture}' with {marker}: {why}"),
+            None => format!("architecture '{architecture}': {why}"),
+        });
+    }
+    // Other causal language models read like Llama: one next-token read per question.
+    if architecture.ends_with("ForCausalLM") || architecture.ends_with("LMHeadModel") {
+        return NextTokenStrategy::boxed(model_dir, max_positions);
+    }
+    Err(format!(
+        "no read strategy for architecture '{architecture}'; known: {}, and other causal language models (…ForCausalLM)",
+        known_architectures().join(", ")
+    ))
+}
+
+/// Every architecture the registry names, once each, in registry order.
+fn known_architectures() -> Vec<&'static str> {
+    let mut known: Vec<&'static str> = Vec::new();
+    for name in REGISTRY
+        .iter()
+        .flat_map(|e| e.architectures.iter().copied())
+    {
+        if !known.contains(&name) {
+            known.push(name);
+        }
+    }
+    known
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prompt::fixture_dir;
+
+    fn copy_of(fixture: &str, marker: Option<&str>) -> tempdir::Dir {
+        let dir = tempdir::Dir::new();
+        for file in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+            "config.json",
+        ] {
+            let from = fixture_dir(fixture).join(file);
+            if from.is_file() {
+                std::fs::copy(&from, dir.path().join(file)).expect("copy");
+            }
+        }
+        if let Some(marker) = marker {
+            std::fs::write(dir.path().join(marker), "{}").expect("marker");
+        }
+        dir
+    }
+
+    mod tempdir {
+        /// A folder removed when dropped.
+        pub struct Dir(std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Self {
+                use std::sync::atomic::{AtomicUsize, Ordering};
+                static N: AtomicUsize = AtomicUsize::new(0);
+                let path = std::env::temp_dir().join(format!(
+                    "di-registry-{}-{}",
+                    std::process::id(),
+                    N.fetch_add(1, Ordering::SeqCst)
+                ));
+                std::fs::create_dir_all(&path).expect("mkdir");
+                Dir(path)
+            }
+            pub fn path(&self) -> &std::path::Path {
+                &self.0
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    #[test]
+    fn architectures_pick_their_strategies() {
+        let qwen = copy_of("tiny-qwen3", None);
+        for arch in [
+            "Qwen3ForCausalLM",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForConditionalGeneration",
+            "Gemma4ForCausalLM",
+            "Gemma4ForConditionalGeneration",
+            "MistralForCausalLM",
+        ] {
+            let s = strategy_for(arch, qwen.path(), 4096).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            assert_eq!(s.name(), "next_token", "{arch}");
+        }
+        let s = strategy_for("Lfm2VlForConditionalGeneration", qwen.path(), 4096)
+            .expect("liquid loads");
+        assert_eq!(s.name(), "liquid");
+    }
+
+    #[test]
+    fn a_marker_file_is_never_read_with_the_plain_strategy() {
+        let clef = copy_of("tiny-qwen3", Some("joint_head_config.json"));
+        let err = strategy_for("Qwen3_5ForConditionalGeneration", clef.path(), 4096)
+            .err()
+            .expect("refused");
+        assert!(
+            err.contains("Clef-Flash") && err.contains("joint_head_config.json"),
+            "{err}"
+        );
+        let err = strategy_for("Qwen3OmniMoeForConditionalGeneration", clef.path(), 4096)
+            .err()
+            .expect("refused");
+        assert!(err.contains("Clef-Omni"), "{err}");
+        // Without the marker the same architecture is a plain next-token model.
+        let plain = copy_of("tiny-qwen3", None);
+        assert!(strategy_for("Qwen3_5ForConditionalGeneration", plain.path(), 4096).is_ok());
+    }
+
+    #[test]
+    fn unknown_and_unserved_architectures_are_refused_by_name() {
+        let qwen = copy_of("tiny-qwen3", None);
+        let err = strategy_for("DiffusionGemmaForBlockDiffusion", qwen.path(), 4096)
+            .err()
+            .expect("refused");
+        assert!(err.contains("canvas read strategy"), "{err}");
+        let err = strategy_for("BertForMaskedLM", qwen.path(), 4096)
+            .err()
+            .expect("refused");
+        assert!(
+            err.contains("no read strategy for architecture 'BertForMaskedLM'")
+                && err.contains("Lfm2VlForConditionalGeneration"),
+            "{err}"
+        );
+    }
+}

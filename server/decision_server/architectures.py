@@ -1,0 +1,143 @@
+"""The shard's registry keyed by architecture: which model code loads a checkpoint, and which engines read it exactly.
+Adding an architecture is one `Architecture(...)` line; whether it is hybrid is read from its config's layer kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+DECODER = "decoder"
+TRANSFORMERS = "transformers"
+# transformers' generic loader, for architectures the registry does not list.
+AUTO_CAUSAL_LM = "AutoModelForCausalLM"
+
+ENGINE_NAMES = ("tree", "fork", "naive")
+# `--read-mode` values: auto picks tree for all-attention models and fork for hybrids.
+READ_MODES = ("auto", *ENGINE_NAMES)
+
+# Layer kinds a tree mask computes exactly: attention that applies any mask it is given (sliding layers get a
+# windowed one). Other attention kinds (chunked, compressed, ...) would need masks the tree engine does not build.
+TREE_LAYER_KINDS = frozenset({"full_attention", "sliding_attention"})
+# Layer kinds that run a recurrence or a convolution in sequence order and never look at an attention mask.
+MASK_FREE_LAYER_KINDS = frozenset({"linear_attention", "conv", "mamba", "mamba2", "recurrent", "rwkv", "ssm"})
+# Whole families with no attention at all; their configs list no layer kinds.
+RECURRENT_MODEL_TYPES = frozenset({"mamba", "mamba2", "falcon_mamba", "rwkv", "xlstm"})
+
+
+class EngineRefusedError(ValueError):
+    """The requested engine would compute wrong log-probabilities for this model; the message says why."""
+
+
+def reset_rope_deltas(module: Any) -> None:
+    """Qwen3.5 keeps the M-RoPE offset of its last multimodal prompt on the module and adds it to later calls that
+    continue a cache (trap 2 in STRATEGIES.md: 0.073 off). Reads pass explicit positions too; this makes sure no
+    offset of an earlier call survives into the next."""
+    inner = getattr(module, "model", None)
+    if inner is not None and getattr(inner, "rope_deltas", None) is not None:
+        inner.rope_deltas = None
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """How the shard serves one `architectures[0]` of config.json.
+
+    `implementation` "decoder" runs the shard's own tensor-parallel decoder when it accepts the config (falling back
+    to transformers at world size 1 when it does not, e.g. for sliding windows); "transformers" loads
+    `transformers.<model_class>` (the class named like the architecture unless given). Text-only reads pass
+    input_ids and explicit position ids, which every listed class accepts without media arguments.
+    """
+
+    name: str
+    implementation: str
+    model_class: str | None = None
+    # Called before every forward: resets state a module keeps between calls.
+    prepare_forward: Callable[[Any], None] | None = None
+
+    @property
+    def transformers_class(self) -> str:
+        return self.model_class or self.name
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    entry.name: entry
+    for entry in (
+        Architecture("LlamaForCausalLM", DECODER),
+        Architecture("Qwen3ForCausalLM", DECODER),
+        Architecture("Qwen3_5ForConditionalGeneration", TRANSFORMERS, prepare_forward=reset_rope_deltas),
+        Architecture("Qwen3_5MoeForConditionalGeneration", TRANSFORMERS, prepare_forward=reset_rope_deltas),
+        Architecture("Gemma4ForCausalLM", TRANSFORMERS),
+        Architecture("Gemma4ForConditionalGeneration", TRANSFORMERS),
+        Architecture("Lfm2VlForConditionalGeneration", TRANSFORMERS),
+    )
+}
+
+
+def lookup(architecture: str) -> Architecture:
+    """The registry entry, or transformers' AutoModelForCausalLM for an architecture it does not list."""
+    return ARCHITECTURES.get(architecture) or Architecture(architecture, TRANSFORMERS, AUTO_CAUSAL_LM)
+
+
+def architecture_of(config: Any) -> str:
+    architectures = getattr(config, "architectures", None) or [type(config).__name__]
+    return str(architectures[0])
+
+
+def layer_kinds(text_config: Any) -> list[str]:
+    """The kind of every decoder layer, from whichever field the family's config uses; [] when it lists none."""
+    for field in ("layer_types", "layers_block_type", "block_types"):
+        kinds = getattr(text_config, field, None)
+        if kinds:
+            return [str(kind) for kind in kinds]
+    if getattr(text_config, "model_type", None) in RECURRENT_MODEL_TYPES:
+        return ["recurrent"] * int(getattr(text_config, "num_hidden_layers", 1) or 1)
+    return []
+
+
+def mask_free_kinds(text_config: Any) -> list[str]:
+    """The layer kinds of this config that ignore an attention mask (sorted, once each)."""
+    return sorted({kind for kind in layer_kinds(text_config) if _ignores_mask(kind)})
+
+
+def _ignores_mask(kind: str) -> bool:
+    # Unknown non-attention kinds count as mask-free: a wrong "hybrid" only costs speed, a wrong "attention" is wrong.
+    return kind in MASK_FREE_LAYER_KINDS or not kind.endswith("attention")
+
+
+def is_hybrid(text_config: Any) -> bool:
+    """Has layers that ignore an attention mask (Qwen3.5 gated delta nets, LFM2 short convolutions, Mamba)."""
+    return bool(mask_free_kinds(text_config))
+
+
+def tree_refusal(text_config: Any) -> str | None:
+    """Why one masked tree pass would not equal per-question prefills on this config, or None when it would."""
+    recurrent = mask_free_kinds(text_config)
+    if recurrent:
+        return (
+            f"layers of type {', '.join(recurrent)} run in sequence order and ignore an attention mask, "
+            "so one masked pass would mix the branches of different questions"
+        )
+    other = sorted(set(layer_kinds(text_config)) - TREE_LAYER_KINDS)
+    if other:
+        return f"layers of type {', '.join(other)} need masks the tree engine does not build"
+    return None
+
+
+def default_engine(text_config: Any) -> str:
+    """tree when one masked pass is exact, else fork (exact for every layer kind: it never relies on a mask)."""
+    return "tree" if tree_refusal(text_config) is None else "fork"
+
+
+def choose_engine(requested: str, architecture: str, text_config: Any) -> str:
+    """The engine `--read-mode requested` runs for this model; refuses tree where it would be silently wrong."""
+    if requested not in READ_MODES:
+        raise ValueError(f"unknown read mode {requested!r}; choose {', '.join(READ_MODES)}")
+    if requested == "auto":
+        return default_engine(text_config)
+    if requested == "tree":
+        reason = tree_refusal(text_config)
+        if reason is not None:
+            raise EngineRefusedError(
+                f"--read-mode tree cannot serve {architecture}: {reason}. Use --read-mode auto (fork here) or naive."
+            )
+    return requested

@@ -1,0 +1,67 @@
+"""The model-level shape of a read, its outcome, and the error for reads the model cannot run.
+These are plain token ids and floats: the gRPC layer converts to and from them, engines never see protobuf."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """One read: the whole rendered prompt (answer position last) and the label token sequences to score.
+
+    `labels` are the variants of every label group, flattened in order; `group_sizes` says how they split into
+    groups (empty: each sequence is a group of its own). Engines score each sequence alone; only messages and the
+    gRPC layer's regrouping use the groups.
+    """
+
+    id: int
+    prompt: tuple[int, ...]
+    labels: tuple[tuple[int, ...], ...]
+    cache_salt: str = ""
+    group_sizes: tuple[int, ...] = ()
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The number of variants of each label group."""
+        return self.group_sizes or (1,) * len(self.labels)
+
+    def label_name(self, index: int) -> str:
+        """How messages name flattened label `index`: "label 2", or "label 2 variant 1" in a group of several."""
+        start = 0
+        for group, size in enumerate(self.sizes):
+            if index < start + size:
+                return f"label {group}" if size == 1 else f"label {group} variant {index - start}"
+            start += size
+        raise IndexError(f"read {self.id} has {start} label sequences, not {index + 1}")
+
+
+@dataclass
+class ReadOutcome:
+    id: int
+    # log P(label sequence | prompt) over the full vocabulary, in the read's (flattened) label order.
+    label_logprobs: list[float]
+    greedy_token_id: int
+    # Prompt tokens this read made the model compute; a token shared within a forward pass counts once,
+    # on the first read (in request order) whose prompt needed it.
+    tokens_computed: int
+    tokens_cached: int = 0
+
+
+@dataclass
+class BatchOutcome:
+    outcomes: list[ReadOutcome]
+    forward_seconds: float = 0.0
+    forward_passes: int = 0
+    # Tokens packed into the forward passes (prompt and label branches), for metrics and logs.
+    packed_tokens: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class InvalidReadError(ValueError):
+    """A read the model cannot run as given; becomes INVALID_ARGUMENT naming the read and the problem."""
+
+    def __init__(self, read_id: int, problem: str) -> None:
+        super().__init__(f"read {read_id}: {problem}")
+        self.read_id = read_id
+        self.problem = problem

@@ -1,0 +1,233 @@
+"""The model interface the engines and the gRPC service use: one forward pass in, label log-probabilities out.
+Both model implementations (the shard's own decoder, transformers' modeling) subclass `LoadedModel` here."""
+
+from __future__ import annotations
+
+import importlib.util
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decision_server.prefix_cache import KeyValues
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """`auto` is float32 on CPU (bfloat16 matmuls are slow and lossy there) and bfloat16 on CUDA."""
+    if requested == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if requested not in DTYPES:
+        raise ValueError(f"unsupported dtype {requested!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[requested]
+
+
+def pick_attn_implementation(device: torch.device, needs_custom_mask: bool) -> str:
+    """sdpa by default: it accepts the arbitrary 4D masks of tree reads.
+
+    flash-attn only takes padding/varlen masks, not a tree mask, so it is used only for other engines on CUDA.
+    """
+    if device.type == "cuda" and not needs_custom_mask and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """One forward pass over a packed sequence, and what the engine needs from it.
+
+    `keep` lists the positions of the sequence whose next-token distribution is read; the other fields index
+    those kept rows: the log-probability of `label_tokens[k]` at row `label_rows[k]` (full-vocabulary
+    log-softmax, float32) and the greedy token at each of `greedy_rows`. Without `attention_mask` the pass is
+    a plain causal prefill; with `past` (keys/values of earlier tokens) the mask covers past + new keys.
+    """
+
+    token_ids: list[int]
+    keep: list[int]
+    label_rows: list[int]
+    label_tokens: list[int]
+    greedy_rows: list[int]
+    position_ids: list[int] | None = None
+    attention_mask: torch.Tensor | dict[str, torch.Tensor] | None = None
+    past: KeyValues | None = None
+    # Return the new tokens' keys/values, (layers, kv_heads, tokens, head_dim) each, for the prefix cache.
+    return_key_values: bool = False
+
+
+@dataclass
+class ScoredPass:
+    label_logprobs: list[float]
+    greedy_tokens: list[int]
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+class ModelState(ABC):
+    """What a model keeps of the tokens it has run so a later pass can continue after them: keys/values of
+    attention layers, and the convolution and recurrent states of layers that have no per-token keys."""
+
+    @abstractmethod
+    def copy(self) -> ModelState:
+        """An independent state that continues from the same tokens; running either leaves the other as it was."""
+
+
+class KeyValueState(ModelState):
+    """Per-token keys/values of every layer, (layers, kv_heads, tokens, head_dim): enough for models whose layers
+    are all attention. Passes build new tensors rather than writing into these, so copies may share them."""
+
+    def __init__(self, past: KeyValues | None = None) -> None:
+        self.past = past
+
+    def copy(self) -> KeyValueState:
+        return KeyValueState(self.past)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if self.past is None:
+            self.past = (keys, values)
+        else:
+            self.past = (torch.cat((self.past[0], keys), dim=2), torch.cat((self.past[1], values), dim=2))
+
+
+class LoadedModel(ABC):
+    """A causal LM ready for reads on one device (one rank of a tensor-parallel group), with the facts the
+    router asks for. Subclasses set these attributes and implement `score` and `probe`."""
+
+    path: Path
+    device: torch.device
+    dtype: torch.dtype
+    architecture: str
+    vocab_size: int  # rows of the whole LM head, across ranks
+    embedding_rows: int
+    max_position_embeddings: int
+    attn_implementation: str
+    # How float32 linears multiply (`layers.MATMUL_MODES`); transformers' modeling is always "exact".
+    matmul: str = "exact"
+    # Which model code runs: "decoder" (the shard's own) or "transformers"; reported by Info.
+    implementation: str = "transformers"
+
+    @property
+    @abstractmethod
+    def text_config(self) -> Any:
+        """The Hugging Face config of the language model (the text part of a multimodal one)."""
+
+    @abstractmethod
+    def score(self, request: ScoreRequest) -> ScoredPass:
+        """Runs one forward pass. Every rank of a group must run the same passes in the same order."""
+
+    @abstractmethod
+    def probe(self) -> float:
+        """A small real matmul on this rank's own weights on its device; finite when the device works.
+        Never a collective: Health must answer on each rank alone."""
+
+    @abstractmethod
+    def weight_bytes(self) -> int:
+        """Bytes of the weights this rank holds."""
+
+    def new_state(self) -> ModelState:
+        """The state before any token, for `continue_state`."""
+        return KeyValueState()
+
+    def continue_state(self, state: ModelState, request: ScoreRequest) -> ScoredPass:
+        """Runs `request` as a causal pass after the tokens `state` holds, and adds its tokens to `state`.
+
+        `request.position_ids` must continue the state's positions; the request carries no mask and no past.
+        This default keeps per-token keys/values, which is exact when every layer is attention.
+        """
+        if not isinstance(state, KeyValueState):
+            raise TypeError(f"{type(self).__name__} continues KeyValueState, not {type(state).__name__}")
+        scored = self.score(replace(request, past=state.past, return_key_values=True))
+        if scored.keys is None or scored.values is None:
+            raise RuntimeError(f"{type(self).__name__} returned no keys/values for a continued pass")
+        state.append(scored.keys, scored.values)
+        return scored
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def kv_heads_share(self) -> tuple[int, int]:
+        """(key/value heads this rank holds, heads of the whole model): the part of each cached token's
+        keys/values stored here."""
+        return 1, 1
+
+    @property
+    def token_limit(self) -> int:
+        """Token ids must be below this to be both embeddable and scoreable."""
+        return min(self.vocab_size, self.embedding_rows)
+
+    @property
+    def device_name(self) -> str:
+        if self.device.type == "cuda":
+            return f"cuda:{self.device.index or 0}"
+        return self.device.type
+
+    def close(self) -> None:  # noqa: B027  (optional hook: only grouped models have something to leave)
+        """Leaves the tensor-parallel group, if any."""
+
+    def supports_prefix_cache(self) -> str | None:
+        """None when cached keys/values can be reused as-is, else the reason they cannot."""
+        if self.sliding_window() is not None:
+            return "sliding-window layers keep only part of the keys; cached prefixes would be wrong"
+        if self.attn_implementation not in ("sdpa", "eager"):
+            return f"tree reads with a cache need sdpa or eager attention, not {self.attn_implementation}"
+        others = sorted(set(self.layer_types() or []) - {"full_attention"})
+        if others:
+            # Linear-attention / recurrent layers carry a state, not per-token keys a tree can branch from.
+            return f"layers of type {', '.join(others)} have no per-token keys/values to reuse"
+        return None
+
+    def synchronize(self) -> None:
+        """Waits for queued device work, so wall-clock timings of a forward pass are real on CUDA."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def tree_attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Turns a (T, T) boolean "query may attend key" matrix into the 4D mask this model's attention expects.
+
+        transformers returns a 4D mask unchanged (masking_utils._preprocess_mask_arguments), so it must already be
+        in the attention function's own convention: sdpa takes booleans (True = attend), eager adds the mask to the
+        scores, so it needs 0 / -inf-like floats in the compute dtype.
+        """
+        allowed = allowed.to(self.device)[None, None, :, :]
+        if self.attn_implementation == "sdpa":
+            return allowed
+        if self.attn_implementation == "eager":
+            blocked = torch.finfo(self.dtype).min
+            zeros = torch.zeros((), dtype=self.dtype, device=self.device)
+            return torch.where(allowed, zeros, torch.full((), blocked, dtype=self.dtype, device=self.device))
+        raise NotImplementedError(
+            f"tree reads need sdpa or eager attention, the model uses {self.attn_implementation}; "
+            "use --read-mode fork or naive"
+        )
+
+    def sliding_window(self) -> int | None:
+        """The attention window of sliding layers, or None when every layer attends to the whole prefix."""
+        config = self.text_config
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        if window is None:
+            return None
+        if layer_types is not None and "sliding_attention" not in layer_types:
+            return None
+        return int(window)
+
+    def layer_types(self) -> list[str] | None:
+        """Attention type per layer ("full_attention", "sliding_attention", ...), when the config lists them."""
+        layer_types = getattr(self.text_config, "layer_types", None)
+        return list(layer_types) if layer_types is not None else None
