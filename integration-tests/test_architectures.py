@@ -232,3 +232,24 @@ def test_media_fields_are_refused_naming_the_field(served: tuple[str, Launcher])
         r = httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, field: [pixel]}, timeout=60)
         assert r.status_code == 400, (field, r.text)
         assert field in r.text, r.text
+
+
+def test_a_marked_folder_without_its_strategy_is_refused_by_name(tmp_path: Path) -> None:
+    """A Clef-Flash folder is a Qwen3.5 folder plus its head: it must never be read as plain Qwen3.5."""
+    from launchers import start_launcher
+
+    source = cache_dir() / "models" / "tiny-qwen3.5"
+    clef = tmp_path / "tiny-clef-flash"
+    clef.mkdir()
+    for item in source.iterdir():
+        (clef / item.name).symlink_to(item)
+    (clef / "joint_head_config.json").write_text("{}")
+    launcher = start_launcher(tmp_path, ["--model-id", str(clef), "--hostname", "127.0.0.1"], name="clef")
+    try:
+        launcher.wait_healthy(HEALTH_TIMEOUT_S)
+        r = httpx2.post(f"{launcher.url}/v1/systemone", json=REQUEST, timeout=60)
+        assert r.status_code == 501, r.text
+        assert "Clef-Flash" in r.text and "joint_head_config.json" in r.text, r.text
+        assert httpx2.get(f"{launcher.url}/info", timeout=10).json()["read_strategy"] == "none"
+    finally:
+        launcher.stop(grace_s=20.0)

@@ -360,4 +360,102 @@ mod tests {
             "{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ]\n}"
         );
     }
+
+    /// The label groups on the tiny LFM2-VL fixture's tokenizer (ids from `tokenizers` in Python).
+    #[test]
+    fn label_groups_on_the_fixture_tokenizer() {
+        let s =
+            LiquidStrategy::load(&crate::prompt::fixture_dir("tiny-lfm2-vl"), 4096).expect("loads");
+        let request = DecisionRequest {
+            state: json!({"ticket": "late"}),
+            instructions: Some("You route tickets.".into()),
+            questions: vec![
+                question("urgent", Some("Urgent?"), noul(None, None)),
+                question(
+                    "team",
+                    Some("Team?"),
+                    choice(&[("billing", None), ("tech", None)]),
+                ),
+                question("case", Some("Case?"), choice(&[("a", None), ("B", None)])),
+                question(
+                    "tone",
+                    Some("Tone?"),
+                    QuestionKind::Score {
+                        levels: (0..10).map(|i| format!("level {i}")).collect(),
+                    },
+                ),
+            ],
+            chat_template_kwargs: Default::default(),
+            cache_salt: String::new(),
+            wording: Default::default(),
+            media: Default::default(),
+        };
+        let reads = s.prepare(&request).expect("prepares");
+        let ids = |r: &PreparedRead| -> Vec<Vec<Vec<u32>>> {
+            r.labels.iter().map(|g| g.variants.clone()).collect()
+        };
+        assert_eq!(
+            ids(&reads[0]),
+            vec![
+                vec![vec![757], vec![759], vec![761]],
+                vec![vec![762], vec![763], vec![764]]
+            ]
+        );
+        assert_eq!(
+            ids(&reads[1]),
+            vec![vec![vec![565], vec![914]], vec![vec![566], vec![915]]]
+        );
+        assert_eq!(
+            ids(&reads[2]),
+            vec![vec![vec![597], vec![955]], vec![vec![566], vec![915]]]
+        );
+        assert_eq!(ids(&reads[3])[0], vec![vec![548]]);
+        assert_eq!(ids(&reads[3])[9], vec![vec![557]]);
+        // Rendered through the checkpoint's template: instructions as the system message, thinking off.
+        let texts = s.render(&request).expect("renders");
+        assert!(texts[0].contains("You route tickets."), "{}", texts[0]);
+        assert!(texts[0].contains("{\n  \"ticket\": \"late\"\n}\n\n\nQUESTION:\nUrgent?\n\nReply with yes or no only."), "{}", texts[0]);
+    }
+
+    #[test]
+    fn a_code_that_is_not_one_token_is_refused_naming_it() {
+        let s =
+            LiquidStrategy::load(&crate::prompt::fixture_dir("tiny-lfm2-vl"), 4096).expect("loads");
+        let request = DecisionRequest {
+            state: json!("x"),
+            instructions: None,
+            questions: vec![question(
+                "accent",
+                Some("Which?"),
+                choice(&[("é", None), ("ü", None)]),
+            )],
+            chat_template_kwargs: Default::default(),
+            cache_salt: String::new(),
+            wording: Default::default(),
+            media: Default::default(),
+        };
+        let err = s.prepare(&request).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("question 'accent': label 'é' is not one distinct token for this model"),
+            "{err}"
+        );
+        let too_many = DecisionRequest {
+            questions: vec![question(
+                "many",
+                None,
+                QuestionKind::Choice {
+                    options: (0..27)
+                        .map(|i| ChoiceOption {
+                            name: format!("option {i}"),
+                            description: None,
+                        })
+                        .collect(),
+                },
+            )],
+            ..request
+        };
+        let err = s.prepare(&too_many).expect_err("refused");
+        assert!(err.to_string().contains("at most 26 options"), "{err}");
+    }
 }
