@@ -63,7 +63,7 @@ run: install
 
 # The embedded default model and tiny random-weight models of every served architecture (tiny Qwen3 and
 # Qwen3.5 with their real tokenizers; LFM2-VL and Gemma4 with small synthetic ones), each built once.
-HYBRID_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl tiny-gemma4
+HYBRID_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl tiny-gemma4 tiny-gemma4-mm
 fixtures: venv
 	@$(VENV)/bin/decision-server export-default --out $(CACHE_DIR)/models/SmolLM2-135M-Instruct
 	@# Folders are published atomically, so one with a config.json is complete (skips a 10 s torch import each).

@@ -26,6 +26,7 @@ FIXTURES = {
     "tiny-qwen3.5": ("Qwen3_5ForConditionalGeneration", "next_token", "fork"),
     "tiny-qwen3.5-moe": ("Qwen3_5MoeForConditionalGeneration", "next_token", "fork"),
     "tiny-gemma4": ("Gemma4ForCausalLM", "next_token", "tree"),
+    "tiny-gemma4-mm": ("Gemma4ForConditionalGeneration", "next_token", "tree"),
     "tiny-lfm2-vl": ("Lfm2VlForConditionalGeneration", "liquid", "fork"),
 }
 

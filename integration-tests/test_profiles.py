@@ -62,7 +62,8 @@ def test_vllm_and_sglang_profiles(launcher_factory: Callable[..., Launcher], htt
         chosen = max(team["probabilities"].values())
         assert abs(team["confidence"] - chosen * payload["diagnostics"]["team"]["label_mass"]) < 1e-9
         urgent = payload["answers"]["urgent"]
-        assert set(urgent["probabilities"]) == {"true", "false"} and "confidence" in urgent
+        assert set(urgent["probabilities"]) == {"yes", "no"} and "confidence" in urgent
+        assert urgent["probabilities"]["yes"] == urgent["noul"]
         assert payload["usage"]["output_tokens"] == len(QUESTIONS)
         assert payload["usage"]["input_tokens"] > default["usage"]["input_tokens"]  # Σ per-question prompts
         many = {"state": "x", "questions": {"q": {"type": "choice", "criteria": {f"o{i}": None for i in range(27)}}}}

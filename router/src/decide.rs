@@ -42,8 +42,9 @@ impl Decider {
         // From here until its reads are queued, a forming batch may wait for this request.
         let arrival = self.queue.arrival();
         // Rendering and tokenizing are CPU work: keep them off the async workers.
+        let max_input_tokens = self.limits.max_input_tokens;
         let (request, reads) = tokio::task::spawn_blocking(move || {
-            let reads = strategy.prepare(&request);
+            let reads = strategy.prepare(&request, max_input_tokens);
             (request, reads)
         })
         .await

@@ -104,6 +104,9 @@ pub enum DecisionError {
     Shard(String),
     #[error("model shard is unavailable: {0}")]
     ShardUnavailable(String),
+    /// The server is shutting down: requests it already accepted finish, new ones go elsewhere.
+    #[error("the server is shutting down; retry on another instance")]
+    Draining,
     #[error("{0}")]
     Internal(String),
 }
@@ -125,7 +128,9 @@ impl DecisionError {
             DecisionError::Shard(_) | DecisionError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            DecisionError::ShardUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            DecisionError::ShardUnavailable(_) | DecisionError::Draining => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -145,6 +150,7 @@ impl DecisionError {
             // A rank that is down or restarting (retry later) apart from one that failed a read.
             DecisionError::ShardUnavailable(_) => "shard_unavailable",
             DecisionError::Shard(_) => "shard_error",
+            DecisionError::Draining => "draining",
             DecisionError::Internal(_) => "unknown",
         }
     }
@@ -154,7 +160,7 @@ impl DecisionError {
             DecisionError::Overloaded {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),
-            DecisionError::ShardUnavailable(_) => Some(1),
+            DecisionError::ShardUnavailable(_) | DecisionError::Draining => Some(1),
             _ => None,
         }
     }

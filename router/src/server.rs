@@ -2,12 +2,13 @@
 //! metrics. Handlers only glue a wire shape to the shape-independent `Decider`.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -35,6 +36,9 @@ pub struct AppState {
     pub decider: Decider,
     pub shards: ShardSet,
     pub metrics: Option<PrometheusHandle>,
+    /// Set when a shutdown signal arrives: `/health` answers 503 and new decision requests are
+    /// refused with 503 + Retry-After while the ones already accepted finish.
+    pub draining: AtomicBool,
 }
 
 pub fn init_tracing(json: bool) {
@@ -76,8 +80,13 @@ pub async fn run(config: Config) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     tracing::info!(%addr, model = %state.model_name, "router ready");
-    axum::serve(listener, app(Arc::new(state)))
-        .with_graceful_shutdown(shutdown_signal())
+    let state = Arc::new(state);
+    let draining = state.clone();
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            draining.draining.store(true, Ordering::SeqCst);
+        })
         .await
         .map_err(|e| e.to_string())
 }
@@ -129,6 +138,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         },
         shards,
         metrics: metrics_handle(),
+        draining: AtomicBool::new(false),
         config,
     })
 }
@@ -188,6 +198,12 @@ async fn request_id(request: Request, next: Next) -> Response {
         .unwrap_or_else(|| format!("req_{}", uuid::Uuid::new_v4().simple()));
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
+    // Metric series are labelled by route template, so arbitrary paths cannot grow them.
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
     let span = tracing::info_span!("request", request_id = %id, %method, %path);
     let started = Instant::now();
     let mut response = {
@@ -197,8 +213,8 @@ async fn request_id(request: Request, next: Next) -> Response {
     };
     let status = response.status().as_u16();
     let elapsed = started.elapsed();
-    metrics::counter!("decision_http_requests_total", "path" => path.clone(), "status" => status.to_string()).increment(1);
-    metrics::histogram!("decision_http_request_duration_seconds", "path" => path)
+    metrics::counter!("decision_http_requests_total", "path" => route.clone(), "status" => status.to_string()).increment(1);
+    metrics::histogram!("decision_http_request_duration_seconds", "path" => route)
         .record(elapsed.as_secs_f64());
     if let Some(timing) = response.extensions().get::<ReadTiming>().copied() {
         let breakdown = TimeBreakdown::of(elapsed, timing);
@@ -330,6 +346,7 @@ async fn systemone_handler(
     let mut timing = None;
     let result = async {
         authorize(&state, &headers)?;
+        refuse_when_draining(&state)?;
         let value = json_body(body, state.decider.limits.max_body_bytes)?;
         let compat = state.config.compat;
         let request = systemone::parse(&value, &state.decider.limits, compat)?;
@@ -362,6 +379,7 @@ async fn decisions_handler(
         authorize(&state, &headers)?;
         let value = json_body(body, state.decider.limits.max_body_bytes)?;
         shape = api::decisions_shape(&value)?;
+        refuse_when_draining(&state)?;
         let limits = &state.decider.limits;
         if shape == Shape::Sglang {
             let parsed = sglang::parse(&value, limits)?;
@@ -404,6 +422,15 @@ async fn decisions_handler(
     }
 }
 
+/// Requests that arrive after a shutdown signal (on connections already open) go elsewhere.
+fn refuse_when_draining(state: &AppState) -> Result<(), DecisionError> {
+    if state.draining.load(Ordering::SeqCst) {
+        Err(DecisionError::Draining)
+    } else {
+        Ok(())
+    }
+}
+
 /// A decision answer; its read timing rides along for the request middleware to report.
 fn answered(body: Value, timing: Option<ReadTiming>) -> Response {
     let mut response = Json(body).into_response();
@@ -435,6 +462,14 @@ async fn models_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) 
 }
 
 async fn health_handler(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, HeaderValue::from(1))],
+            Json(json!({"status": "draining", "message": DecisionError::Draining.to_string()})),
+        )
+            .into_response();
+    }
     match state.shards.health().await {
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
         Err(e) => (
@@ -560,6 +595,92 @@ async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
+    use clap::Parser;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    /// The app over no shards and no model: enough for routes, metrics and drain.
+    fn test_state() -> Arc<AppState> {
+        let config = Config::parse_from(["decision-router", "--model-dir", "/nonexistent"]);
+        Arc::new(build_state(config, ShardSet::detached()).unwrap())
+    }
+
+    async fn call(state: &Arc<AppState>, request: axum::http::Request<Body>) -> Response {
+        app(state.clone()).oneshot(request).await.unwrap()
+    }
+
+    async fn text(response: Response) -> String {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn get(path: &str) -> axum::http::Request<Body> {
+        axum::http::Request::get(path).body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn random_paths_share_one_metric_series() {
+        let state = test_state();
+        for i in 0..500 {
+            let path = format!("/no/such/route-{i}-{}", "y".repeat(i % 200));
+            assert_eq!(
+                call(&state, get(&path)).await.status(),
+                StatusCode::NOT_FOUND
+            );
+        }
+        assert_eq!(call(&state, get("/health")).await.status(), StatusCode::OK);
+        let scrape = text(call(&state, get("/metrics")).await).await;
+        assert!(
+            !scrape.contains("/no/such/route"),
+            "raw paths leak into labels"
+        );
+        let unmatched = scrape
+            .lines()
+            .filter(|l| {
+                l.starts_with("decision_http_requests_total{") && l.contains("path=\"unmatched\"")
+            })
+            .count();
+        assert_eq!(unmatched, 1, "{scrape}");
+        assert!(scrape.contains("path=\"/health\""), "{scrape}");
+        assert!(scrape.len() < 32 << 10, "{} bytes", scrape.len());
+    }
+
+    #[tokio::test]
+    async fn a_draining_server_refuses_new_work_with_503_and_retry_after() {
+        let state = test_state();
+        assert_eq!(call(&state, get("/health")).await.status(), StatusCode::OK);
+        state.draining.store(true, Ordering::SeqCst);
+        let health = call(&state, get("/health")).await;
+        assert_eq!(health.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let post = |path: &str, body: &str| {
+            axum::http::Request::post(path)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_owned()))
+                .unwrap()
+        };
+        for (path, body, error_field) in [
+            (
+                "/v1/systemone",
+                r#"{"state": {}, "questions": {}}"#,
+                "error_type",
+            ),
+            (
+                "/v1/decisions",
+                r#"{"model": "m", "state": {}, "questions": []}"#,
+                "error",
+            ),
+        ] {
+            let response = call(&state, post(path, body)).await;
+            assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+            assert_eq!(response.headers()[header::RETRY_AFTER], "1", "{path}");
+            let body = text(response).await;
+            assert!(
+                body.contains(error_field) && body.contains("shutting down"),
+                "{path}: {body}"
+            );
+        }
+    }
 
     #[test]
     fn router_time_is_what_the_queue_and_the_shard_did_not_take() {

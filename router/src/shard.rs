@@ -36,6 +36,15 @@ impl ShardSet {
         })
     }
 
+    /// No ranks at all: for tests of the HTTP surface that never read.
+    #[cfg(test)]
+    pub(crate) fn detached() -> Self {
+        ShardSet {
+            clients: Vec::new(),
+            info: pb::InfoResponse::default(),
+        }
+    }
+
     pub fn world_size(&self) -> usize {
         self.clients.len()
     }

@@ -17,7 +17,15 @@ logger = logging.getLogger("decision_server")
 
 # Spelled out so parsing flags imports no fixture code (imports here stay lazy); tests/test_hybrid_fixtures.py
 # checks it equals decision_server.fixtures.FIXTURE_NAMES.
-FIXTURE_NAMES = ("tiny-qwen3", "qwen3-0.6b", "tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-lfm2-vl", "tiny-gemma4")
+FIXTURE_NAMES = (
+    "tiny-qwen3",
+    "qwen3-0.6b",
+    "tiny-qwen3.5",
+    "tiny-qwen3.5-moe",
+    "tiny-lfm2-vl",
+    "tiny-gemma4",
+    "tiny-gemma4-mm",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

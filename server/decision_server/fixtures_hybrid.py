@@ -293,6 +293,8 @@ class HybridFixture:
     architecture: str
     family: Literal["qwen3_5", "lfm2_vl", "gemma4"]
     moe: bool = False
+    # Gemma4 only: the image-text model (a tiny vision tower beside the same text layers) instead of the text one.
+    multimodal: bool = False
 
 
 HYBRID_FIXTURES: dict[str, HybridFixture] = {
@@ -300,6 +302,7 @@ HYBRID_FIXTURES: dict[str, HybridFixture] = {
     "tiny-qwen3.5-moe": HybridFixture("Qwen3_5MoeForConditionalGeneration", "qwen3_5", moe=True),
     "tiny-lfm2-vl": HybridFixture("Lfm2VlForConditionalGeneration", "lfm2_vl"),
     "tiny-gemma4": HybridFixture("Gemma4ForCausalLM", "gemma4"),
+    "tiny-gemma4-mm": HybridFixture("Gemma4ForConditionalGeneration", "gemma4", multimodal=True),
 }
 HYBRID_FIXTURE_NAMES: tuple[str, ...] = tuple(HYBRID_FIXTURES)
 
@@ -341,7 +344,7 @@ def _build(name: str, fixture: HybridFixture, seed: int, tmp: Path) -> dict[str,
     elif fixture.family == "lfm2_vl":
         model = _lfm2_vl_model(_ceil_to(token_count, 128))
     else:
-        model = _gemma4_model(_ceil_to(token_count, 128))
+        model = _gemma4_model(_ceil_to(token_count, 128), fixture.multimodal)
     model.config.architectures = [fixture.architecture]
     model = model.to(torch.float32)
     model.config.dtype = torch.float32
@@ -351,7 +354,8 @@ def _build(name: str, fixture: HybridFixture, seed: int, tmp: Path) -> dict[str,
     if fixture.family == "lfm2_vl":
         _finish_lfm2_vl_folder(tmp, model.config.text_config.hidden_size)
     elif fixture.family == "gemma4":
-        _add_config_keys(tmp, {"global_head_dim": _GEMMA4_GLOBAL_HEAD_DIM})
+        section = "text_config" if fixture.multimodal else None
+        _add_config_keys(tmp, {"global_head_dim": _GEMMA4_GLOBAL_HEAD_DIM}, section)
     progress.finish(f"built {name}")
     return {"kind": f"random-{fixture.family}", "fixture": name, "seed": seed, "dtype": "float32"}
 
@@ -752,8 +756,8 @@ def _add_config_keys(tmp: Path, keys: dict[str, Any], section: str | None = None
 _GEMMA4_GLOBAL_HEAD_DIM = 128
 
 
-def _gemma4_model(vocab_size: int) -> Any:
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+def _gemma4_model(vocab_size: int, multimodal: bool = False) -> Any:
+    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
 
     eos = [GEMMA4_SPECIALS.index(token) for token in ("<eos>", "<turn|>", "<|tool_response>")]
     config = Gemma4TextConfig(
@@ -780,4 +784,15 @@ def _gemma4_model(vocab_size: int) -> Any:
         eos_token_id=eos,
         tie_word_embeddings=True,
     )
-    return Gemma4ForCausalLM(config)
+    if not multimodal:
+        return Gemma4ForCausalLM(config)
+    # A one-block vision tower: text reads never run it, but the checkpoint has the image-text layout.
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    }
+    return Gemma4ForConditionalGeneration(Gemma4Config(text_config=config, vision_config=vision, audio_config=None))

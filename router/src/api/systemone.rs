@@ -512,8 +512,9 @@ pub fn format(
                     .collect();
                 json!({"type": "choice", "choice": options[probability::argmax(p)].name, "probabilities": probabilities})
             }
+            // vLLM keys a noul's probabilities by its labels (seed 000 and its NoulQuestion.answer).
             QuestionKind::YesNo { .. } if compat == Compat::Vllm => {
-                json!({"type": "noul", "noul": p[0], "probabilities": {"true": p[0], "false": p[1]}})
+                json!({"type": "noul", "noul": p[0], "probabilities": {"yes": p[0], "no": p[1]}})
             }
             QuestionKind::YesNo { .. } => json!({"type": "noul", "noul": p[0]}),
             QuestionKind::Score { .. } => {
@@ -905,7 +906,7 @@ mod tests {
         );
         assert_eq!(
             vllm["answers"]["urgent"]["probabilities"],
-            json!({"true": 0.25, "false": 0.75})
+            json!({"yes": 0.25, "no": 0.75})
         );
         assert_eq!(
             vllm["usage"],

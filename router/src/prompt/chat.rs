@@ -9,6 +9,7 @@ use tokenizers::Tokenizer;
 use super::encode::PromptEncoder;
 use super::labels::LabelVocabulary;
 use super::template::{ChatTemplate, Message};
+use super::token_bound::TokenBound;
 use crate::error::DecisionError;
 use crate::read::LabelGroup;
 
@@ -18,6 +19,8 @@ pub struct ChatPrompts {
     /// The label sets checked at startup against the template's reply prefix.
     pub labels: LabelVocabulary,
     max_positions: usize,
+    /// A cheap lower bound on a prompt's tokens (None when none is sound for this tokenizer).
+    bound: Option<TokenBound>,
 }
 
 impl ChatPrompts {
@@ -27,6 +30,14 @@ impl ChatPrompts {
             .map_err(|e| format!("cannot load {}: {e}", tokenizer_path.display()))?;
         let template = ChatTemplate::from_model_dir(model_dir).map_err(|e| e.to_string())?;
         let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))?;
+        let bound = TokenBound::of(&tokenizer);
+        match &bound {
+            Some(b) => tracing::info!(
+                chars_per_token = b.chars_per_token(),
+                "prompts that certainly exceed max_input_tokens are refused before tokenizing"
+            ),
+            None => tracing::warn!("no sound token bound for this tokenizer: every prompt is tokenized before the token limit is checked"),
+        }
         let encoder = PromptEncoder::new(tokenizer);
         if !encoder.shares_heads() {
             tracing::info!("this tokenizer is encoded in full per question (no shared-head cut is proven safe for it)");
@@ -39,6 +50,7 @@ impl ChatPrompts {
             template,
             labels,
             max_positions,
+            bound,
         })
     }
 
@@ -84,7 +96,27 @@ impl ChatPrompts {
         Ok(text)
     }
 
-    pub fn encode_all(&self, texts: &[String]) -> Result<Vec<Vec<u32>>, DecisionError> {
+    /// The token ids of each prompt. A request's unique prompt tokens are at least those of its
+    /// longest prompt, so one whose lower bound already exceeds `max_input_tokens` is refused
+    /// without tokenizing anything (an 8 MiB word would cost seconds and hundreds of MiB).
+    pub fn encode_all(
+        &self,
+        texts: &[String],
+        max_input_tokens: usize,
+    ) -> Result<Vec<Vec<u32>>, DecisionError> {
+        if let Some(bound) = &self.bound {
+            let at_least = texts
+                .iter()
+                .map(|t| bound.tokens_at_least(t))
+                .max()
+                .unwrap_or(0);
+            if at_least > max_input_tokens {
+                return Err(DecisionError::TokensExceeded {
+                    got: at_least,
+                    limit: max_input_tokens,
+                });
+            }
+        }
         self.encoder
             .encode_all(texts)
             .map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))

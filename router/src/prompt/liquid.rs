@@ -120,7 +120,11 @@ impl ReadStrategy for LiquidStrategy {
         None
     }
 
-    fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError> {
+    fn prepare(
+        &self,
+        request: &DecisionRequest,
+        max_input_tokens: usize,
+    ) -> Result<Vec<PreparedRead>, DecisionError> {
         for question in &request.questions {
             let (n, max) = match &question.kind {
                 QuestionKind::Choice { options } => (options.len(), LETTERS.len()),
@@ -143,7 +147,7 @@ impl ReadStrategy for LiquidStrategy {
             .map(|q| self.label_groups(q))
             .collect::<Result<Vec<_>, _>>()?;
         let texts = self.render(request)?;
-        let encoded = self.chat.encode_all(&texts)?;
+        let encoded = self.chat.encode_all(&texts, max_input_tokens)?;
         let mut reads = Vec::with_capacity(texts.len());
         for ((question, token_ids), labels) in request.questions.iter().zip(encoded).zip(groups) {
             self.chat.check_prompt(&question.id, &token_ids, &labels)?;
@@ -390,7 +394,7 @@ mod tests {
             wording: Default::default(),
             media: Default::default(),
         };
-        let reads = s.prepare(&request).expect("prepares");
+        let reads = s.prepare(&request, usize::MAX).expect("prepares");
         let ids = |r: &PreparedRead| -> Vec<Vec<Vec<u32>>> {
             r.labels.iter().map(|g| g.variants.clone()).collect()
         };
@@ -434,7 +438,7 @@ mod tests {
             wording: Default::default(),
             media: Default::default(),
         };
-        let err = s.prepare(&request).expect_err("refused");
+        let err = s.prepare(&request, usize::MAX).expect_err("refused");
         assert!(
             err.to_string()
                 .contains("question 'accent': label 'é' is not one distinct token for this model"),
@@ -455,7 +459,7 @@ mod tests {
             )],
             ..request
         };
-        let err = s.prepare(&too_many).expect_err("refused");
+        let err = s.prepare(&too_many, usize::MAX).expect_err("refused");
         assert!(err.to_string().contains("at most 26 options"), "{err}");
     }
 }

@@ -8,6 +8,7 @@ pub mod liquid;
 pub mod next_token;
 pub mod registry;
 pub mod template;
+pub mod token_bound;
 pub mod wording;
 
 use crate::error::DecisionError;
@@ -28,8 +29,13 @@ pub trait ReadStrategy: Send + Sync {
     fn modalities(&self) -> &'static [Modality] {
         &[]
     }
-    /// One read per question, in question order.
-    fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError>;
+    /// One read per question, in question order. A prompt that certainly needs more than
+    /// `max_input_tokens` is refused before it is tokenized.
+    fn prepare(
+        &self,
+        request: &DecisionRequest,
+        max_input_tokens: usize,
+    ) -> Result<Vec<PreparedRead>, DecisionError>;
     /// The answer one read's (shape-checked) outcome gives. `temperature` divides the label
     /// log-probabilities before the softmax; label mass is unaffected.
     fn answer(&self, read: &PreparedRead, outcome: &ReadOutcome, temperature: f64) -> Answer {

