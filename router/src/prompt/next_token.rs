@@ -81,8 +81,11 @@ impl ReadStrategy for NextTokenStrategy {
         request: &DecisionRequest,
         max_input_tokens: usize,
     ) -> Result<Vec<PreparedRead>, DecisionError> {
+        // Each question's labels, looked up once: they are checked here and attached below.
+        let mut label_sets = Vec::with_capacity(request.questions.len());
         for question in &request.questions {
-            self.label_sequences(&question.kind, request.wording)
+            let labels = self
+                .label_sequences(&question.kind, request.wording)
                 .map_err(DecisionError::NotServable)?;
             let max = request.wording.max_arity(&question.kind);
             if question.kind.arity() > max {
@@ -92,17 +95,14 @@ impl ReadStrategy for NextTokenStrategy {
                     question.kind.arity()
                 )));
             }
+            label_sets.push(labels);
         }
         let texts = self.render(request)?;
         let encoded = self.chat.encode_all(&texts, max_input_tokens)?;
         let mut reads = Vec::with_capacity(texts.len());
-        for (question, token_ids) in request.questions.iter().zip(encoded) {
-            let labels: Vec<LabelGroup> = self
-                .label_sequences(&question.kind, request.wording)
-                .map_err(DecisionError::NotServable)?
-                .into_iter()
-                .map(LabelGroup::single)
-                .collect();
+        for ((question, token_ids), labels) in request.questions.iter().zip(encoded).zip(label_sets)
+        {
+            let labels: Vec<LabelGroup> = labels.into_iter().map(LabelGroup::single).collect();
             self.chat.check_prompt(&question.id, &token_ids, &labels)?;
             reads.push(PreparedRead { token_ids, labels });
         }
