@@ -20,6 +20,7 @@ import transformers
 from conftest import HEALTH_TIMEOUT_S
 from launchers import Launcher, cache_dir
 from reference import messages_for, question_body
+from wordings import assert_routes_agree, readings_on_every_route
 
 FIXTURES = {
     # fixture: (architecture, strategy, engine)
@@ -179,6 +180,8 @@ def test_info_names_architecture_strategy_and_engine(served: tuple[str, Launcher
     assert (info["architecture"], info["read_strategy"], info["engine"]) == (architecture, strategy, engine), info
     assert info["implementation"] == "transformers"
     assert info["refusals"] == {} or not info["refusals"], info
+    expected_format = {"name": "liquid_d1", "version": 201} if strategy == "liquid" else {"name": "vllm", "version": 101}
+    assert info["prompt_format"] == expected_format, info
 
 
 def test_systemone_equals_an_independent_transformers_forward(served: tuple[str, Launcher]) -> None:
@@ -224,6 +227,11 @@ def test_decisions_routes_answer_in_both_shapes(served: tuple[str, Launcher]) ->
     assert r.status_code == 200, r.text
     answers = r.json()["answers"]
     assert abs(sum(answers["team"]["probabilities"].values()) - 1.0) < 1e-9
+    # The strategy's wording on every shape: the version reported is the one /info names.
+    info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
+    assert r.json()["prompt_format_version"] == info["prompt_format"]["version"]
+    with httpx2.Client(base_url=launcher.url, timeout=120) as client:
+        assert_routes_agree(readings_on_every_route(client))
 
 
 def test_media_fields_are_refused_naming_the_field(served: tuple[str, Launcher]) -> None:

@@ -3,7 +3,6 @@ checked against an independent transformers reading of the same prompt, plus inv
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -11,9 +10,7 @@ import httpx2
 import pytest
 from openai import BadRequestError, OpenAI
 
-TICKET = "Hi, I was charged twice for my March invoice and the refund still hasn't arrived. Please fix this today."
-LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-TOL = 1e-4
+from wordings import LETTERS, TICKET, TOL, assert_routes_agree, check_sglang_shape, probabilities, readings_on_every_route
 
 
 def adapter_body(instructions: str, options: list[tuple[str, str | None]]) -> str:
@@ -100,78 +97,22 @@ def test_openai_errors_have_openai_shape(openai_client: OpenAI, http: httpx2.Cli
     assert r.headers.get("x-typesafe-request-id")
 
 
-def sglang_body(state: Any, question: dict[str, Any]) -> str:
-    """SGLang's wording (prompt_format_version 1), written independently of the server."""
-    lines: list[str] = []
-    if question["type"] == "yes_no":
-        lines.append(f"Is the following true? {question['question']}" if question.get("question") else "Is the following true?")
-        for side in ("yes", "no"):
-            if question.get(side):
-                lines.append(f"{side}: {question[side]}")
-        lines.append("Answer with yes or no only.")
-    else:
-        if question.get("question"):
-            lines.append(f"Question: {question['question']}")
-        if question["type"] == "choice":
-            for letter, option in zip(LETTERS, question["options"]):
-                d = option.get("description")
-                lines.append(f"{letter}: {option['name']} - {d}" if d else f"{letter}: {option['name']}")
-            lines.append("Answer with the letter of one option only.")
-        else:
-            for i, level in enumerate(question["levels"]):
-                lines.append(f"{i}: {level}")
-            lines.append("Answer with the number of one level only.")
-    state_text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, separators=(",", ":"))
-    return f"{state_text}\n\n" + "\n".join(lines)
-
-
-def test_sglang_shape_with_temperature_and_token_ids(http: httpx2.Client, reference: Any) -> None:
-    state = {"ticket": TICKET, "days": 12}
-    questions = [
-        {"id": "urgent", "type": "yes_no", "question": "Does this need a reply within the hour?", "no": "nothing is at stake"},
-        {"id": "team", "type": "choice", "question": "Which team?", "options": [{"name": "billing", "description": "payments"}, {"name": "tech"}]},
-        {"id": "tone", "type": "score", "question": "How upset?", "levels": ["calm", "annoyed", "furious"]},
-    ]
-    temperature = 2.0
-    r = http.post("/v1/decisions", json={"input": state, "questions": questions, "temperature": temperature, "return_prompt_token_ids": True, "prompt_format_version": 1})
-    assert r.status_code == 200, r.text
-    payload = r.json()
-    assert payload["object"] == "decisions" and payload["prompt_format_version"] == 1
-    assert payload["usage"]["completion_tokens"] == 0
-    total_prompt = 0
-    for question in questions:
-        answer = payload["answers"][question["id"]]
-        labels = {"yes_no": ["yes", "no"], "choice": ["A", "B"], "score": ["0", "1", "2"]}[question["type"]]
-        prompt = reference.render([{"role": "user", "content": sglang_body(state, question)}])
-        expected = reference.read_text(prompt, labels)
-        assert answer["prompt_token_ids"] == reference.encode(prompt)
-        total_prompt += len(answer["prompt_token_ids"])
-        assert math.isclose(answer["label_mass"], expected.label_mass, abs_tol=TOL)
-        # softmax(lp / T) from the T = 1 reading: lp_k = log(p_k · mass).
-        scaled = [math.log(p * expected.label_mass) / temperature for p in expected.probabilities]
-        z = max(scaled)
-        weights = [math.exp(s - z) for s in scaled]
-        tempered = [w / sum(weights) for w in weights]
-        got = list(answer["probabilities"].values())
-        assert all(math.isclose(g, e, abs_tol=TOL) for g, e in zip(got, tempered)), (question["id"], got, tempered)
-        assert len(answer["label_token_ids"]) == len(labels)
-    assert payload["usage"]["prompt_tokens"] == total_prompt
+def test_sglang_shape_reads_in_the_profile_wording(http: httpx2.Client, reference: Any) -> None:
+    """The default profile renders vLLM's wording on every route, the SGLang shape included (version 101);
+    pinning SGLang's version 1 there fails loudly instead of answering from another wording."""
+    check_sglang_shape(http, reference, "vllm", 101)
+    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": 1, "questions": [{"id": "a", "type": "yes_no"}]})
+    assert r.status_code == 400 and r.json()["param"] == "prompt_format_version"
+    assert "--compat sglang" in r.json()["message"], r.text
 
 
 def test_sglang_refusals(http: httpx2.Client) -> None:
     r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": 2, "questions": [{"id": "a", "type": "yes_no"}]})
     assert r.status_code == 400 and r.json()["object"] == "error" and r.json()["param"] == "prompt_format_version"
+    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": "101", "questions": [{"id": "a", "type": "yes_no"}]})
+    assert r.status_code == 400 and r.json()["object"] == "error" and r.json()["param"] == "prompt_format_version"
     mixed = http.post("/v1/decisions", json={"input": "x", "questions": [{"id": "a", "type": "predicate", "instructions": "i"}]})
     assert mixed.status_code == 400 and "mixes" in mixed.text
-
-
-def probabilities(answer: dict[str, Any]) -> list[float]:
-    p = answer.get("probabilities")
-    if isinstance(p, dict):
-        return list(p.values())
-    if isinstance(p, list):
-        return [x["probability"] for x in p]
-    return [answer.get("noul", answer.get("probability"))]
 
 
 def test_invariance_across_all_shapes(http: httpx2.Client) -> None:
@@ -193,3 +134,8 @@ def test_invariance_across_all_shapes(http: httpx2.Client) -> None:
     alone = http.post("/v1/decisions", json={"input": TICKET, "questions": [target_sg]}).json()["answers"]["a"]
     crowd = http.post("/v1/decisions", json={"input": TICKET, "questions": [other_sg, dict(target_sg, id="zz")]}).json()["answers"]["zz"]
     assert all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(probabilities(alone), probabilities(crowd)))
+
+
+def test_the_wording_is_the_profiles_not_the_shapes(http: httpx2.Client) -> None:
+    """The same question reads the same on /v1/systemone and on both /v1/decisions shapes."""
+    assert_routes_agree(readings_on_every_route(http))

@@ -11,6 +11,8 @@ import httpx2
 import pytest
 from launchers import Launcher
 
+from wordings import assert_routes_agree, check_sglang_shape, readings_on_every_route
+
 STATE = "Refund not received after three weeks. " * 40
 QUESTIONS = {
     "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "payments", "tech": None}},
@@ -46,7 +48,7 @@ def test_full_queue_refuses_with_retry_after_and_recovers(launcher_factory: Call
         assert client.post("/v1/systemone", json={"state": "x", "questions": QUESTIONS}).status_code == 200
 
 
-def test_vllm_and_sglang_profiles(launcher_factory: Callable[..., Launcher], http: httpx2.Client) -> None:
+def test_vllm_and_sglang_profiles(launcher_factory: Callable[..., Launcher], http: httpx2.Client, reference: Any) -> None:
     body: dict[str, Any] = {"state": {"ticket": "Refund not received", "days": 12}, "questions": QUESTIONS}
     default = http.post("/v1/systemone", json=body).json()
 
@@ -81,4 +83,8 @@ def test_vllm_and_sglang_profiles(launcher_factory: Callable[..., Launcher], htt
         assert payload["answers"]["urgent"]["noul"] != default["answers"]["urgent"]["noul"]
         invalid = client.post("/v1/systemone", json={"state": "x", "questions": {}})
         assert invalid.status_code == 422 and isinstance(invalid.json()["detail"], list)
+        # The profile, not the shape, picks the wording: SGLang's version 1 on every route here.
+        assert client.get("/info").json()["prompt_format"] == {"name": "sglang", "version": 1}
+        check_sglang_shape(client, reference, "sglang", 1)
+        assert_routes_agree(readings_on_every_route(client))
     sglang.stop()

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::error::DecisionError;
 use crate::ir::{Decision, DecisionRequest, Usage};
 use crate::limits::Limits;
+use crate::prompt::wording::PromptFormat;
 use crate::prompt::{PreparedRead, ReadStrategy};
 use crate::queue::{Queue, ReadTiming};
 
@@ -15,6 +16,8 @@ pub struct Decided {
     pub decision: Decision,
     pub reads: Option<Vec<PreparedRead>>,
     pub timing: ReadTiming,
+    /// The wording the prompts were rendered in.
+    pub prompt_format: PromptFormat,
 }
 
 pub struct Decider {
@@ -24,6 +27,11 @@ pub struct Decider {
 }
 
 impl Decider {
+    /// The wording this server renders in; `None` when the model has no strategy (routes answer 501).
+    pub fn prompt_format(&self) -> Option<PromptFormat> {
+        self.strategy.as_ref().ok().map(|s| s.prompt_format())
+    }
+
     /// `temperature` divides the label log-probabilities before the softmax (label mass is unaffected);
     /// `keep_reads` returns the prompt and label token ids too.
     pub async fn decide(
@@ -93,6 +101,7 @@ impl Decider {
             decision: Decision { answers, usage },
             reads: kept,
             timing,
+            prompt_format: strategy_ref.prompt_format(),
         })
     }
 }

@@ -15,8 +15,6 @@ pub struct DecisionRequest {
     pub chat_template_kwargs: serde_json::Map<String, Value>,
     /// Reads with different salts never share cached prefixes.
     pub cache_salt: String,
-    /// Whose prompt texts the questions are rendered in.
-    pub wording: Wording,
     /// Images, audio and videos attached to the request (URLs or data URLs), in request order.
     pub media: Media,
 }
@@ -75,16 +73,6 @@ impl Media {
             .filter(|m| !self.of(*m).is_empty())
             .collect()
     }
-}
-
-/// The prompt wording of a reference server (spec/PROMPTS.md §1 and §2); texts live in `prompt::wording`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Wording {
-    /// vLLM's: default and `vllm` profiles, OpenAI-shape `/v1/decisions`.
-    #[default]
-    Vllm,
-    /// SGLang's (prompt_format_version 1): `sglang` profile and SGLang-shape `/v1/decisions`.
-    Sglang,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -5,8 +5,9 @@ use axum::http::StatusCode;
 use clap::ValueEnum;
 
 use crate::error::DecisionError;
-use crate::ir::{Answer, QuestionKind, Usage, Wording};
+use crate::ir::{Answer, QuestionKind, Usage};
 use crate::probability;
+use crate::prompt::wording::Wording;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Compat {
@@ -44,8 +45,8 @@ impl Compat {
         }
     }
 
-    /// The wording `/v1/systemone` renders in.
-    pub fn systemone_wording(&self) -> Wording {
+    /// The wording every route renders in (spec/API.md §6); never chosen by the wire shape.
+    pub fn wording(&self) -> Wording {
         match self {
             Compat::Sglang => Wording::Sglang,
             _ => Wording::Vllm,

@@ -103,7 +103,10 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
     let strategy: Result<Arc<dyn prompt::ReadStrategy>, String> = prompt::strategy_for(
         &shards.info.architecture,
         &config.model_dir(),
-        max_positions.max(1),
+        &prompt::StrategyOptions {
+            max_positions: max_positions.max(1),
+            wording: config.compat.wording(),
+        },
     )
     .map(Arc::from);
     match &strategy {
@@ -382,7 +385,7 @@ async fn decisions_handler(
         refuse_when_draining(&state)?;
         let limits = &state.decider.limits;
         if shape == Shape::Sglang {
-            let parsed = sglang::parse(&value, limits)?;
+            let parsed = sglang::parse(&value, limits, state.decider.prompt_format())?;
             let (temperature, keep) = (parsed.temperature, parsed.return_prompt_token_ids);
             let decided = state
                 .decider
@@ -398,6 +401,7 @@ async fn decisions_handler(
                 &decided.decision,
                 decided.reads.as_deref(),
                 &state.model_name,
+                decided.prompt_format,
             ))
         } else {
             let parsed = openai::parse(&value, limits, state.config.compat)?;
@@ -500,6 +504,7 @@ async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
         "implementation": info.implementation,
         "matmul": info.matmul,
         "read_strategy": state.decider.strategy.as_ref().map(|s| s.name()).unwrap_or("none"),
+        "prompt_format": state.decider.prompt_format().map(|f| json!({"name": f.name, "version": f.version})),
         "refusals": refusals,
         "max_position_embeddings": info.max_position_embeddings,
         "limits": {

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::error::{DecisionError, FieldError, Loc};
-use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind, Wording};
+use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind};
 use crate::json_text::{self, Separators};
 use crate::limits::Limits;
 use crate::probability;
@@ -125,7 +125,6 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         questions,
         chat_template_kwargs,
         cache_salt,
-        wording: Wording::Vllm,
         media: Default::default(),
     };
     Ok(Parsed { request, echo })
@@ -625,7 +624,7 @@ mod tests {
                 values: vec![json!("true"), json!(true)]
             }
         );
-        let text = crate::ir::Wording::Vllm.user_message("S", &p.request.questions[2]);
+        let text = crate::prompt::wording::Wording::Vllm.user_message("S", &p.request.questions[2]);
         assert_eq!(text, "S\n\nQuestion: How bad?\nA: low - fine\nB: high\nAnswer with the letter of one option only.");
     }
 

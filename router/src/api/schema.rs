@@ -129,6 +129,8 @@ pub struct DecisionsRequest {
     pub safety_identifier: Option<String>,
     pub prompt_cache_key: Option<String>,
     pub temperature: Option<f64>,
+    /// SGLang shape: pins the served wording (1 SGLang's version 1 under `--compat sglang`, 101 vLLM's,
+    /// 201 Liquid d1's; `GET /info` names it); another value is a 400.
     pub prompt_format_version: Option<u32>,
     pub return_prompt_token_ids: Option<bool>,
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
@@ -141,6 +143,7 @@ pub struct DecisionsResponse {
     pub answers: Value,
     pub usage: Value,
     pub object: Option<String>,
+    /// SGLang shape: the wording the answers were read in (see the request field).
     pub prompt_format_version: Option<u32>,
 }
 

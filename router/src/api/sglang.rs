@@ -1,15 +1,15 @@
-//! `POST /v1/decisions` in SGLang's shape (spec/API.md §3, prompt_format_version 1): questions with
-//! ids, temperature over the label logits, label mass per answer, optional prompt token ids.
+//! `POST /v1/decisions` in SGLang's shape (spec/API.md §3): questions with ids, temperature over the
+//! label logits, label mass per answer, optional prompt token ids. The shape does not pick the wording:
+//! `prompt_format_version` reports and pins whichever the profile and strategy render in.
 
 use serde_json::{json, Map, Value};
 
 use crate::error::{DecisionError, FieldError, Loc};
-use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind, Wording};
+use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind};
 use crate::limits::Limits;
 use crate::probability;
+use crate::prompt::wording::PromptFormat;
 use crate::prompt::PreparedRead;
-
-pub const PROMPT_FORMAT_VERSION: u64 = 1;
 const MAX_OPTIONS: usize = 26;
 
 pub struct Parsed {
@@ -28,7 +28,13 @@ fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
     )
 }
 
-pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
+/// `served` is the wording this server renders in (`None` when the model has no strategy: the
+/// request is then refused with a 501 after parsing).
+pub fn parse(
+    body: &Value,
+    limits: &Limits,
+    served: Option<PromptFormat>,
+) -> Result<Parsed, DecisionError> {
     let obj = body.as_object().ok_or_else(|| {
         DecisionError::Invalid(vec![err(
             &[],
@@ -78,13 +84,13 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
             1.0
         }
     };
-    match obj.get("prompt_format_version") {
-        None | Some(Value::Null) => {}
-        Some(Value::Number(n)) if n.as_u64() == Some(PROMPT_FORMAT_VERSION) => {}
-        Some(other) => errors.push(err(
+    match (obj.get("prompt_format_version"), served) {
+        (None | Some(Value::Null), _) | (Some(_), None) => {}
+        (Some(Value::Number(n)), Some(f)) if n.as_u64() == Some(u64::from(f.version)) => {}
+        (Some(other), Some(f)) => errors.push(err(
             &["prompt_format_version".into()],
             "value_error",
-            format!("prompt_format_version {other} is not served; this server serves version {PROMPT_FORMAT_VERSION}"),
+            not_served(other, f),
         )),
     }
     let return_prompt_token_ids = match obj.get("return_prompt_token_ids") {
@@ -126,7 +132,6 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
         questions,
         chat_template_kwargs,
         cache_salt: String::new(),
-        wording: Wording::Sglang,
         media: Default::default(),
     };
     Ok(Parsed {
@@ -134,6 +139,20 @@ pub fn parse(body: &Value, limits: &Limits) -> Result<Parsed, DecisionError> {
         temperature,
         return_prompt_token_ids,
     })
+}
+
+fn not_served(asked: &Value, served: PromptFormat) -> String {
+    let hint = if asked.as_u64() == Some(u64::from(PromptFormat::SGLANG_V1.version))
+        && served.name == PromptFormat::VLLM.name
+    {
+        "; SGLang's version 1 wording is served under --compat sglang"
+    } else {
+        ""
+    };
+    format!(
+        "prompt_format_version {asked} is not served; this server serves version {} ({} wording){hint}",
+        served.version, served.name
+    )
 }
 
 fn is_empty_container(v: &Value) -> bool {
@@ -312,6 +331,7 @@ pub fn format(
     decision: &Decision,
     reads: Option<&[PreparedRead]>,
     model: &str,
+    prompt_format: PromptFormat,
 ) -> Value {
     let mut answers = Map::new();
     for (i, (question, answer)) in parsed
@@ -358,7 +378,7 @@ pub fn format(
     json!({
         "object": "decisions",
         "model": model,
-        "prompt_format_version": PROMPT_FORMAT_VERSION,
+        "prompt_format_version": prompt_format.version,
         "answers": answers,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
     })
@@ -393,11 +413,11 @@ mod tests {
                 {"id": "u", "type": "yes_no", "question": "Urgent?", "no": "calm"},
                 {"id": "t", "type": "score", "question": "How?", "levels": ["lo", "hi"]}]}),
             &Limits::default(),
+            Some(PromptFormat::SGLANG_V1),
         )
         .unwrap();
         assert_eq!(p.temperature, 0.5);
         assert!(p.return_prompt_token_ids);
-        assert_eq!(p.request.wording, Wording::Sglang);
         assert_eq!(
             p.request.questions[1].kind,
             QuestionKind::YesNo {
@@ -446,7 +466,7 @@ mod tests {
             (base(json!({"type": "yes_no"})), "questions.0.id"),
         ];
         for (body, field) in cases {
-            match parse(&body, &Limits::default()) {
+            match parse(&body, &Limits::default(), Some(PromptFormat::SGLANG_V1)) {
                 Err(DecisionError::Invalid(f)) => assert!(
                     f.iter().any(|e| e.param() == field),
                     "{body}: {:?}",
@@ -455,6 +475,30 @@ mod tests {
                 _ => panic!("{body} was accepted"),
             }
         }
+    }
+
+    /// The pinned version is checked against the wording served, not against the shape.
+    #[test]
+    fn prompt_format_version_pins_the_served_wording() {
+        let body = |v: u32| json!({"input": "x", "prompt_format_version": v, "questions": [{"id": "a", "type": "yes_no"}]});
+        let limits = Limits::default();
+        assert!(parse(&body(1), &limits, Some(PromptFormat::SGLANG_V1)).is_ok());
+        assert!(parse(&body(101), &limits, Some(PromptFormat::VLLM)).is_ok());
+        assert!(parse(&body(201), &limits, Some(PromptFormat::LIQUID_D1)).is_ok());
+        // No strategy: nothing to pin against; the route answers 501 after parsing.
+        assert!(parse(&body(7), &limits, None).is_ok());
+        match parse(&body(1), &limits, Some(PromptFormat::VLLM)) {
+            Err(DecisionError::Invalid(f)) => {
+                let message = &f[0].msg;
+                assert!(
+                    message.contains("serves version 101 (vllm wording)")
+                        && message.contains("--compat sglang"),
+                    "{message}"
+                );
+            }
+            _ => panic!("version 1 accepted under vLLM's wording"),
+        }
+        assert!(parse(&body(1), &limits, Some(PromptFormat::LIQUID_D1)).is_err());
     }
 
     #[test]

@@ -95,7 +95,6 @@ pub fn parse(
         questions,
         chat_template_kwargs,
         cache_salt,
-        wording: compat.systemone_wording(),
         media,
     })
 }
@@ -928,7 +927,7 @@ mod tests {
     }
 
     #[test]
-    fn vllm_profile_refuses_more_than_26_options_and_sglang_uses_its_wording() {
+    fn vllm_profile_refuses_more_than_26_options() {
         let options: Map<String, Value> = (0..27).map(|i| (format!("o{i}"), Value::Null)).collect();
         let body =
             json!({"state": "s", "questions": {"q": {"type": "choice", "criteria": options}}});
@@ -938,9 +937,5 @@ mod tests {
             Err(DecisionError::Invalid(f)) => assert!(f[0].msg.contains("at most 26")),
             other => panic!("{other:?}"),
         }
-        assert_eq!(
-            parse(&body, &limits(), Compat::Sglang).unwrap().wording,
-            crate::ir::Wording::Sglang
-        );
     }
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::chat::{checked_kwargs, ChatPrompts};
-use super::wording::{DIGITS, LETTERS};
-use super::ReadStrategy;
+use super::wording::{PromptFormat, DIGITS, LETTERS};
+use super::{ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
 use crate::ir::{ChoiceOption, DecisionRequest, Question, QuestionKind};
 use crate::json_text;
@@ -38,8 +38,12 @@ impl LiquidStrategy {
         Ok(LiquidStrategy { chat })
     }
 
-    pub fn boxed(model_dir: &Path, max_positions: usize) -> Result<Box<dyn ReadStrategy>, String> {
-        Self::load(model_dir, max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
+    /// Liquid d1 owns its wording: the profile's is not used.
+    pub fn boxed(
+        model_dir: &Path,
+        options: &StrategyOptions,
+    ) -> Result<Box<dyn ReadStrategy>, String> {
+        Self::load(model_dir, options.max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
     }
 
     /// The rendered prompt text of each question (for tests and debugging).
@@ -114,6 +118,10 @@ impl LiquidStrategy {
 impl ReadStrategy for LiquidStrategy {
     fn name(&self) -> &'static str {
         "liquid"
+    }
+
+    fn prompt_format(&self) -> PromptFormat {
+        PromptFormat::LIQUID_D1
     }
 
     fn refusal(&self, _kind: &QuestionKind) -> Option<String> {
@@ -391,7 +399,6 @@ mod tests {
             ],
             chat_template_kwargs: Default::default(),
             cache_salt: String::new(),
-            wording: Default::default(),
             media: Default::default(),
         };
         let reads = s.prepare(&request, usize::MAX).expect("prepares");
@@ -435,7 +442,6 @@ mod tests {
             )],
             chat_template_kwargs: Default::default(),
             cache_salt: String::new(),
-            wording: Default::default(),
             media: Default::default(),
         };
         let err = s.prepare(&request, usize::MAX).expect_err("refused");

@@ -18,11 +18,23 @@ use crate::read::ReadOutcome;
 pub use crate::read::{LabelGroup, PreparedRead};
 pub use next_token::NextTokenStrategy;
 pub use registry::strategy_for;
+use wording::{PromptFormat, Wording};
+
+/// What the registry loads a strategy with, besides the model folder.
+#[derive(Clone, Copy, Debug)]
+pub struct StrategyOptions {
+    /// The model's context length: prompts beyond it are refused.
+    pub max_positions: usize,
+    /// The profile's wording; a strategy that owns its wording (Liquid d1) ignores it.
+    pub wording: Wording,
+}
 
 /// Turns a decision request into reads, and their results into answers. One implementation per
 /// family of models, chosen by the registry (`strategy_for`).
 pub trait ReadStrategy: Send + Sync {
     fn name(&self) -> &'static str;
+    /// The wording this strategy renders in (`/info`, SGLang's `prompt_format_version`).
+    fn prompt_format(&self) -> PromptFormat;
     /// Why a question type cannot be served on this model, if it cannot.
     fn refusal(&self, kind: &QuestionKind) -> Option<String>;
     /// The media kinds this strategy reads; a request carrying any other kind is refused naming it.

@@ -4,24 +4,32 @@
 use std::path::Path;
 
 use super::chat::{checked_kwargs, ChatPrompts};
-use super::{kind_name, ReadStrategy};
+use super::wording::{PromptFormat, Wording};
+use super::{kind_name, ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
-use crate::ir::{DecisionRequest, QuestionKind, Wording};
+use crate::ir::{DecisionRequest, QuestionKind};
 use crate::read::{LabelGroup, PreparedRead};
 
 pub struct NextTokenStrategy {
     pub(crate) chat: ChatPrompts,
+    /// The profile's wording, the same on every route.
+    wording: Wording,
 }
 
 impl NextTokenStrategy {
-    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, String> {
+    pub fn load(model_dir: &Path, max_positions: usize, wording: Wording) -> Result<Self, String> {
         Ok(NextTokenStrategy {
             chat: ChatPrompts::load(model_dir, max_positions)?,
+            wording,
         })
     }
 
-    pub fn boxed(model_dir: &Path, max_positions: usize) -> Result<Box<dyn ReadStrategy>, String> {
-        Self::load(model_dir, max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
+    pub fn boxed(
+        model_dir: &Path,
+        options: &StrategyOptions,
+    ) -> Result<Box<dyn ReadStrategy>, String> {
+        Self::load(model_dir, options.max_positions, options.wording)
+            .map(|s| Box::new(s) as Box<dyn ReadStrategy>)
     }
 
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
@@ -31,7 +39,7 @@ impl NextTokenStrategy {
     /// The rendered prompt text of each question (for tests and debugging).
     pub fn render(&self, request: &DecisionRequest) -> Result<Vec<String>, DecisionError> {
         let kwargs = checked_kwargs(&request.chat_template_kwargs)?;
-        let wording = request.wording;
+        let wording = self.wording;
         let state = wording.state_text(&request.state);
         request
             .questions
@@ -72,8 +80,12 @@ impl ReadStrategy for NextTokenStrategy {
         "next_token"
     }
 
+    fn prompt_format(&self) -> PromptFormat {
+        self.wording.format()
+    }
+
     fn refusal(&self, kind: &QuestionKind) -> Option<String> {
-        self.label_sequences(kind, Wording::Vllm).err()
+        self.label_sequences(kind, self.wording).err()
     }
 
     fn prepare(
@@ -85,9 +97,9 @@ impl ReadStrategy for NextTokenStrategy {
         let mut label_sets = Vec::with_capacity(request.questions.len());
         for question in &request.questions {
             let labels = self
-                .label_sequences(&question.kind, request.wording)
+                .label_sequences(&question.kind, self.wording)
                 .map_err(DecisionError::NotServable)?;
-            let max = request.wording.max_arity(&question.kind);
+            let max = self.wording.max_arity(&question.kind);
             if question.kind.arity() > max {
                 return Err(DecisionError::NotServable(format!(
                     "question '{}': {} answers, but this read strategy labels at most {max}",
@@ -129,7 +141,6 @@ mod tests {
             questions,
             chat_template_kwargs: Map::new(),
             cache_salt: String::new(),
-            wording: Wording::Vllm,
             media: Default::default(),
         }
     }
@@ -169,7 +180,7 @@ mod tests {
     #[test]
     fn every_label_set_passes_on_both_fixtures() {
         for name in ["SmolLM2-135M-Instruct", "tiny-qwen3"] {
-            let s = NextTokenStrategy::load(&fixture_dir(name), 4096).unwrap();
+            let s = NextTokenStrategy::load(&fixture_dir(name), 4096, Wording::Vllm).unwrap();
             assert!(
                 s.chat.labels.letters.is_ok(),
                 "{name}: {:?}",
@@ -194,7 +205,7 @@ mod tests {
 
     #[test]
     fn qwen3_reply_prefix_is_after_the_empty_think_block() {
-        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 4096).unwrap();
+        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 4096, Wording::Vllm).unwrap();
         let reads = s.prepare(&request(all_kinds(3)), usize::MAX).unwrap();
         let text = s.render(&request(all_kinds(3))).unwrap();
         assert!(
@@ -217,7 +228,8 @@ mod tests {
 
     #[test]
     fn smollm2_prompt_is_the_chat_template_of_the_vllm_wording() {
-        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
+        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192, Wording::Vllm)
+            .unwrap();
         let text = s.render(&request(all_kinds(2))).unwrap();
         assert_eq!(
             text[0],
@@ -242,7 +254,8 @@ mod tests {
     /// parity run: 56 tokens against vLLM's 51 on the tiny Qwen3.5 before this rule).
     #[test]
     fn empty_instructions_give_no_system_turn() {
-        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
+        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192, Wording::Vllm)
+            .unwrap();
         let mut empty = request(all_kinds(2));
         empty.instructions = Some(String::new());
         let mut none = request(all_kinds(2));
@@ -253,7 +266,8 @@ mod tests {
 
     #[test]
     fn many_options_are_exact_sequences_closed_by_end_of_turn() {
-        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192).unwrap();
+        let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192, Wording::Vllm)
+            .unwrap();
         let reads = s.prepare(&request(all_kinds(255)), usize::MAX).unwrap();
         let labels = &reads[0].labels;
         assert_eq!(labels.len(), 255);
@@ -275,7 +289,7 @@ mod tests {
 
     #[test]
     fn thinking_on_and_prompts_too_long_are_refused() {
-        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 24).unwrap();
+        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 24, Wording::Vllm).unwrap();
         let mut r = request(all_kinds(2));
         r.chat_template_kwargs
             .insert("enable_thinking".into(), Value::Bool(true));
@@ -292,7 +306,8 @@ mod tests {
 
     #[test]
     fn a_huge_one_word_state_is_refused_before_tokenizing() {
-        let s = NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 1 << 30).unwrap();
+        let s =
+            NextTokenStrategy::load(&fixture_dir("tiny-qwen3"), 1 << 30, Wording::Vllm).unwrap();
         let mut huge = request(all_kinds(2));
         huge.state = serde_json::json!({ "ticket": "x".repeat(8 << 20) });
         let started = std::time::Instant::now();

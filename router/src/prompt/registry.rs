@@ -5,9 +5,9 @@ use std::path::Path;
 
 use super::liquid::LiquidStrategy;
 use super::next_token::NextTokenStrategy;
-use super::ReadStrategy;
+use super::{ReadStrategy, StrategyOptions};
 
-type Load = fn(&Path, usize) -> Result<Box<dyn ReadStrategy>, String>;
+type Load = fn(&Path, &StrategyOptions) -> Result<Box<dyn ReadStrategy>, String>;
 
 struct Entry {
     architectures: &'static [&'static str],
@@ -66,7 +66,7 @@ const REGISTRY: &[Entry] = &[
 pub fn strategy_for(
     architecture: &str,
     model_dir: &Path,
-    max_positions: usize,
+    options: &StrategyOptions,
 ) -> Result<Box<dyn ReadStrategy>, String> {
     let applies = |e: &&Entry| {
         e.architectures.contains(&architecture)
@@ -78,14 +78,14 @@ pub fn strategy_for(
         .find(applies)
         .or_else(|| REGISTRY.iter().filter(|e| e.marker.is_none()).find(applies));
     if let Some(entry) = entry {
-        return (entry.load)(model_dir, max_positions).map_err(|why| match entry.marker {
+        return (entry.load)(model_dir, options).map_err(|why| match entry.marker {
             Some(marker) => format!("architecture '{architecture}' with {marker}: {why}"),
             None => format!("architecture '{architecture}': {why}"),
         });
     }
     // Other causal language models read like Llama: one next-token read per question.
     if architecture.ends_with("ForCausalLM") || architecture.ends_with("LMHeadModel") {
-        return NextTokenStrategy::boxed(model_dir, max_positions);
+        return NextTokenStrategy::boxed(model_dir, options);
     }
     Err(format!(
         "no read strategy for architecture '{architecture}'; known: {}, and other causal language models (…ForCausalLM)",
@@ -111,6 +111,12 @@ fn known_architectures() -> Vec<&'static str> {
 mod tests {
     use super::*;
     use crate::prompt::fixture_dir;
+    use crate::prompt::wording::Wording;
+
+    const OPTIONS: StrategyOptions = StrategyOptions {
+        max_positions: 4096,
+        wording: Wording::Vllm,
+    };
 
     fn copy_of(fixture: &str, marker: Option<&str>) -> tempdir::Dir {
         let dir = tempdir::Dir::new();
@@ -168,41 +174,64 @@ mod tests {
             "Gemma4ForConditionalGeneration",
             "MistralForCausalLM",
         ] {
-            let s = strategy_for(arch, qwen.path(), 4096).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            let s =
+                strategy_for(arch, qwen.path(), &OPTIONS).unwrap_or_else(|e| panic!("{arch}: {e}"));
             assert_eq!(s.name(), "next_token", "{arch}");
         }
-        let s = strategy_for("Lfm2VlForConditionalGeneration", qwen.path(), 4096)
+        let s = strategy_for("Lfm2VlForConditionalGeneration", qwen.path(), &OPTIONS)
             .expect("liquid loads");
         assert_eq!(s.name(), "liquid");
+    }
+
+    /// The profile's wording reaches next-token strategies; Liquid d1 keeps its own under any profile.
+    #[test]
+    fn wording_comes_from_the_profile_and_the_strategy() {
+        use crate::prompt::wording::PromptFormat;
+        let qwen = copy_of("tiny-qwen3", None);
+        for (wording, format) in [
+            (Wording::Vllm, PromptFormat::VLLM),
+            (Wording::Sglang, PromptFormat::SGLANG_V1),
+        ] {
+            let options = StrategyOptions { wording, ..OPTIONS };
+            let s = strategy_for("Qwen3ForCausalLM", qwen.path(), &options).expect("loads");
+            assert_eq!(s.prompt_format(), format);
+            let s = strategy_for("Lfm2VlForConditionalGeneration", qwen.path(), &options)
+                .expect("loads");
+            assert_eq!(s.prompt_format(), PromptFormat::LIQUID_D1);
+        }
     }
 
     #[test]
     fn a_marker_file_is_never_read_with_the_plain_strategy() {
         let clef = copy_of("tiny-qwen3", Some("joint_head_config.json"));
-        let err = strategy_for("Qwen3_5ForConditionalGeneration", clef.path(), 4096)
+        let err = strategy_for("Qwen3_5ForConditionalGeneration", clef.path(), &OPTIONS)
             .err()
             .expect("refused");
         assert!(
             err.contains("Clef-Flash") && err.contains("joint_head_config.json"),
             "{err}"
         );
-        let err = strategy_for("Qwen3OmniMoeForConditionalGeneration", clef.path(), 4096)
-            .err()
-            .expect("refused");
+        let err = strategy_for(
+            "Qwen3OmniMoeForConditionalGeneration",
+            clef.path(),
+            &OPTIONS,
+        )
+        .err()
+        .expect("refused");
         assert!(err.contains("Clef-Omni"), "{err}");
         // Without the marker the same architecture is a plain next-token model.
         let plain = copy_of("tiny-qwen3", None);
-        assert!(strategy_for("Qwen3_5ForConditionalGeneration", plain.path(), 4096).is_ok());
+        assert!(strategy_for("Qwen3_5ForConditionalGeneration", plain.path(), &OPTIONS).is_ok());
     }
 
     #[test]
     fn unknown_and_unserved_architectures_are_refused_by_name() {
         let qwen = copy_of("tiny-qwen3", None);
-        let err = strategy_for("DiffusionGemmaForBlockDiffusion", qwen.path(), 4096)
+        let err = strategy_for("DiffusionGemmaForBlockDiffusion", qwen.path(), &OPTIONS)
             .err()
             .expect("refused");
         assert!(err.contains("canvas read strategy"), "{err}");
-        let err = strategy_for("BertForMaskedLM", qwen.path(), 4096)
+        let err = strategy_for("BertForMaskedLM", qwen.path(), &OPTIONS)
             .err()
             .expect("refused");
         assert!(

@@ -1,10 +1,44 @@
 //! The exact prompt texts of the reference servers (spec/PROMPTS.md §1): how a question becomes the
 //! user message, and which label each option is answered with.
 
-pub use crate::ir::Wording;
 use crate::ir::{Question, QuestionKind};
 use crate::json_text::{self, Separators};
 use serde_json::Value;
+
+/// The prompt wording of a reference server (spec/PROMPTS.md §1 and §2). The profile picks it
+/// (`Compat::wording`) for every route alike; a strategy with its own wording (Liquid d1) ignores it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Wording {
+    /// vLLM's: the default and `vllm` profiles.
+    #[default]
+    Vllm,
+    /// SGLang's prompt_format_version 1: the `sglang` profile.
+    Sglang,
+}
+
+/// The prompt wording a server renders in, as `/info` and SGLang's `prompt_format_version` name it.
+/// Versions below 100 are SGLang's own numbers for the same texts SGLang serves under them; the
+/// others are ours, one per wording, so a client that pins a version never gets another wording.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptFormat {
+    pub name: &'static str,
+    pub version: u32,
+}
+
+impl PromptFormat {
+    pub const SGLANG_V1: PromptFormat = PromptFormat {
+        name: "sglang",
+        version: 1,
+    };
+    pub const VLLM: PromptFormat = PromptFormat {
+        name: "vllm",
+        version: 101,
+    };
+    pub const LIQUID_D1: PromptFormat = PromptFormat {
+        name: "liquid_d1",
+        version: 201,
+    };
+}
 
 pub const CHOICE_REPLY: &str = "Answer with the letter of one option only.";
 pub const YES_NO_REPLY: &str = "Answer with yes or no only.";
@@ -56,6 +90,13 @@ pub enum LabelScheme {
 }
 
 impl Wording {
+    pub fn format(&self) -> PromptFormat {
+        match self {
+            Wording::Vllm => PromptFormat::VLLM,
+            Wording::Sglang => PromptFormat::SGLANG_V1,
+        }
+    }
+
     /// State text. vLLM: a string as is, else `json.dumps(x, ensure_ascii=False)`;
     /// SGLang: null is empty, a string as is, else compact JSON.
     pub fn state_text(&self, state: &Value) -> String {
