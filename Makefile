@@ -1,12 +1,15 @@
 # One set-up for everything: `make run` serves the embedded default model, `make test` runs every suite.
 # Heavy artefacts live in a per-user cache so that a fresh clone on the same machine reuses them: the
-# third-party Python packages (DEPS_VENV), Rust build outputs (CARGO_TARGET_DIR) and converted models.
+# third-party Python packages (DEPS_VENV, one per lock), Rust build outputs (CARGO_TARGET_DIR) and converted models.
 # Each clone gets its own small `.venv` layered on DEPS_VENV (a .pth line), holding this clone's packages
 # (editable) and binaries, so two clones never point each other's entry points at the wrong tree.
 
 SHELL := /bin/bash
 CACHE_DIR ?= $(HOME)/.cache/decision-inference
-DEPS_VENV := $(CACHE_DIR)/venv
+# Keyed by the lock, so clones on one machine with different locks never re-sync each other's environment
+# (uv hard-links packages from its cache: a second environment costs little disk). The two newest are kept.
+LOCK_HASH := $(shell cat uv.lock 2>/dev/null | sha256sum | cut -c1-16)
+DEPS_VENV := $(CACHE_DIR)/venv-$(LOCK_HASH)
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 3000
@@ -18,7 +21,7 @@ export TRANSFORMERS_OFFLINE := 1
 # uv installs the one lock (uv.lock, the workspace in pyproject.toml); uv itself is pinned and lives in its own venv.
 UV_VERSION := 0.13.9
 UV := $(CACHE_DIR)/uv-$(UV_VERSION)/bin/uv
-STAMP := $(DEPS_VENV)/.installed-$(shell cat uv.lock 2>/dev/null | sha256sum | cut -c1-16)
+STAMP := $(DEPS_VENV)/.installed
 LOCAL_PACKAGES := -e ./server -e ./bench
 
 .PHONY: image lock-check install venv stubs rust fixtures run test test-rust test-python test-integration lint clean
@@ -41,10 +44,11 @@ $(UV):
 # Exactly the lock's third-party packages (sync removes anything else); the workspace's own packages are not in it.
 $(STAMP): uv.lock | $(UV)
 	@test -x $(DEPS_VENV)/bin/python || python3 -m venv --without-pip $(DEPS_VENV)
-	$(UV) export -q --frozen --all-packages --no-emit-workspace --format requirements-txt -o $(CACHE_DIR)/locked.txt
-	$(UV) pip sync -q --python $(DEPS_VENV)/bin/python $(CACHE_DIR)/locked.txt
-	@rm -f $(DEPS_VENV)/.installed-*
+	$(UV) export -q --frozen --all-packages --no-emit-workspace --format requirements-txt -o $(DEPS_VENV)/locked.txt
+	$(UV) pip sync -q --python $(DEPS_VENV)/bin/python $(DEPS_VENV)/locked.txt
 	@touch $@
+	@# Older lock environments beyond the newest two go (another clone may still use the previous one).
+	@ls -dt $(CACHE_DIR)/venv-* 2>/dev/null | tail -n +3 | xargs -r rm -rf
 
 # The lock must match every pyproject.toml (CI runs this before the tests).
 lock-check: $(UV)
@@ -64,10 +68,13 @@ run: install
 # The embedded default model and tiny random-weight models of every served architecture (tiny Qwen3 and
 # Qwen3.5 with their real tokenizers; LFM2-VL and Gemma4 with small synthetic ones), each built once.
 HYBRID_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl tiny-gemma4 tiny-gemma4-mm
+# Fixtures that ship their processor (image reads); a cached copy from before they did is rebuilt.
+PROCESSOR_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl
 fixtures: venv
 	@$(VENV)/bin/decision-server export-default --out $(CACHE_DIR)/models/SmolLM2-135M-Instruct
 	@# Folders are published atomically, so one with a config.json is complete (skips a 10 s torch import each).
-	@for name in tiny-qwen3 $(HYBRID_FIXTURES); do test -f $(CACHE_DIR)/models/$$name/config.json || \
+	@for name in tiny-qwen3 $(HYBRID_FIXTURES); do test -f $(CACHE_DIR)/models/$$name/config.json && \
+		{ [[ " $(PROCESSOR_FIXTURES) " != *" $$name "* ]] || test -f $(CACHE_DIR)/models/$$name/processor_config.json; } || \
 		$(VENV)/bin/decision-server make-fixture $$name --out $(CACHE_DIR)/models/$$name || exit 1; done
 
 test: lock-check install fixtures image test-rust test-python test-integration

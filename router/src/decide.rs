@@ -128,7 +128,7 @@ mod tests {
     fn read(ids: &[u32]) -> PreparedRead {
         PreparedRead {
             token_ids: ids.to_vec(),
-            labels: vec![],
+            ..Default::default()
         }
     }
 

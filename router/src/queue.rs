@@ -329,6 +329,7 @@ mod tests {
                             id: r.id,
                             tokens_computed: read.token_ids.len() as u32,
                             tokens_cached: 0,
+                            media_tokens: 0,
                             kind: Some(pb::read_result::Kind::NextToken(pb::NextTokenResult {
                                 labels: vec![pb::LabelGroupLogprobs {
                                     variant_logprobs: vec![-(read.token_ids[0] as f64)],
@@ -349,6 +350,7 @@ mod tests {
             .map(|&t| PreparedRead {
                 token_ids: vec![t, 1, 2],
                 labels: vec![LabelGroup::single(vec![7])],
+                ..Default::default()
             })
             .collect()
     }

@@ -1,7 +1,11 @@
 //! One read as the router sends it to the shards and what comes back, in the contract's terms (a kind
 //! per read and per result). Every result is checked against its read before anything uses it.
 
+use std::sync::Arc;
+
 use decision_proto::v1 as pb;
+
+use crate::ir::Modality;
 
 /// One allowed answer and every token sequence that spells it ("yes", "Yes", "YES"; "A", " A").
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,11 +22,24 @@ impl LabelGroup {
     }
 }
 
-/// One question ready for the shard: its whole prompt and the label groups read after it.
+/// One media input as fetched, ready for the shard's processor.
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadMedia {
+    pub modality: Modality,
+    /// The request field and position (`images.0`): shard errors about it name it.
+    pub name: String,
+    pub data: Arc<[u8]>,
+    /// Hex sha256 of `data`.
+    pub sha256: String,
+}
+
+/// One question ready for the shard: its whole prompt, the label groups read after it, and the media
+/// its placeholder tokens stand for (shared by every read of a request).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PreparedRead {
     pub token_ids: Vec<u32>,
     pub labels: Vec<LabelGroup>,
+    pub media: Arc<[ReadMedia]>,
 }
 
 impl PreparedRead {
@@ -47,9 +64,24 @@ impl PreparedRead {
                     .collect(),
             })
             .collect();
+        let media = self
+            .media
+            .iter()
+            .map(|m| pb::MediaItem {
+                modality: match m.modality {
+                    Modality::Image => pb::Modality::Image,
+                    Modality::Audio => pb::Modality::Audio,
+                    Modality::Video => pb::Modality::Video,
+                } as i32,
+                data: m.data.to_vec(),
+                sha256: m.sha256.clone(),
+                name: m.name.clone(),
+            })
+            .collect();
         pb::Read {
             id,
             cache_salt: cache_salt.to_owned(),
+            media,
             kind: Some(pb::read::Kind::NextToken(pb::NextTokenRead {
                 token_ids: self.token_ids.clone(),
                 labels,
@@ -66,6 +98,8 @@ pub struct ReadOutcome {
     pub greedy_token_id: u32,
     pub tokens_computed: u32,
     pub tokens_cached: u32,
+    /// Tokens the read's media expanded into (part of `tokens_computed`).
+    pub media_tokens: u32,
 }
 
 impl ReadOutcome {
@@ -77,6 +111,12 @@ impl ReadOutcome {
             Some(pb::read_result::Kind::NextToken(r)) => r,
             None => return Err("the shard's result has no kind (expected next_token)".into()),
         };
+        if read.media.is_empty() && result.media_tokens != 0 {
+            return Err(format!(
+                "the shard counted {} media tokens for a read without media",
+                result.media_tokens
+            ));
+        }
         if next_token.labels.len() != read.labels.len() {
             return Err(format!(
                 "the shard returned {} label groups for a read of {}",
@@ -107,6 +147,7 @@ impl ReadOutcome {
             greedy_token_id: next_token.greedy_token_id,
             tokens_computed: result.tokens_computed,
             tokens_cached: result.tokens_cached,
+            media_tokens: result.media_tokens,
         })
     }
 
@@ -142,6 +183,7 @@ mod tests {
                 },
                 LabelGroup::single(vec![20, 21]),
             ],
+            ..Default::default()
         }
     }
 
@@ -150,6 +192,7 @@ mod tests {
             id: 0,
             tokens_computed: 3,
             tokens_cached: 0,
+            media_tokens: 0,
             kind: Some(pb::read_result::Kind::NextToken(pb::NextTokenResult {
                 labels: groups
                     .into_iter()

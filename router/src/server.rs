@@ -22,6 +22,7 @@ use crate::api::{self, openai, sglang, systemone};
 use crate::config::Config;
 use crate::decide::Decider;
 use crate::error::{DecisionError, FieldError};
+use crate::ir::Modality;
 use crate::limits::Limits;
 use crate::profile::Shape;
 use crate::prompt;
@@ -91,6 +92,19 @@ pub async fn run(config: Config) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// The media kinds the shard's model folder can process, as its Info reports them.
+fn shard_modalities(info: &decision_proto::v1::InfoResponse) -> Vec<Modality> {
+    use decision_proto::v1::Modality as Pb;
+    info.modalities()
+        .filter_map(|m| match m {
+            Pb::Image => Some(Modality::Image),
+            Pb::Audio => Some(Modality::Audio),
+            Pb::Video => Some(Modality::Video),
+            Pb::Unspecified => None,
+        })
+        .collect()
+}
+
 pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String> {
     let model_name = config.served_model_name.clone().unwrap_or_else(|| {
         config
@@ -106,6 +120,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         &prompt::StrategyOptions {
             max_positions: max_positions.max(1),
             wording: config.compat.wording(),
+            modalities: shard_modalities(&shards.info),
         },
     )
     .map(Arc::from);
@@ -504,6 +519,7 @@ async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
         "implementation": info.implementation,
         "matmul": info.matmul,
         "read_strategy": state.decider.strategy.as_ref().map(|s| s.name()).unwrap_or("none"),
+        "modalities": state.decider.strategy.as_ref().map(|s| s.modalities().iter().map(|m| m.field()).collect::<Vec<_>>()).unwrap_or_default(),
         "prompt_format": state.decider.prompt_format().map(|f| json!({"name": f.name, "version": f.version})),
         "refusals": refusals,
         "max_position_embeddings": info.max_position_embeddings,

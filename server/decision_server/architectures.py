@@ -53,22 +53,36 @@ class Architecture:
     model_class: str | None = None
     # Called before every forward: resets state a module keeps between calls.
     prepare_forward: Callable[[Any], None] | None = None
+    # The media its reads take, when the folder ships the model's processor (the reference reads images only).
+    media: frozenset[str] = frozenset()
+    # Images larger than this many pixels are shrunk (by area, bicubic) before the processor (Liquid d1's rule).
+    image_area_cap: int | None = None
+    # The forward takes the processor's `mm_token_type_ids` (which tokens are image / video placeholders).
+    mm_token_type_ids: bool = False
 
     @property
     def transformers_class(self) -> str:
         return self.model_class or self.name
 
 
+IMAGES = frozenset({"image"})
+
 ARCHITECTURES: dict[str, Architecture] = {
     entry.name: entry
     for entry in (
         Architecture("LlamaForCausalLM", DECODER),
         Architecture("Qwen3ForCausalLM", DECODER),
-        Architecture("Qwen3_5ForConditionalGeneration", TRANSFORMERS, prepare_forward=reset_rope_deltas),
-        Architecture("Qwen3_5MoeForConditionalGeneration", TRANSFORMERS, prepare_forward=reset_rope_deltas),
+        Architecture(
+            "Qwen3_5ForConditionalGeneration", TRANSFORMERS, prepare_forward=reset_rope_deltas,
+            media=IMAGES, mm_token_type_ids=True,
+        ),
+        Architecture(
+            "Qwen3_5MoeForConditionalGeneration", TRANSFORMERS, prepare_forward=reset_rope_deltas,
+            media=IMAGES, mm_token_type_ids=True,
+        ),
         Architecture("Gemma4ForCausalLM", TRANSFORMERS),
-        Architecture("Gemma4ForConditionalGeneration", TRANSFORMERS),
-        Architecture("Lfm2VlForConditionalGeneration", TRANSFORMERS),
+        Architecture("Gemma4ForConditionalGeneration", TRANSFORMERS, media=IMAGES),
+        Architecture("Lfm2VlForConditionalGeneration", TRANSFORMERS, media=IMAGES, image_area_cap=1024 * 1024),
     )
 }
 

@@ -8,11 +8,15 @@ import torch
 
 from decision_server.distributed import CollectiveError
 from decision_server.engines.types import InvalidReadError
+from decision_server.media import MediaError
 
 
 def grpc_status_for(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, InvalidReadError):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, MediaError):
+        # The client's medium, not the router's read: the router answers 400 naming `exc.name`.
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, CollectiveError):
         # A peer rank died or stopped following: this shard cannot compute any more reads.
         return grpc.StatusCode.UNAVAILABLE, f"tensor-parallel group failed: {exc}"

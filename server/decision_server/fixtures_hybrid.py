@@ -295,12 +295,18 @@ class HybridFixture:
     moe: bool = False
     # Gemma4 only: the image-text model (a tiny vision tower beside the same text layers) instead of the text one.
     multimodal: bool = False
+    # Ships the model's processor (`processor_config.json`), so the shard reads images with it.
+    processor: bool = False
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (*HYBRID_FIXTURE_FILES, PROCESSOR_FILE) if self.processor else HYBRID_FIXTURE_FILES
 
 
 HYBRID_FIXTURES: dict[str, HybridFixture] = {
-    "tiny-qwen3.5": HybridFixture("Qwen3_5ForConditionalGeneration", "qwen3_5"),
-    "tiny-qwen3.5-moe": HybridFixture("Qwen3_5MoeForConditionalGeneration", "qwen3_5", moe=True),
-    "tiny-lfm2-vl": HybridFixture("Lfm2VlForConditionalGeneration", "lfm2_vl"),
+    "tiny-qwen3.5": HybridFixture("Qwen3_5ForConditionalGeneration", "qwen3_5", processor=True),
+    "tiny-qwen3.5-moe": HybridFixture("Qwen3_5MoeForConditionalGeneration", "qwen3_5", moe=True, processor=True),
+    "tiny-lfm2-vl": HybridFixture("Lfm2VlForConditionalGeneration", "lfm2_vl", processor=True),
     "tiny-gemma4": HybridFixture("Gemma4ForCausalLM", "gemma4"),
     "tiny-gemma4-mm": HybridFixture("Gemma4ForConditionalGeneration", "gemma4", multimodal=True),
 }
@@ -316,7 +322,7 @@ def make_hybrid_fixture(name: str, out: Path, seed: int = 0) -> bool:
     def build(tmp: Path) -> dict[str, Any]:
         return _build(name, fixture, seed, tmp)
 
-    built = build_folder_atomically(out, HYBRID_FIXTURE_FILES, build)
+    built = build_folder_atomically(out, fixture.files, build)
     if not built:
         logger.info("fixture already complete", extra={"fields": {"path": str(out)}})
     return built
@@ -356,8 +362,50 @@ def _build(name: str, fixture: HybridFixture, seed: int, tmp: Path) -> dict[str,
     elif fixture.family == "gemma4":
         section = "text_config" if fixture.multimodal else None
         _add_config_keys(tmp, {"global_head_dim": _GEMMA4_GLOBAL_HEAD_DIM}, section)
+    if fixture.processor:
+        _write_processor(tmp, fixture.family)
     progress.finish(f"built {name}")
     return {"kind": f"random-{fixture.family}", "fixture": name, "seed": seed, "dtype": "float32"}
+
+
+PROCESSOR_FILE = "processor_config.json"
+
+
+def _write_processor(folder: Path, family: str) -> None:
+    """The model's own processor, sized to the tiny vision towers (few patches per image), saved beside the weights
+    the way checkpoints ship it. Only `processor_config.json` is kept: the tokenizer files are the fixture's own."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    processor: Any
+    if family == "lfm2_vl":
+        from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
+
+        # 16-pixel patches, merged 2x2: 16 to 64 image tokens per image, one tile (no splitting) at this size.
+        image_processor = Lfm2VlImageProcessor(
+            encoder_patch_size=16, downsample_factor=2, min_image_tokens=16, max_image_tokens=64,
+            do_image_splitting=False,
+        )
+        processor = Lfm2VlProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    elif family == "qwen3_5":
+        from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+        patches = {"patch_size": _QWEN3_5_VISION["patch_size"], "merge_size": _QWEN3_5_VISION["spatial_merge_size"],
+                   "temporal_patch_size": _QWEN3_5_VISION["temporal_patch_size"]}
+        # At most 256x256 pixels per image: 64 image tokens after the 2x2 merge.
+        image_processor = Qwen2VLImageProcessor(**patches, size={"shortest_edge": 32 * 32, "longest_edge": 256 * 256})
+        processor = Qwen3VLProcessor(
+            image_processor=image_processor, tokenizer=tokenizer, video_processor=Qwen3VLVideoProcessor(**patches)
+        )
+    else:
+        raise ValueError(f"no processor for the {family} fixtures")
+    with tempfile.TemporaryDirectory() as scratch:
+        processor.save_pretrained(scratch)
+        shutil.copy(Path(scratch) / PROCESSOR_FILE, folder / PROCESSOR_FILE)
 
 
 # --- Qwen3.5 ----------------------------------------------------------------------------------------------------

@@ -134,6 +134,11 @@ class LoadedModel(ABC):
     def weight_bytes(self) -> int:
         """Bytes of the weights this rank holds."""
 
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        """The media kinds this model folder processes (a processor ships beside the weights); none by default."""
+        return ()
+
     def new_state(self) -> ModelState:
         """The state before any token, for `continue_state`."""
         return KeyValueState()

@@ -8,12 +8,14 @@ import logging
 import math
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TypeVar
 
 import grpc
 
 from decision_server.engines import BatchOutcome, Engine, InvalidReadError, ReadSpec
 from decision_server.errors import grpc_status_for, is_fatal
+from decision_server.media import AUDIO, IMAGE, VIDEO, MediaItem
 from decision_server.model_base import LoadedModel, dtype_name
 from decision_server.pb import decision_pb2, decision_pb2_grpc
 
@@ -28,6 +30,9 @@ class ProbeError(RuntimeError):
 
 # The read kinds this shard computes; the others of the proto's oneof are refused as INVALID_ARGUMENT.
 READ_KINDS = ("next_token",)
+MODALITIES = {decision_pb2.IMAGE: IMAGE, decision_pb2.AUDIO: AUDIO, decision_pb2.VIDEO: VIDEO}
+# Media decoding and processing run on their own threads, so they never hold up the model thread's reads.
+MEDIA_THREADS = 2
 
 
 def read_spec(read: decision_pb2.Read) -> ReadSpec:
@@ -42,12 +47,18 @@ def read_spec(read: decision_pb2.Read) -> ReadSpec:
     for index, group in enumerate(next_token.labels):
         if not group.variants:
             raise InvalidReadError(read.id, f"label {index} has no variants")
+    media = []
+    for index, item in enumerate(read.media):
+        if item.modality not in MODALITIES:
+            raise InvalidReadError(read.id, f"media item {index} has no modality")
+        media.append(MediaItem(MODALITIES[item.modality], item.data, item.sha256, item.name or f"media.{index}"))
     return ReadSpec(
         id=read.id,
         prompt=tuple(next_token.token_ids),
         labels=tuple(tuple(variant.token_ids) for group in next_token.labels for variant in group.variants),
         cache_salt=read.cache_salt,
         group_sizes=tuple(len(group.variants) for group in next_token.labels),
+        media=tuple(media),
     )
 
 
@@ -74,6 +85,7 @@ def read_response(specs: list[ReadSpec], batch: BatchOutcome) -> decision_pb2.Re
                 id=outcome.id,
                 tokens_computed=outcome.tokens_computed,
                 tokens_cached=outcome.tokens_cached,
+                media_tokens=outcome.media_tokens,
                 next_token=next_token_result(spec, outcome.label_logprobs, outcome.greedy_token_id),
             )
             for spec, outcome in zip(specs, batch.outcomes, strict=True)
@@ -94,9 +106,11 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         self._on_fatal = on_fatal
         # One thread: reads are serialised (each already uses every core) and never race on the model.
         self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reads")
+        self._media_threads = ThreadPoolExecutor(max_workers=MEDIA_THREADS, thread_name_prefix="media")
 
     def close(self) -> None:
         self._model_thread.shutdown(wait=False, cancel_futures=True)
+        self._media_threads.shutdown(wait=False, cancel_futures=True)
 
     async def Info(
         self, request: decision_pb2.InfoRequest, context: grpc.aio.ServicerContext
@@ -126,6 +140,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             engine=self._engine.name,
             matmul=model.matmul,
             implementation=model.implementation,
+            modalities=[code for code, name in MODALITIES.items() if name in model.modalities],
         )
 
     async def _health(self) -> decision_pb2.HealthResponse:
@@ -136,8 +151,9 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         return decision_pb2.HealthResponse(probe=probe)
 
     async def _read(self, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
+        specs = await self._with_media(read_specs(request))
+
         def work() -> decision_pb2.ReadResponse:
-            specs = read_specs(request)
             batch = self._engine.run(specs)
             logger.debug(
                 "read batch",
@@ -154,6 +170,27 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._model_thread, work)
+
+    async def _with_media(self, specs: list[ReadSpec]) -> list[ReadSpec]:
+        """Reads with media, processed by the model's processor on the media threads (decoding an image must not
+        hold up other requests' reads on the model thread)."""
+        if not any(spec.media for spec in specs):
+            return specs
+        processor = getattr(self._model, "media", None)
+        if processor is None:
+            first = next(spec for spec in specs if spec.media)
+            raise InvalidReadError(first.id, "this model folder has no processor: it reads no media")
+        loop = asyncio.get_running_loop()
+
+        async def processed(spec: ReadSpec) -> ReadSpec:
+            if not spec.media:
+                return spec
+            prompt = await loop.run_in_executor(
+                self._media_threads, processor.prepare, spec.id, spec.prompt, spec.media
+            )
+            return replace(spec, media_prompt=prompt)
+
+        return list(await asyncio.gather(*(processed(spec) for spec in specs)))
 
     def _breaks_group(self, rpc: str, code: grpc.StatusCode) -> bool:
         """A rank that fails in the middle of a read leaves its peers waiting in a collective (or ahead of it by

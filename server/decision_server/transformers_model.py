@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,8 @@ import torch
 
 from decision_server.architectures import lookup
 from decision_server.model_base import LoadedModel, ModelState, ScoredPass, ScoreRequest
+from decision_server.media import MediaPrompt
+from decision_server.multimodal import MediaProcessor
 from decision_server.prefix_cache import KeyValues
 
 
@@ -53,6 +55,41 @@ class TransformersModel(LoadedModel):
     # Run before every forward: per-architecture fixes of state a module keeps between calls (architectures.py).
     prepare_forward: Callable[[Any], None] | None = None
     implementation: str = "transformers"
+    # The folder's processor, when the architecture reads media and one ships (multimodal.py).
+    media: MediaProcessor | None = None
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return self.media.modalities if self.media is not None else ()
+
+    def score_media(self, prompt: MediaPrompt, extra: Sequence[int], request: ScoreRequest) -> ScoredPass:
+        """One plain forward over a processed media prompt followed by `extra` tokens (a multi-token label's
+        prefix); `request` says which rows to read, counted over the whole sequence. Positions are the model's own
+        (M-RoPE for Qwen3.5 comes from the processor's grids), and no state is kept for later passes."""
+        from decision_server.scoring import argmax_rows, gather, log_probs
+
+        device = self.device
+        ids = torch.tensor([[*prompt.input_ids, *extra]], dtype=torch.long, device=device)
+        tensors = {key: value.to(device) for key, value in prompt.tensors.items()}
+        if "mm_token_type_ids" in tensors and extra:
+            padding = torch.zeros((1, len(extra)), dtype=tensors["mm_token_type_ids"].dtype, device=device)
+            tensors["mm_token_type_ids"] = torch.cat((tensors["mm_token_type_ids"], padding), dim=1)
+        for key, value in tensors.items():
+            if value.is_floating_point():
+                tensors[key] = value.to(self.dtype)
+        with torch.inference_mode():
+            output = self._call(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                logits_to_keep=torch.tensor(request.keep, dtype=torch.long, device=device),
+                use_cache=False,
+                **tensors,
+            )
+            logprobs = log_probs(output.logits[0].float())
+        return ScoredPass(
+            label_logprobs=gather(logprobs, request.label_rows, request.label_tokens),
+            greedy_tokens=argmax_rows(logprobs, request.greedy_rows),
+        )
 
     @property
     def text_config(self) -> Any:
@@ -233,6 +270,7 @@ def wrap_module(module: Any, path: Path, device: torch.device, dtype: torch.dtyp
         max_position_embeddings=int(getattr(text_config, "max_position_embeddings", 0) or 0),
         attn_implementation=str(config._attn_implementation),
         prepare_forward=lookup(architecture).prepare_forward,
+        media=MediaProcessor.for_folder(path, lookup(architecture)),
     )
     if loaded.max_position_embeddings <= 0:
         raise ValueError(f"{path}: config has no max_position_embeddings")

@@ -8,9 +8,10 @@ use tokenizers::Tokenizer;
 
 use super::encode::PromptEncoder;
 use super::labels::LabelVocabulary;
-use super::template::{ChatTemplate, Message};
+use super::template::{ChatTemplate, Message, Part};
 use super::token_bound::TokenBound;
 use crate::error::DecisionError;
+use crate::ir::{Media, Modality};
 use crate::read::LabelGroup;
 
 pub struct ChatPrompts {
@@ -59,20 +60,38 @@ impl ChatPrompts {
     }
 
     /// The conversation of one question: request-level instructions as a system message (when the
-    /// strategy's wording has one), else leading the user message.
+    /// strategy's wording has one), else leading the user message; the media placeholders come first
+    /// in the user message, before the state.
     pub fn messages(
         instructions: Option<&str>,
         system_message: bool,
+        media: &[Part],
         user: String,
     ) -> Vec<Message> {
+        let user_message = |text: String| Message::with_media("user", media.to_vec(), text);
         match instructions {
             Some(instructions) if system_message => vec![
                 Message::new("system", instructions),
-                Message::new("user", user),
+                user_message(user),
             ],
-            Some(instructions) => vec![Message::new("user", format!("{instructions}\n\n{user}"))],
-            None => vec![Message::new("user", user)],
+            Some(instructions) => vec![user_message(format!("{instructions}\n\n{user}"))],
+            None => vec![user_message(user)],
         }
+    }
+
+    /// One placeholder part per media item, in the order the read carries them: images, audio, videos.
+    pub fn media_parts(media: &Media) -> Vec<Part> {
+        Modality::ALL
+            .into_iter()
+            .flat_map(|m| {
+                let part = match m {
+                    Modality::Image => Part::Image,
+                    Modality::Audio => Part::Audio,
+                    Modality::Video => Part::Video,
+                };
+                std::iter::repeat_n(part, media.of(m).len())
+            })
+            .collect()
     }
 
     /// The prompt text of one conversation, reply prefix last, thinking off.
@@ -207,20 +226,38 @@ mod tests {
 
     #[test]
     fn instructions_are_a_system_message_or_lead_the_user_message() {
-        let system = ChatPrompts::messages(Some("ctx"), true, "q".into());
+        let system = ChatPrompts::messages(Some("ctx"), true, &[], "q".into());
         assert_eq!(
             (
                 system.len(),
                 system[0].role.as_str(),
-                system[1].content.as_str()
+                system[1].content.text()
             ),
-            (2, "system", "q")
+            (2, "system", "q".to_owned())
         );
-        let leading = ChatPrompts::messages(Some("ctx"), false, "q".into());
+        let leading = ChatPrompts::messages(Some("ctx"), false, &[], "q".into());
         assert_eq!(
-            (leading.len(), leading[0].content.as_str()),
-            (1, "ctx\n\nq")
+            (leading.len(), leading[0].content.text()),
+            (1, "ctx\n\nq".to_owned())
         );
-        assert_eq!(ChatPrompts::messages(None, true, "q".into()).len(), 1);
+        assert_eq!(ChatPrompts::messages(None, true, &[], "q".into()).len(), 1);
+    }
+
+    #[test]
+    fn media_placeholders_lead_the_user_message_in_field_order() {
+        use crate::prompt::template::Content;
+        let media = Media {
+            images: vec!["a".into(), "b".into()],
+            audio: vec![],
+            videos: vec!["v".into()],
+        };
+        let parts = ChatPrompts::media_parts(&media);
+        assert_eq!(parts, vec![Part::Image, Part::Image, Part::Video]);
+        let messages = ChatPrompts::messages(Some("ctx"), true, &parts, "state".into());
+        assert_eq!(messages[0].content, Content::Text("ctx".into()));
+        let expected = serde_json::json!([
+            {"type": "image"}, {"type": "image"}, {"type": "video"}, {"type": "text", "text": "state"}
+        ]);
+        assert_eq!(serde_json::to_value(&messages[1].content).unwrap(), expected);
     }
 }

@@ -9,7 +9,7 @@ use super::chat::{checked_kwargs, ChatPrompts};
 use super::wording::{PromptFormat, DIGITS, LETTERS};
 use super::{ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
-use crate::ir::{ChoiceOption, DecisionRequest, Question, QuestionKind};
+use crate::ir::{ChoiceOption, DecisionRequest, Modality, Question, QuestionKind};
 use crate::json_text;
 use crate::read::{LabelGroup, PreparedRead};
 
@@ -18,6 +18,8 @@ pub const YES_NO_REPLY: &str = "Reply with yes or no only.";
 
 pub struct LiquidStrategy {
     chat: ChatPrompts,
+    /// Images, when the folder has the model's processor.
+    modalities: Vec<Modality>,
 }
 
 impl LiquidStrategy {
@@ -35,7 +37,10 @@ impl LiquidStrategy {
                 ));
             }
         }
-        Ok(LiquidStrategy { chat })
+        Ok(LiquidStrategy {
+            chat,
+            modalities: Vec::new(),
+        })
     }
 
     /// Liquid d1 owns its wording: the profile's is not used.
@@ -43,7 +48,9 @@ impl LiquidStrategy {
         model_dir: &Path,
         options: &StrategyOptions,
     ) -> Result<Box<dyn ReadStrategy>, String> {
-        Self::load(model_dir, options.max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
+        let mut strategy = Self::load(model_dir, options.max_positions)?;
+        strategy.modalities = options.modalities.clone();
+        Ok(Box::new(strategy))
     }
 
     /// The rendered prompt text of each question (for tests and debugging).
@@ -51,11 +58,12 @@ impl LiquidStrategy {
         let kwargs = checked_kwargs(&request.chat_template_kwargs)?;
         let state = state_text(&request.state);
         let instructions = request.instructions.as_deref().filter(|i| !i.is_empty());
+        let media = ChatPrompts::media_parts(&request.media);
         request
             .questions
             .iter()
             .map(|question| {
-                let messages = ChatPrompts::messages(instructions, true, content(&state, question));
+                let messages = ChatPrompts::messages(instructions, true, &media, content(&state, question));
                 self.chat.render(&messages, &kwargs)
             })
             .collect()
@@ -124,6 +132,10 @@ impl ReadStrategy for LiquidStrategy {
         PromptFormat::LIQUID_D1
     }
 
+    fn modalities(&self) -> &[Modality] {
+        &self.modalities
+    }
+
     fn refusal(&self, _kind: &QuestionKind) -> Option<String> {
         None
     }
@@ -159,7 +171,11 @@ impl ReadStrategy for LiquidStrategy {
         let mut reads = Vec::with_capacity(texts.len());
         for ((question, token_ids), labels) in request.questions.iter().zip(encoded).zip(groups) {
             self.chat.check_prompt(&question.id, &token_ids, &labels)?;
-            reads.push(PreparedRead { token_ids, labels });
+            reads.push(PreparedRead {
+                token_ids,
+                labels,
+                ..Default::default()
+            });
         }
         Ok(reads)
     }

@@ -21,12 +21,15 @@ pub use registry::strategy_for;
 use wording::{PromptFormat, Wording};
 
 /// What the registry loads a strategy with, besides the model folder.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct StrategyOptions {
     /// The model's context length: prompts beyond it are refused.
     pub max_positions: usize,
     /// The profile's wording; a strategy that owns its wording (Liquid d1) ignores it.
     pub wording: Wording,
+    /// The media kinds the strategy may read: what the shard's model folder can process (it has a
+    /// processor), narrowed by the registry to what the architecture's strategy reads.
+    pub modalities: Vec<Modality>,
 }
 
 /// Turns a decision request into reads, and their results into answers. One implementation per
@@ -38,7 +41,7 @@ pub trait ReadStrategy: Send + Sync {
     /// Why a question type cannot be served on this model, if it cannot.
     fn refusal(&self, kind: &QuestionKind) -> Option<String>;
     /// The media kinds this strategy reads; a request carrying any other kind is refused naming it.
-    fn modalities(&self) -> &'static [Modality] {
+    fn modalities(&self) -> &[Modality] {
         &[]
     }
     /// One read per question, in question order. A prompt that certainly needs more than

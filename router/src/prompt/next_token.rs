@@ -7,13 +7,15 @@ use super::chat::{checked_kwargs, ChatPrompts};
 use super::wording::{PromptFormat, Wording};
 use super::{kind_name, ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
-use crate::ir::{DecisionRequest, QuestionKind};
+use crate::ir::{DecisionRequest, Modality, QuestionKind};
 use crate::read::{LabelGroup, PreparedRead};
 
 pub struct NextTokenStrategy {
     pub(crate) chat: ChatPrompts,
     /// The profile's wording, the same on every route.
     wording: Wording,
+    /// The media this model reads (images on image-text models whose folder has a processor).
+    modalities: Vec<Modality>,
 }
 
 impl NextTokenStrategy {
@@ -21,6 +23,7 @@ impl NextTokenStrategy {
         Ok(NextTokenStrategy {
             chat: ChatPrompts::load(model_dir, max_positions)?,
             wording,
+            modalities: Vec::new(),
         })
     }
 
@@ -28,8 +31,9 @@ impl NextTokenStrategy {
         model_dir: &Path,
         options: &StrategyOptions,
     ) -> Result<Box<dyn ReadStrategy>, String> {
-        Self::load(model_dir, options.max_positions, options.wording)
-            .map(|s| Box::new(s) as Box<dyn ReadStrategy>)
+        let mut strategy = Self::load(model_dir, options.max_positions, options.wording)?;
+        strategy.modalities = options.modalities.clone();
+        Ok(Box::new(strategy))
     }
 
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
@@ -41,6 +45,7 @@ impl NextTokenStrategy {
         let kwargs = checked_kwargs(&request.chat_template_kwargs)?;
         let wording = self.wording;
         let state = wording.state_text(&request.state);
+        let media = ChatPrompts::media_parts(&request.media);
         request
             .questions
             .iter()
@@ -50,6 +55,7 @@ impl NextTokenStrategy {
                 let messages = ChatPrompts::messages(
                     request.instructions.as_deref().filter(|i| !i.is_empty()),
                     wording.system_message(),
+                    &media,
                     user,
                 );
                 self.chat.render(&messages, &kwargs)
@@ -84,6 +90,10 @@ impl ReadStrategy for NextTokenStrategy {
         self.wording.format()
     }
 
+    fn modalities(&self) -> &[Modality] {
+        &self.modalities
+    }
+
     fn refusal(&self, kind: &QuestionKind) -> Option<String> {
         self.label_sequences(kind, self.wording).err()
     }
@@ -116,7 +126,11 @@ impl ReadStrategy for NextTokenStrategy {
         {
             let labels: Vec<LabelGroup> = labels.into_iter().map(LabelGroup::single).collect();
             self.chat.check_prompt(&question.id, &token_ids, &labels)?;
-            reads.push(PreparedRead { token_ids, labels });
+            reads.push(PreparedRead {
+                token_ids,
+                labels,
+                ..Default::default()
+            });
         }
         Ok(reads)
     }

@@ -6,6 +6,7 @@ use std::path::Path;
 use super::liquid::LiquidStrategy;
 use super::next_token::NextTokenStrategy;
 use super::{ReadStrategy, StrategyOptions};
+use crate::ir::Modality;
 
 type Load = fn(&Path, &StrategyOptions) -> Result<Box<dyn ReadStrategy>, String>;
 
@@ -13,6 +14,8 @@ struct Entry {
     architectures: &'static [&'static str],
     /// A file that must sit beside `config.json` for this entry to apply (checked before entries without).
     marker: Option<&'static str>,
+    /// The media this architecture's strategy reads (when the shard has a processor for them).
+    media: &'static [Modality],
     load: Load,
 }
 
@@ -24,6 +27,7 @@ const REGISTRY: &[Entry] = &[
     Entry {
         architectures: &["Qwen3_5ForConditionalGeneration"],
         marker: Some("joint_head_config.json"),
+        media: &[],
         load: |_, _| {
             Err("a Clef-Flash joint-schema model; its joint-schema head strategy is not in this build".into())
         },
@@ -31,6 +35,7 @@ const REGISTRY: &[Entry] = &[
     Entry {
         architectures: &["Qwen3OmniMoeForConditionalGeneration"],
         marker: Some("joint_head_config.json"),
+        media: &[],
         load: |_, _| {
             Err("a Clef-Omni joint-schema model; its joint-schema head strategy is not in this build".into())
         },
@@ -38,6 +43,7 @@ const REGISTRY: &[Entry] = &[
     Entry {
         architectures: &["DiffusionGemmaForBlockDiffusion"],
         marker: None,
+        media: &[],
         load: |_, _| {
             Err("a DiffusionGemma block-diffusion model; its canvas read strategy is not in this build".into())
         },
@@ -45,18 +51,24 @@ const REGISTRY: &[Entry] = &[
     Entry {
         architectures: &["Lfm2VlForConditionalGeneration"],
         marker: None,
+        media: &[Modality::Image],
         load: LiquidStrategy::boxed,
     },
+    // Image-text models read images as the reference's next-token reads do (images only, no video).
     Entry {
         architectures: &[
-            "LlamaForCausalLM",
-            "Qwen3ForCausalLM",
             "Qwen3_5ForConditionalGeneration",
             "Qwen3_5MoeForConditionalGeneration",
-            "Gemma4ForCausalLM",
             "Gemma4ForConditionalGeneration",
         ],
         marker: None,
+        media: &[Modality::Image],
+        load: NextTokenStrategy::boxed,
+    },
+    Entry {
+        architectures: &["LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma4ForCausalLM"],
+        marker: None,
+        media: &[],
         load: NextTokenStrategy::boxed,
     },
 ];
@@ -78,14 +90,27 @@ pub fn strategy_for(
         .find(applies)
         .or_else(|| REGISTRY.iter().filter(|e| e.marker.is_none()).find(applies));
     if let Some(entry) = entry {
-        return (entry.load)(model_dir, options).map_err(|why| match entry.marker {
+        let options = StrategyOptions {
+            modalities: options
+                .modalities
+                .iter()
+                .copied()
+                .filter(|m| entry.media.contains(m))
+                .collect(),
+            ..options.clone()
+        };
+        return (entry.load)(model_dir, &options).map_err(|why| match entry.marker {
             Some(marker) => format!("architecture '{architecture}' with {marker}: {why}"),
             None => format!("architecture '{architecture}': {why}"),
         });
     }
     // Other causal language models read like Llama: one next-token read per question.
     if architecture.ends_with("ForCausalLM") || architecture.ends_with("LMHeadModel") {
-        return NextTokenStrategy::boxed(model_dir, options);
+        let text_only = StrategyOptions {
+            modalities: Vec::new(),
+            ..options.clone()
+        };
+        return NextTokenStrategy::boxed(model_dir, &text_only);
     }
     Err(format!(
         "no read strategy for architecture '{architecture}'; known: {}, and other causal language models (…ForCausalLM)",
@@ -116,6 +141,7 @@ mod tests {
     const OPTIONS: StrategyOptions = StrategyOptions {
         max_positions: 4096,
         wording: Wording::Vllm,
+        modalities: Vec::new(),
     };
 
     fn copy_of(fixture: &str, marker: Option<&str>) -> tempdir::Dir {
@@ -181,6 +207,35 @@ mod tests {
         let s = strategy_for("Lfm2VlForConditionalGeneration", qwen.path(), &OPTIONS)
             .expect("liquid loads");
         assert_eq!(s.name(), "liquid");
+    }
+
+    /// A strategy reads the media its architecture takes and the shard can process: never more.
+    #[test]
+    fn media_are_what_the_architecture_reads_and_the_shard_processes() {
+        let qwen = copy_of("tiny-qwen3", None);
+        let all = StrategyOptions {
+            modalities: Modality::ALL.to_vec(),
+            ..OPTIONS
+        };
+        let taken = |arch: &str, options: &StrategyOptions| {
+            strategy_for(arch, qwen.path(), options)
+                .unwrap_or_else(|e| panic!("{arch}: {e}"))
+                .modalities()
+                .to_vec()
+        };
+        for arch in [
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForConditionalGeneration",
+            "Gemma4ForConditionalGeneration",
+            "Lfm2VlForConditionalGeneration",
+        ] {
+            assert_eq!(taken(arch, &all), vec![Modality::Image], "{arch}");
+            // A folder without a processor: the shard reports none, so nothing is read.
+            assert!(taken(arch, &OPTIONS).is_empty(), "{arch}");
+        }
+        for arch in ["Qwen3ForCausalLM", "Gemma4ForCausalLM", "MistralForCausalLM"] {
+            assert!(taken(arch, &all).is_empty(), "{arch}");
+        }
     }
 
     /// The profile's wording reaches next-token strategies; Liquid d1 keeps its own under any profile.

@@ -30,14 +30,61 @@ pub enum TemplateError {
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct Message {
     pub role: String,
-    pub content: String,
+    pub content: Content,
+}
+
+/// A message's content as chat templates take it: a string, or a list of parts when media come with
+/// the text (`[{"type": "image"}, …, {"type": "text", "text": …}]`, as transformers passes them).
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Part {
+    Image,
+    Audio,
+    Video,
+    Text { text: String },
+}
+
+impl Content {
+    /// The text of the content (the text parts joined), for tests and messages.
+    pub fn text(&self) -> String {
+        match self {
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect(),
+        }
+    }
 }
 
 impl Message {
     pub fn new(role: &str, content: impl Into<String>) -> Self {
         Message {
             role: role.to_owned(),
-            content: content.into(),
+            content: Content::Text(content.into()),
+        }
+    }
+
+    /// A message whose media placeholders (`parts`, in order) come before its text.
+    pub fn with_media(role: &str, parts: Vec<Part>, text: String) -> Self {
+        if parts.is_empty() {
+            return Message::new(role, text);
+        }
+        let mut parts = parts;
+        parts.push(Part::Text { text });
+        Message {
+            role: role.to_owned(),
+            content: Content::Parts(parts),
         }
     }
 }

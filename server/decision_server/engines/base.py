@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from decision_server.engines.media import run_media_read
 from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadSpec
 from decision_server.model_base import LoadedModel
 
@@ -54,11 +55,23 @@ class Engine(ABC):
     def run(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
         for read in reads:
             validate_read(read, self.model.token_limit, self.model.max_position_embeddings)
+            if read.media and not hasattr(self.model, "score_media"):
+                raise InvalidReadError(read.id, "this model reads no media")
         if not reads:
             return BatchOutcome(outcomes=[])
+        text = [read for read in reads if not read.media]
         # All tensor work of a batch, cache bookkeeping included, happens without autograd tracking.
         with torch.inference_mode():
-            return self._run_valid(reads)
+            batch = self._run_valid(text) if text else BatchOutcome(outcomes=[])
+            if len(text) == len(reads):
+                return batch
+            # Reads with media run on their own (engines/media.py); results keep the batch's read order.
+            text_outcomes = iter(batch.outcomes)
+            batch.outcomes = [
+                run_media_read(self.model, read, batch) if read.media else next(text_outcomes)  # type: ignore[arg-type]
+                for read in reads
+            ]
+            return batch
 
     @abstractmethod
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from decision_server.media import MediaItem, MediaPrompt
+
 
 @dataclass(frozen=True)
 class ReadSpec:
@@ -20,6 +22,10 @@ class ReadSpec:
     labels: tuple[tuple[int, ...], ...]
     cache_salt: str = ""
     group_sizes: tuple[int, ...] = ()
+    # The media the prompt's placeholders stand for; a read with media runs on its own (engines/media.py).
+    media: tuple[MediaItem, ...] = ()
+    # The processor's expansion of prompt and media, made before the batch runs (off the model thread).
+    media_prompt: MediaPrompt | None = None
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -46,6 +52,8 @@ class ReadOutcome:
     # on the first read (in request order) whose prompt needed it.
     tokens_computed: int
     tokens_cached: int = 0
+    # Tokens the media placeholders grew into (part of tokens_computed).
+    media_tokens: int = 0
 
 
 @dataclass
