@@ -234,13 +234,27 @@ def test_decisions_routes_answer_in_both_shapes(served: tuple[str, Launcher]) ->
         assert_routes_agree(readings_on_every_route(client))
 
 
-def test_media_fields_are_refused_naming_the_field(served: tuple[str, Launcher]) -> None:
-    _name, launcher = served
+def test_media_fields_are_read_or_refused_naming_the_field(served: tuple[str, Launcher]) -> None:
+    name, launcher = served
     pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    # The fixtures that ship their processor read images (as the reference's next-token and Liquid reads do); no
+    # fixture reads video or audio; a folder without a processor reads no media at all.
+    takes_images = name in ("tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-lfm2-vl")
+    info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
+    assert info["modalities"] == (["images"] if takes_images else []), info
     for field in ("images", "videos", "audio"):
         r = httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, field: [pixel]}, timeout=60)
+        if field == "images" and takes_images:
+            assert r.status_code == 200, r.text
+            continue
         assert r.status_code == 400, (field, r.text)
         assert field in r.text, r.text
+    if takes_images:
+        # Started without --media-allow-hosts: only data URLs are read, an http URL is refused by position.
+        r = httpx2.post(
+            f"{launcher.url}/v1/systemone", json={**REQUEST, "images": [pixel, "http://127.0.0.1:9/a.png"]}, timeout=60
+        )
+        assert r.status_code == 400 and "images.1" in r.text, r.text
 
 
 def test_a_marked_folder_without_its_strategy_is_refused_by_name(tmp_path: Path) -> None:

@@ -65,7 +65,7 @@ impl Decider {
                 limit: self.limits.max_input_tokens,
             });
         }
-        let per_question_prompt_tokens = reads.iter().map(|r| r.token_ids.len() as u64).sum();
+        let per_question_prompt_tokens: u64 = reads.iter().map(|r| r.token_ids.len() as u64).sum();
         let (outcomes, timing) = self
             .queue
             .read(
@@ -81,6 +81,14 @@ impl Decider {
             .sum::<u64>()
             .min(input_tokens as u64);
         let computed_tokens: u64 = outcomes.iter().map(|o| o.tokens_computed as u64).sum();
+        // Every read of a request carries the same media: their tokens count once in the request's
+        // prompt, and in each question's prompt.
+        let media_tokens = outcomes
+            .iter()
+            .map(|o| o.media_tokens as u64)
+            .max()
+            .unwrap_or(0);
+        let per_question_media: u64 = outcomes.iter().map(|o| o.media_tokens as u64).sum();
         metrics::counter!("decision_prompt_tokens_total").increment(input_tokens as u64);
         metrics::counter!("decision_cached_tokens_total").increment(cached_tokens);
         metrics::counter!("decision_computed_tokens_total").increment(computed_tokens);
@@ -92,9 +100,9 @@ impl Decider {
             .collect();
         let kept = keep_reads.then_some(reads);
         let usage = Usage {
-            input_tokens: input_tokens as u64,
+            input_tokens: input_tokens as u64 + media_tokens,
             cached_tokens,
-            per_question_prompt_tokens,
+            per_question_prompt_tokens: per_question_prompt_tokens + per_question_media,
         };
         Ok(Decided {
             request,

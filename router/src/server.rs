@@ -334,6 +334,22 @@ pub fn json_body(
     })
 }
 
+/// TypeSafe's SDK uploads images as multipart assets referenced from the state; this server reads the
+/// seed's `images` field instead. Said plainly, rather than failing as a body that is not JSON.
+fn refuse_multipart(headers: &HeaderMap) -> Result<(), DecisionError> {
+    let multipart = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/"));
+    if multipart {
+        return Err(DecisionError::BadRequest {
+            param: Some("images".into()),
+            message: "multipart asset uploads (the TypeSafe SDK's Image assets) are not read by this server: send each image as a URL or data URL in the `images` field of a JSON body".into(),
+        });
+    }
+    Ok(())
+}
+
 /// Renders an error in a shape, with the status the profile gives it there.
 fn error_response(state: &AppState, shape: Shape, error: DecisionError) -> Response {
     let status = state.config.compat.status(&error, shape);
@@ -365,6 +381,7 @@ async fn systemone_handler(
     let result = async {
         authorize(&state, &headers)?;
         refuse_when_draining(&state)?;
+        refuse_multipart(&headers)?;
         let value = json_body(body, state.decider.limits.max_body_bytes)?;
         let compat = state.config.compat;
         let request = systemone::parse(&value, &state.decider.limits, compat)?;
@@ -665,6 +682,19 @@ mod tests {
         assert_eq!(unmatched, 1, "{scrape}");
         assert!(scrape.contains("path=\"/health\""), "{scrape}");
         assert!(scrape.len() < 32 << 10, "{} bytes", scrape.len());
+    }
+
+    #[tokio::test]
+    async fn a_multipart_upload_is_refused_saying_what_to_send() {
+        let state = test_state();
+        let request = axum::http::Request::post("/v1/systemone")
+            .header(header::CONTENT_TYPE, "multipart/form-data; boundary=x")
+            .body(Body::from("--x\r\n\r\n{}\r\n--x--\r\n"))
+            .unwrap();
+        let response = call(&state, request).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        let body = text(response).await;
+        assert!(body.contains("multipart asset uploads") && body.contains("`images`"), "{body}");
     }
 
     #[tokio::test]

@@ -97,6 +97,16 @@ fn status_error(rank: usize, status: tonic::Status) -> DecisionError {
             "rank {rank} refused the read: {}",
             status.message()
         )),
+        // A medium the shard's processor cannot take: the message starts with the request position
+        // the router labelled it with (`images.0: …`), which the 400 names.
+        tonic::Code::FailedPrecondition => DecisionError::BadRequest {
+            param: status
+                .message()
+                .split_once(": ")
+                .map(|(name, _)| name.to_owned())
+                .filter(|name| name.contains('.') && !name.contains(' ')),
+            message: status.message().to_owned(),
+        },
         tonic::Code::Unavailable | tonic::Code::Cancelled => {
             DecisionError::ShardUnavailable(format!("rank {rank}: {}", status.message()))
         }
@@ -117,4 +127,30 @@ async fn connect_with_retry(path: &Path) -> Result<DecisionShardClient<Channel>,
         "cannot connect to shard at {}: {last}",
         path.display()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_medium_the_shard_cannot_take_is_a_400_naming_its_position() {
+        let error = status_error(
+            0,
+            tonic::Status::failed_precondition("images.1: cannot decode the image: truncated"),
+        );
+        match &error {
+            DecisionError::BadRequest { param, message } => {
+                assert_eq!(param.as_deref(), Some("images.1"));
+                assert!(message.starts_with("images.1: cannot decode"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST);
+        // A refusal of the read itself stays the router's bug (500), never the client's.
+        assert!(matches!(
+            status_error(0, tonic::Status::invalid_argument("read 0: bad")),
+            DecisionError::Internal(_)
+        ));
+    }
 }

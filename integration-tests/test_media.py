@@ -1,0 +1,238 @@
+"""Images on the whole stack: `images` on `/v1/systemone` as data URLs and as http URLs the operator allows, read by
+each image-capable fixture exactly as transformers reads the processor's own outputs, and every refusal a 4xx naming
+the field and position while the server stays up. Fetching is checked against a local HTTP listener started here."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import numpy as np
+import pytest
+import torch
+import transformers
+from conftest import HEALTH_TIMEOUT_S
+from launchers import Launcher, cache_dir
+from PIL import Image
+from reference import messages_for, question_body
+from test_architectures import REQUEST, answer_probabilities, liquid_content
+
+pytestmark = pytest.mark.local_only
+
+MEDIA_FIXTURES = {
+    # fixture: (architecture, strategy)
+    "tiny-lfm2-vl": ("Lfm2VlForConditionalGeneration", "liquid"),
+    "tiny-qwen3.5": ("Qwen3_5ForConditionalGeneration", "next_token"),
+}
+TOL = 1e-5
+
+
+def png(seed: int, width: int = 96, height: int = 64) -> bytes:
+    pixels = (np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+class MediaReference:
+    """transformers' model class and the folder's own processor: one plain forward per question over the
+    processor's outputs for the chat-templated prompt with the images before the state."""
+
+    def __init__(self, model_dir: Path, architecture: str) -> None:
+        torch.set_num_threads(1)
+        self.processor = transformers.AutoProcessor.from_pretrained(model_dir)
+        self.model = getattr(transformers, architecture).from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.liquid = architecture.startswith("Lfm2Vl")
+
+    @torch.inference_mode()
+    def read(self, request: dict[str, Any], question: dict[str, Any], images: list[bytes]) -> tuple[list[float], float]:
+        tokenizer = self.processor.tokenizer
+        if self.liquid:
+            content, forms = liquid_content(request, question)
+            messages: list[dict[str, Any]] = [{"role": "system", "content": request["instructions"]}, {"role": "user", "content": content}]
+        else:
+            messages = messages_for(request, question)
+            _body, labels = question_body(question)
+            forms = [[label] for label in labels]
+        user = messages[-1]
+        user["content"] = [*({"type": "image"} for _ in images), {"type": "text", "text": user["content"]}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+        pil = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+        inputs = self.processor(images=pil, text=[text], return_tensors="pt", add_special_tokens=False, return_mm_token_type_ids=not self.liquid)
+        logprobs = torch.log_softmax(self.model(**inputs).logits[0, -1].to(torch.float64), dim=-1)
+        groups = []
+        for spellings in forms:
+            ids: list[int] = []
+            for form in spellings:
+                encoded = tokenizer.encode(form, add_special_tokens=False)
+                if len(encoded) == 1 and encoded[0] not in ids:
+                    ids.append(encoded[0])
+            groups.append(ids)
+        best = torch.stack([logprobs[ids].max() for ids in groups])
+        mass = float(sum(torch.exp(logprobs[ids]).sum() for ids in groups))
+        return torch.softmax(best, dim=-1).tolist(), mass
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    """Serves the test's images, a redirect to a host outside the allow-list, and a server too slow to wait for."""
+
+    routes: dict[str, bytes] = {}
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path.startswith("/redirect-outside"):
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/a.png")
+            self.end_headers()
+        elif self.path.startswith("/slow"):
+            time.sleep(5)
+            self.send_response(200)
+            self.end_headers()
+        elif self.path in self.routes:
+            body = self.routes[self.path]
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def files() -> Iterator[str]:
+    Files.routes = {"/a.png": png(1)}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module", params=list(MEDIA_FIXTURES))
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Launcher]]:
+    from launchers import start_launcher
+
+    name = request.param
+    model_dir = cache_dir() / "models" / name
+    assert model_dir.joinpath("processor_config.json").is_file(), f"{model_dir} has no processor: run `make fixtures`"
+    launcher = start_launcher(
+        tmp_path_factory.mktemp("media"),
+        [
+            "--model-id", str(model_dir), "--dtype", "float32", "--hostname", "127.0.0.1",
+            # Loopback is reachable only because it is named; `*` alone would not reach it.
+            "--media-allow-hosts", "127.0.0.1", "--media-fetch-timeout-secs", "1",
+            "--max-image-items", "3", "--max-media-bytes", "200000",
+        ],
+        name=f"media_{name.replace('.', '_')}",
+    )
+    try:
+        launcher.wait_healthy(HEALTH_TIMEOUT_S)
+        yield name, launcher
+    finally:
+        launcher.stop(grace_s=20.0)
+
+
+_references: dict[str, MediaReference] = {}
+
+
+def systemone(launcher: Launcher, body: dict[str, Any]) -> httpx2.Response:
+    return httpx2.post(f"{launcher.url}/v1/systemone", json=body, timeout=120)
+
+
+def test_images_equal_an_independent_processor_forward(served: tuple[str, Launcher]) -> None:
+    name, launcher = served
+    architecture, strategy = MEDIA_FIXTURES[name]
+    info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
+    assert info["modalities"] == ["images"] and info["read_strategy"] == strategy, info
+    images = [png(1), png(2, 40, 120)]
+    r = systemone(launcher, {**REQUEST, "images": [data_url(data) for data in images]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    if name not in _references:
+        _references[name] = MediaReference(cache_dir() / "models" / name, architecture)
+    for qid, question in REQUEST["questions"].items():
+        expected, mass = _references[name].read(REQUEST, question, images)
+        got = answer_probabilities(body["answers"][qid], question)
+        assert max(abs(a - b) for a, b in zip(got, expected)) < TOL, (qid, got, expected)
+        assert abs(body["x_diagnostics"][qid]["label_mass"] - mass) < 1e-4 * max(mass, 1e-3), qid
+    # Usage counts the images' tokens: more than the same request without them.
+    text_only = systemone(launcher, REQUEST).json()
+    assert body["usage"]["input_tokens"] > text_only["usage"]["input_tokens"]
+    assert body["answers"]["team"]["probabilities"] != text_only["answers"]["team"]["probabilities"]
+
+
+def test_an_allowed_url_reads_like_its_data_url(served: tuple[str, Launcher], files: str) -> None:
+    _name, launcher = served
+    by_url = systemone(launcher, {**REQUEST, "images": [f"{files}/a.png"]})
+    inline = systemone(launcher, {**REQUEST, "images": [data_url(png(1))]})
+    assert by_url.status_code == 200 and inline.status_code == 200, (by_url.text, inline.text)
+    for qid in REQUEST["questions"]:
+        assert by_url.json()["answers"][qid] == inline.json()["answers"][qid], qid
+
+
+def refusal(launcher: Launcher, images: list[str] | None = None, **fields: Any) -> tuple[int, str]:
+    body = {**REQUEST, **fields}
+    if images is not None:
+        body["images"] = images
+    started = time.monotonic()
+    r = systemone(launcher, body)
+    assert time.monotonic() - started < 10, "a refusal must never hang"
+    return r.status_code, r.text
+
+
+def test_every_bad_medium_is_a_4xx_naming_its_position(served: tuple[str, Launcher], files: str) -> None:
+    _name, launcher = served
+    good = data_url(png(1))
+    whole = png(3, 200, 150)
+    cases: list[tuple[dict[str, Any], Callable[[int, str], bool]]] = [
+        ({"images": [good, data_url(b"plain words", "text/plain")]}, lambda s, t: s == 400 and "images.1" in t),
+        ({"images": [data_url(b"not an image at all")]}, lambda s, t: s == 400 and "images.0" in t),
+        # A good header and a cut body: the router's header check passes, the shard's decoder refuses it.
+        ({"images": [good, data_url(whole[: len(whole) // 3])]}, lambda s, t: s == 400 and "images.1" in t),
+        ({"images": [good] * 4}, lambda s, t: 400 <= s < 500 and "max_image_items" in t),
+        ({"images": [data_url(png(5, 400, 400) + b"\0" * 200_001)]}, lambda s, t: s == 413 and "images.0" in t),
+        ({"videos": [good]}, lambda s, t: s == 400 and "videos" in t),
+        ({"audio": [good]}, lambda s, t: s == 400 and "audio" in t),
+        ({"images": [f"{files}/missing.png"]}, lambda s, t: 400 <= s < 500 and "images.0" in t),
+        ({"images": [f"{files}/redirect-outside"]}, lambda s, t: 400 <= s < 500 and "images.0" in t),
+        ({"images": [f"{files}/slow"]}, lambda s, t: 400 <= s < 500 and "images.0" in t),
+        ({"images": ["http://example.invalid/a.png"]}, lambda s, t: 400 <= s < 500 and "images.0" in t),
+        ({"images": ["file:///etc/passwd"]}, lambda s, t: s == 400 and "images.0" in t),
+    ]
+    for fields, ok in cases:
+        status, text = refusal(launcher, **fields)
+        assert ok(status, text), (list(fields), status, text[:300])
+    assert httpx2.get(f"{launcher.url}/health", timeout=10).status_code == 200
+    assert systemone(launcher, {**REQUEST, "images": [good]}).status_code == 200
+
+
+def test_the_sdk_image_helper_is_refused_clearly(served: tuple[str, Launcher]) -> None:
+    """The TypeSafe SDK sends images as multipart assets referenced from the state, not the seed's `images` URLs:
+    refused with a message saying what to send instead (never read as a text-only request)."""
+    from typesafe_sdk import Image as SdkImage
+    from typesafe_sdk import RetryPolicy, TypeSafeAPIError, TypeSafeClient
+
+    _name, launcher = served
+    client = TypeSafeClient(base_url=launcher.url, api_key="any", retry=RetryPolicy(max_retries=0), timeout=60)
+    image = SdkImage(png(1))
+    with pytest.raises(TypeSafeAPIError) as raised:
+        client.system_one(state=f"Look: {image}", questions={"q": {"type": "noul", "instructions": "Is it red?"}})
+    assert raised.value.status in (400, 415), raised.value
+    assert "images" in str(raised.value.body), raised.value.body
