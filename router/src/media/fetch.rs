@@ -48,7 +48,7 @@ pub enum FetchError {
     Scheme { scheme: String },
     #[error("host {host} is not in media_allow_hosts")]
     HostNotAllowed { host: String },
-    #[error("host {host} is {addr}, a {kind} address; only hosts that media_allow_hosts names (not '*') reach those")]
+    #[error("{}; only hosts that media_allow_hosts names (not '*') reach those", address_words(.host, .addr, .kind))]
     AddressNotAllowed {
         host: String,
         addr: IpAddr,
@@ -74,6 +74,21 @@ pub enum FetchError {
     /// `len` is the Content-Length the server announced, when that alone was over the limit.
     #[error("the body is larger than the limit of {limit} bytes (max_media_bytes)")]
     TooLarge { len: Option<u64>, limit: usize },
+}
+
+/// "10.0.0.1 is a private address", "host db.internal resolves to 10.0.0.1, a private address".
+fn address_words(host: &str, addr: &IpAddr, kind: &str) -> String {
+    let article = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    if literal.parse::<IpAddr>().is_ok() {
+        format!("{addr} is {article} {kind} address")
+    } else {
+        format!("host {host} resolves to {addr}, {article} {kind} address")
+    }
 }
 
 impl FetchError {
@@ -461,6 +476,20 @@ mod tests {
             redirected.innermost(),
             &FetchError::HostNotAllowed { host: host() }
         );
+        let refused = |host: &str, addr: &str, kind| FetchError::AddressNotAllowed {
+            host: host.into(),
+            addr: addr.parse().unwrap(),
+            kind,
+        };
+        assert!(refused("[::ffff:7f00:1]", "127.0.0.1", "loopback")
+            .to_string()
+            .starts_with("127.0.0.1 is a loopback address; "));
+        assert!(refused("db.internal", "10.0.0.1", "private")
+            .to_string()
+            .starts_with("host db.internal resolves to 10.0.0.1, a private address; "));
+        assert!(refused("0.0.0.0", "0.0.0.0", "unspecified")
+            .to_string()
+            .starts_with("0.0.0.0 is an unspecified address"));
         assert_eq!(
             FetchError::Timeout {
                 host: host(),
