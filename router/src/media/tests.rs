@@ -219,6 +219,17 @@ async fn data_urls_come_back_in_field_order_with_their_hashes() {
 }
 
 #[tokio::test]
+async fn a_large_item_is_hashed_off_the_async_workers_all_the_same() {
+    let clip: Vec<u8> = (0..(HASH_INLINE_BYTES + 1)).map(|i| i as u8).collect();
+    let media = Media {
+        audio: vec![data("audio/wav", &clip)],
+        ..Media::default()
+    };
+    let blobs = run(&media, &MediaPolicy::default()).await.unwrap();
+    assert_eq!(blobs[0].sha256, <[u8; 32]>::from(Sha256::digest(&clip)));
+}
+
+#[tokio::test]
 async fn an_untyped_or_octet_stream_data_url_is_read_by_its_bytes() {
     let media = Media {
         images: vec![data("", &gif(2, 2))],
@@ -588,6 +599,7 @@ async fn a_redirect_to_loopback_is_refused_when_star_lets_it_through() {
         "/by-name" => redirect(&format!("http://localhost:{}/x", addr.port())),
         "/by-ip" => redirect(&format!("http://127.0.0.2:{}/x", addr.port())),
         "/metadata" => redirect("http://169.254.169.254/latest/meta-data"),
+        "/file" => redirect("file:///etc/passwd"),
         _ => ok("image/png", &png(1, 1)),
     })
     .await;
@@ -601,7 +613,14 @@ async fn a_redirect_to_loopback_is_refused_when_star_lets_it_through() {
             &["after a redirect from 127.0.0.1", "address"],
         );
     }
-    assert_eq!(server.hits(), 3);
+    // Nor does a redirect open another scheme.
+    assert_refused(
+        run(&images(&[server.url("/file")]), &policy).await,
+        400,
+        "images.0",
+        &["file: URLs are not fetched"],
+    );
+    assert_eq!(server.hits(), 4);
 }
 
 #[tokio::test]
@@ -754,6 +773,27 @@ async fn a_refused_connection_is_a_400() {
             &allowing(&["127.0.0.1"]),
         )
         .await,
+        400,
+        "images.0",
+        &["cannot fetch from 127.0.0.1"],
+    );
+}
+
+#[tokio::test]
+async fn a_failed_tls_handshake_is_a_400() {
+    // A plain-HTTP server behind an https URL: it answers the ClientHello with an HTTP error.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}/a.png", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let _ = stream
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n")
+                .await;
+            let _ = stream.shutdown().await;
+        }
+    });
+    assert_refused(
+        run(&images(&[url]), &allowing(&["127.0.0.1"])).await,
         400,
         "images.0",
         &["cannot fetch from 127.0.0.1"],
