@@ -99,6 +99,53 @@ pub struct Config {
     #[arg(long, env = "MAX_QUEUED_READS", default_value_t = 4096)]
     pub max_queued_reads: u32,
 
+    /// Hosts whose `http(s)` media URLs (images, audio, videos) the router fetches: a comma list of
+    /// host names, IP addresses and `*.domain` patterns, or `*` for any public host. Loopback,
+    /// link-local, private and CGNAT addresses are reached only through an entry that names them,
+    /// never through `*`. Empty (default): only `data:` URLs are read.
+    #[arg(long, env = "MEDIA_ALLOW_HOSTS", value_delimiter = ',')]
+    pub media_allow_hosts: Vec<String>,
+
+    /// Time one media fetch may take (connect, redirects and body), in seconds.
+    #[arg(long, env = "MEDIA_FETCH_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub media_fetch_timeout_secs: u64,
+
+    /// Media items (images, audio and videos together) one request may carry.
+    #[arg(long, env = "MAX_MEDIA_ITEMS", default_value_t = 8)]
+    pub max_media_items: u32,
+
+    /// Images one request may carry.
+    #[arg(long, env = "MAX_IMAGE_ITEMS", default_value_t = 8)]
+    pub max_image_items: u32,
+
+    /// Audio clips one request may carry.
+    #[arg(long, env = "MAX_AUDIO_ITEMS", default_value_t = 4)]
+    pub max_audio_items: u32,
+
+    /// Videos one request may carry.
+    #[arg(long, env = "MAX_VIDEO_ITEMS", default_value_t = 2)]
+    pub max_video_items: u32,
+
+    /// Bytes of one media item, decoded from its data URL or downloaded (default 20 MiB).
+    #[arg(long, env = "MAX_MEDIA_BYTES", default_value_t = 20 << 20)]
+    pub max_media_bytes: u64,
+
+    /// Pixels (width × height, read from the header) of one image (default 4096 × 4096).
+    #[arg(long, env = "MAX_IMAGE_PIXELS", default_value_t = 4096 * 4096)]
+    pub max_image_pixels: u64,
+
+    /// Seconds of one video.
+    #[arg(long, env = "MAX_VIDEO_SECONDS", default_value_t = 60.0)]
+    pub max_video_seconds: f64,
+
+    /// Frames sampled from one video.
+    #[arg(long, env = "MAX_VIDEO_FRAMES", default_value_t = 240)]
+    pub max_video_frames: u32,
+
+    /// Seconds of one audio clip.
+    #[arg(long, env = "MAX_AUDIO_SECONDS", default_value_t = 60.0)]
+    pub max_audio_seconds: f64,
+
     /// CPU threads each shard uses for compute. Omitted: the shard's own default.
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
@@ -276,6 +323,17 @@ mod tests {
         "MAX_BATCH_WAIT_MS",
         "MAX_INPUT_TOKENS",
         "MAX_QUEUED_READS",
+        "MEDIA_ALLOW_HOSTS",
+        "MEDIA_FETCH_TIMEOUT_SECS",
+        "MAX_MEDIA_ITEMS",
+        "MAX_IMAGE_ITEMS",
+        "MAX_AUDIO_ITEMS",
+        "MAX_VIDEO_ITEMS",
+        "MAX_MEDIA_BYTES",
+        "MAX_IMAGE_PIXELS",
+        "MAX_VIDEO_SECONDS",
+        "MAX_VIDEO_FRAMES",
+        "MAX_AUDIO_SECONDS",
         "THREADS",
         "ALLOCATOR",
         "DECISION_CACHE_DIR",
@@ -321,6 +379,22 @@ mod tests {
         assert_eq!(config.max_batch_wait_ms, 2);
         assert_eq!(config.max_input_tokens, 65536);
         assert_eq!(config.max_queued_reads, 4096);
+        assert!(config.media_allow_hosts.is_empty());
+        assert_eq!(config.media_fetch_timeout_secs, 10);
+        assert_eq!(
+            (
+                config.max_media_items,
+                config.max_image_items,
+                config.max_audio_items,
+                config.max_video_items
+            ),
+            (8, 8, 4, 2)
+        );
+        assert_eq!(config.max_media_bytes, 20 << 20);
+        assert_eq!(config.max_image_pixels, 4096 * 4096);
+        assert_eq!(config.max_video_seconds, 60.0);
+        assert_eq!(config.max_video_frames, 240);
+        assert_eq!(config.max_audio_seconds, 60.0);
         assert_eq!(config.threads, None);
         assert_eq!(config.shard_startup_timeout_secs, 600);
         assert_eq!(config.shutdown_grace_secs, 10);
@@ -342,6 +416,8 @@ mod tests {
                 ("COMPAT", "sglang"),
                 ("API_KEY", "s3cret"),
                 ("MAX_QUEUED_READS", "17"),
+                ("MEDIA_ALLOW_HOSTS", "cdn.example,127.0.0.1"),
+                ("MAX_IMAGE_PIXELS", "1000"),
                 ("THREADS", "4"),
                 ("DECISION_CACHE_DIR", "/var/cache/di"),
                 ("JSON_OUTPUT", "true"),
@@ -357,6 +433,8 @@ mod tests {
         assert_eq!(config.compat, Compat::Sglang);
         assert_eq!(config.api_key.as_ref().map(Secret::expose), Some("s3cret"));
         assert_eq!(config.max_queued_reads, 17);
+        assert_eq!(config.media_allow_hosts, ["cdn.example", "127.0.0.1"]);
+        assert_eq!(config.max_image_pixels, 1000);
         assert_eq!(config.threads, Some(4));
         assert_eq!(
             config.cache_dir().ok(),

@@ -12,7 +12,10 @@ pub const API_KEY_ENV: &str = "API_KEY";
 
 /// `decision-router --model-dir … --shard-uds-path … --hostname … --port … --served-model-name …
 /// --compat … --max-batch-prefill-tokens … --max-batch-wait-ms … --max-input-tokens …
-/// --max-queued-reads … [--json-output]`.
+/// --max-queued-reads … [--media-allow-hosts …] --media-fetch-timeout-secs … --max-media-items …
+/// --max-image-items … --max-audio-items … --max-video-items … --max-media-bytes …
+/// --max-image-pixels … --max-video-seconds … --max-video-frames … --max-audio-seconds …
+/// [--json-output]`.
 pub fn spec(
     program: &Path,
     config: &Config,
@@ -42,6 +45,34 @@ pub fn spec(
         "--max-queued-reads".into(),
         config.max_queued_reads.to_string().into(),
     ];
+    let hosts: Vec<&str> = config
+        .media_allow_hosts
+        .iter()
+        .map(|h| h.trim())
+        .filter(|h| !h.is_empty())
+        .collect();
+    if !hosts.is_empty() {
+        args.push("--media-allow-hosts".into());
+        args.push(hosts.join(",").into());
+    }
+    for (flag, value) in [
+        (
+            "--media-fetch-timeout-secs",
+            config.media_fetch_timeout_secs.to_string(),
+        ),
+        ("--max-media-items", config.max_media_items.to_string()),
+        ("--max-image-items", config.max_image_items.to_string()),
+        ("--max-audio-items", config.max_audio_items.to_string()),
+        ("--max-video-items", config.max_video_items.to_string()),
+        ("--max-media-bytes", config.max_media_bytes.to_string()),
+        ("--max-image-pixels", config.max_image_pixels.to_string()),
+        ("--max-video-seconds", config.max_video_seconds.to_string()),
+        ("--max-video-frames", config.max_video_frames.to_string()),
+        ("--max-audio-seconds", config.max_audio_seconds.to_string()),
+    ] {
+        args.push(flag.into());
+        args.push(value.into());
+    }
     if config.json_output {
         args.push("--json-output".into());
     }
@@ -89,6 +120,28 @@ mod tests {
             "1024",
             "--max-queued-reads",
             "64",
+            "--media-allow-hosts",
+            "cdn.example,*",
+            "--media-fetch-timeout-secs",
+            "3",
+            "--max-media-items",
+            "6",
+            "--max-image-items",
+            "5",
+            "--max-audio-items",
+            "2",
+            "--max-video-items",
+            "1",
+            "--max-media-bytes",
+            "1048576",
+            "--max-image-pixels",
+            "4000000",
+            "--max-video-seconds",
+            "30.5",
+            "--max-video-frames",
+            "64",
+            "--max-audio-seconds",
+            "15",
             "--json-output",
         ]);
         let spec = spec(
@@ -120,6 +173,28 @@ mod tests {
                 "1024",
                 "--max-queued-reads",
                 "64",
+                "--media-allow-hosts",
+                "cdn.example,*",
+                "--media-fetch-timeout-secs",
+                "3",
+                "--max-media-items",
+                "6",
+                "--max-image-items",
+                "5",
+                "--max-audio-items",
+                "2",
+                "--max-video-items",
+                "1",
+                "--max-media-bytes",
+                "1048576",
+                "--max-image-pixels",
+                "4000000",
+                "--max-video-seconds",
+                "30.5",
+                "--max-video-frames",
+                "64",
+                "--max-audio-seconds",
+                "15",
                 "--json-output",
             ]
             .map(OsString::from)
@@ -145,5 +220,13 @@ mod tests {
         assert!(spec.env.is_empty());
         assert_eq!(spec.env_remove, vec![API_KEY_ENV.to_owned()]);
         assert!(!spec.args.contains(&OsString::from("--json-output")));
+        // Fetching stays off: no allow-list flag at all, the limits at their defaults.
+        assert!(!spec.args.contains(&OsString::from("--media-allow-hosts")));
+        let after = |flag: &str| {
+            let at = spec.args.iter().position(|a| a == flag).expect(flag);
+            spec.args[at + 1].clone()
+        };
+        assert_eq!(after("--max-media-bytes"), "20971520");
+        assert_eq!(after("--max-video-seconds"), "60");
     }
 }

@@ -59,7 +59,50 @@ pub struct Config {
     /// Largest accepted request body after decompression, in bytes.
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = 8 << 20)]
     pub max_body_bytes: usize,
+    /// Hosts whose `http(s)` media URLs the router fetches (images, audio, videos): a comma list of host
+    /// names, IP addresses and `*.domain` patterns, or `*` for any public host. Loopback, link-local,
+    /// private and CGNAT addresses are reached only through an entry that names them, never through
+    /// `*`. Empty (default): only `data:` URLs are read and any other URL is a 400 naming its position.
+    #[arg(long, env = "MEDIA_ALLOW_HOSTS", value_delimiter = ',')]
+    pub media_allow_hosts: Vec<String>,
+    /// Time one media fetch may take (connect, redirects and body), in seconds; slower is a 400.
+    #[arg(long, env = "MEDIA_FETCH_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub media_fetch_timeout_secs: u64,
+    /// Media items (images, audio and videos together) one request may carry; more is a 422/400.
+    #[arg(long, env = "MAX_MEDIA_ITEMS", default_value_t = 8)]
+    pub max_media_items: usize,
+    /// Images one request may carry.
+    #[arg(long, env = "MAX_IMAGE_ITEMS", default_value_t = 8)]
+    pub max_image_items: usize,
+    /// Audio clips one request may carry.
+    #[arg(long, env = "MAX_AUDIO_ITEMS", default_value_t = 4)]
+    pub max_audio_items: usize,
+    /// Videos one request may carry (each is up to --max-video-frames images to the model).
+    #[arg(long, env = "MAX_VIDEO_ITEMS", default_value_t = 2)]
+    pub max_video_items: usize,
+    /// Bytes of one media item, decoded from its data URL or downloaded (default 20 MiB); larger is a 413.
+    #[arg(long, env = "MAX_MEDIA_BYTES", default_value_t = 20 << 20)]
+    pub max_media_bytes: usize,
+    /// Pixels (width × height, read from the header) of one image (default 4096 × 4096); more is a 413.
+    #[arg(long, env = "MAX_IMAGE_PIXELS", default_value_t = 4096 * 4096)]
+    pub max_image_pixels: u64,
+    /// Seconds of one video; checked by the shard's decoder.
+    #[arg(long, env = "MAX_VIDEO_SECONDS", default_value_t = 60.0, value_parser = positive_seconds)]
+    pub max_video_seconds: f64,
+    /// Frames sampled from one video; checked by the shard's decoder.
+    #[arg(long, env = "MAX_VIDEO_FRAMES", default_value_t = 240)]
+    pub max_video_frames: u32,
+    /// Seconds of one audio clip; checked by the shard's decoder.
+    #[arg(long, env = "MAX_AUDIO_SECONDS", default_value_t = 60.0, value_parser = positive_seconds)]
+    pub max_audio_seconds: f64,
     /// Emit logs as JSON lines.
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,
+}
+
+fn positive_seconds(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 => Ok(s),
+        _ => Err(format!("'{value}' is not a positive number of seconds")),
+    }
 }

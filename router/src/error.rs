@@ -84,6 +84,9 @@ pub enum DecisionError {
     Unauthorized,
     #[error("request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    /// A media item over a size limit (bytes, pixels); `param` names it (`images.1`).
+    #[error("{message}")]
+    MediaTooLarge { param: String, message: String },
     #[error("the request needs {got} prompt tokens; the limit is {limit} (max_input_tokens)")]
     TokensExceeded { got: usize, limit: usize },
     #[error("question '{question}': its prompt has {got} tokens; the model reads at most {limit} (max_position_embeddings)")]
@@ -118,6 +121,7 @@ impl DecisionError {
             DecisionError::BadRequest { .. } | DecisionError::ThinkingOn => StatusCode::BAD_REQUEST,
             DecisionError::Unauthorized => StatusCode::UNAUTHORIZED,
             DecisionError::BodyTooLarge { .. }
+            | DecisionError::MediaTooLarge { .. }
             | DecisionError::TokensExceeded { .. }
             | DecisionError::PromptTooLong { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             // 529 is TypeSafe's "overloaded"; its SDK backs off and retries on it.
@@ -141,7 +145,9 @@ impl DecisionError {
             | DecisionError::BadRequest { .. }
             | DecisionError::ThinkingOn => "invalid_request",
             DecisionError::Unauthorized => "authentication_error",
-            DecisionError::BodyTooLarge { .. } => "request_too_large",
+            DecisionError::BodyTooLarge { .. } | DecisionError::MediaTooLarge { .. } => {
+                "request_too_large"
+            }
             DecisionError::TokensExceeded { .. } | DecisionError::PromptTooLong { .. } => {
                 "tokens_exceeded"
             }
@@ -181,6 +187,10 @@ mod tests {
             DecisionError::ThinkingOn,
             DecisionError::Unauthorized,
             DecisionError::BodyTooLarge { limit: 1 },
+            DecisionError::MediaTooLarge {
+                param: "images.0".into(),
+                message: "x".into(),
+            },
             DecisionError::TokensExceeded { got: 2, limit: 1 },
             DecisionError::PromptTooLong {
                 question: "q".into(),

@@ -9,6 +9,7 @@ pub mod error;
 pub mod ir;
 pub mod json_text;
 pub mod limits;
+pub mod media;
 pub mod probability;
 pub mod profile;
 pub mod prompt;

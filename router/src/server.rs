@@ -24,6 +24,7 @@ use crate::decide::Decider;
 use crate::error::{DecisionError, FieldError};
 use crate::ir::Modality;
 use crate::limits::Limits;
+use crate::media::{Fetcher, MediaPolicy};
 use crate::profile::Shape;
 use crate::prompt;
 use crate::queue::{Queue, QueueConfig, ReadTiming};
@@ -37,6 +38,10 @@ pub struct AppState {
     pub decider: Decider,
     pub shards: ShardSet,
     pub metrics: Option<PrometheusHandle>,
+    /// Media limits and fetch rules (`--max-media-*`, `--media-allow-hosts`) and the client that
+    /// fetches under them: what `media::resolve` takes.
+    pub media: MediaPolicy,
+    pub fetcher: Fetcher,
     /// Set when a shutdown signal arrives: `/health` answers 503 and new decision requests are
     /// refused with 503 + Retry-After while the ones already accepted finish.
     pub draining: AtomicBool,
@@ -139,6 +144,11 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         max_body_bytes: config.max_body_bytes,
         ..Limits::default()
     };
+    let media = MediaPolicy::from_config(&config)?;
+    let fetcher = Fetcher::new(&media)?;
+    if !media.allow_hosts.is_empty() {
+        tracing::info!(hosts = %config.media_allow_hosts.join(","), "media URLs are fetched from these hosts");
+    }
     let queue = Queue::start(
         shards.clone(),
         QueueConfig {
@@ -156,6 +166,8 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         },
         shards,
         metrics: metrics_handle(),
+        media,
+        fetcher,
         draining: AtomicBool::new(false),
         config,
     })

@@ -550,6 +550,11 @@ pub fn error_body(error: &DecisionError) -> Value {
         DecisionError::BodyTooLarge { .. } => {
             ("invalid_request_error", Some("request_too_large"), None)
         }
+        DecisionError::MediaTooLarge { param, .. } => (
+            "invalid_request_error",
+            Some("request_too_large"),
+            Some(param.clone()),
+        ),
         DecisionError::TokensExceeded { .. } | DecisionError::PromptTooLong { .. } => (
             "invalid_request_error",
             Some("context_length_exceeded"),

@@ -389,6 +389,7 @@ pub fn error_body(error: &DecisionError, status: u16) -> Value {
     let param = match error {
         DecisionError::Invalid(fields) => fields.first().map(FieldError::param),
         DecisionError::BadRequest { param, .. } => param.clone(),
+        DecisionError::MediaTooLarge { param, .. } => Some(param.clone()),
         _ => None,
     };
     let kind = match status {
