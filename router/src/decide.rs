@@ -6,6 +6,8 @@ use std::sync::Arc;
 use crate::error::DecisionError;
 use crate::ir::{Decision, DecisionRequest, Usage};
 use crate::limits::Limits;
+use crate::media::{self, Fetcher, MediaBlob, MediaPolicy};
+use crate::read::ReadMedia;
 use crate::prompt::wording::PromptFormat;
 use crate::prompt::{PreparedRead, ReadStrategy};
 use crate::queue::{Queue, ReadTiming};
@@ -24,6 +26,10 @@ pub struct Decider {
     pub strategy: Result<Arc<dyn ReadStrategy>, String>,
     pub queue: Queue,
     pub limits: Limits,
+    /// Media limits and fetch rules (`--max-media-*`, `--media-allow-hosts`) and the client that
+    /// fetches under them.
+    pub media: MediaPolicy,
+    pub fetcher: Fetcher,
 }
 
 impl Decider {
@@ -46,6 +52,12 @@ impl Decider {
             .map_err(|reason| DecisionError::NotServable(reason.clone()))?
             .clone();
         crate::prompt::check_media(strategy.as_ref(), &request)?;
+        // Fetched (and every limit checked) before any prompt work; shared by every read of the request.
+        let fetched: Arc<[ReadMedia]> = media::resolve(&request.media, &self.media, &self.fetcher)
+            .await?
+            .into_iter()
+            .map(read_media)
+            .collect();
         let strategy_ref = strategy.clone();
         // From here until its reads are queued, a forming batch may wait for this request.
         let arrival = self.queue.arrival();
@@ -57,7 +69,10 @@ impl Decider {
         })
         .await
         .map_err(|e| DecisionError::Internal(format!("prompt preparation panicked: {e}")))?;
-        let reads = reads?;
+        let mut reads = reads?;
+        for read in &mut reads {
+            read.media = fetched.clone();
+        }
         let input_tokens = unique_prompt_tokens(&reads);
         if input_tokens > self.limits.max_input_tokens {
             return Err(DecisionError::TokensExceeded {
@@ -111,6 +126,15 @@ impl Decider {
             timing,
             prompt_format: strategy_ref.prompt_format(),
         })
+    }
+}
+
+fn read_media(blob: MediaBlob) -> ReadMedia {
+    ReadMedia {
+        modality: blob.modality,
+        name: format!("{}.{}", blob.modality.field(), blob.index),
+        data: Arc::from(blob.bytes.as_ref()),
+        sha256: blob.sha256.iter().map(|b| format!("{b:02x}")).collect(),
     }
 }
 

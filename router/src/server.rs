@@ -38,10 +38,6 @@ pub struct AppState {
     pub decider: Decider,
     pub shards: ShardSet,
     pub metrics: Option<PrometheusHandle>,
-    /// Media limits and fetch rules (`--max-media-*`, `--media-allow-hosts`) and the client that
-    /// fetches under them: what `media::resolve` takes.
-    pub media: MediaPolicy,
-    pub fetcher: Fetcher,
     /// Set when a shutdown signal arrives: `/health` answers 503 and new decision requests are
     /// refused with 503 + Retry-After while the ones already accepted finish.
     pub draining: AtomicBool,
@@ -163,11 +159,11 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
             strategy,
             queue,
             limits,
+            media,
+            fetcher,
         },
         shards,
         metrics: metrics_handle(),
-        media,
-        fetcher,
         draining: AtomicBool::new(false),
         config,
     })
