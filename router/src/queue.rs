@@ -258,6 +258,15 @@ async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &Atom
                         let result = result.ok_or_else(|| {
                             DecisionError::Shard("the shard left a read unanswered".into())
                         })?;
+                        if !result.media_error.is_empty() {
+                            if read.media.is_empty() {
+                                return Err(DecisionError::Internal(format!(
+                                    "malformed shard result: a media error for a read without media: {}",
+                                    result.media_error
+                                )));
+                            }
+                            return Err(crate::read::media_error(&result.media_error));
+                        }
                         ReadOutcome::check(read, result).map_err(|e| {
                             DecisionError::Internal(format!("malformed shard result: {e}"))
                         })
@@ -325,11 +334,20 @@ mod tests {
                         let Some(pb::read::Kind::NextToken(read)) = &r.kind else {
                             panic!("next-token reads only")
                         };
+                        // A read with media stands for one whose image the shard cannot decode.
+                        if let Some(item) = r.media.first() {
+                            return pb::ReadResult {
+                                id: r.id,
+                                media_error: format!("{}: cannot decode the image", item.name),
+                                ..Default::default()
+                            };
+                        }
                         pb::ReadResult {
                             id: r.id,
                             tokens_computed: read.token_ids.len() as u32,
                             tokens_cached: 0,
                             media_tokens: 0,
+                            media_error: String::new(),
                             kind: Some(pb::read_result::Kind::NextToken(pb::NextTokenResult {
                                 labels: vec![pb::LabelGroupLogprobs {
                                     variant_logprobs: vec![-(read.token_ids[0] as f64)],
@@ -376,6 +394,34 @@ mod tests {
             max_batch_wait: wait,
             max_queued_reads: 100,
         }
+    }
+
+    /// One request's undecodable image fails that request alone (a 400 naming it), never the other
+    /// requests batched with it.
+    #[tokio::test(start_paused = true)]
+    async fn a_bad_medium_fails_only_its_own_request_in_a_batch() {
+        let shard = FakeShard::new(Duration::from_millis(40));
+        let queue = Queue::start(shard.clone(), config(Duration::from_millis(50)));
+        let late = queue.arrival();
+        let good = spawn_read(&queue, &[1], 3);
+        let mut bad_reads = reads(&[2]);
+        bad_reads[0].media = Arc::from(vec![crate::read::ReadMedia {
+            modality: crate::ir::Modality::Image,
+            name: "images.0".into(),
+            data: Arc::from(&b"png?"[..]),
+            sha256: String::new(),
+        }]);
+        let bad = queue.read(bad_reads, 3, String::new(), late).await;
+        match bad {
+            Err(DecisionError::BadRequest { param, message }) => {
+                assert_eq!(param.as_deref(), Some("images.0"));
+                assert!(message.contains("cannot decode"), "{message}");
+            }
+            other => panic!("{:?}", other.map(|(o, _)| o)),
+        }
+        let (outcomes, _) = good.await.unwrap().unwrap();
+        assert_eq!(outcomes[0].greedy_token_id, 1);
+        assert_eq!(shard.batches(), vec![2], "the two requests shared one batch");
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use decision_proto::v1 as pb;
 
+use crate::error::DecisionError;
 use crate::ir::Modality;
 
 /// One allowed answer and every token sequence that spells it ("yes", "Yes", "YES"; "A", " A").
@@ -87,6 +88,18 @@ impl PreparedRead {
                 labels,
             })),
         }
+    }
+}
+
+/// A medium the shard could not take (`images.1: cannot decode …`): the client's error, a 400 naming the
+/// position the message starts with.
+pub fn media_error(message: &str) -> DecisionError {
+    DecisionError::BadRequest {
+        param: message
+            .split_once(": ")
+            .map(|(name, _)| name.to_owned())
+            .filter(|name| name.contains('.') && !name.contains(' ')),
+        message: message.to_owned(),
     }
 }
 
@@ -193,6 +206,7 @@ mod tests {
             tokens_computed: 3,
             tokens_cached: 0,
             media_tokens: 0,
+            media_error: String::new(),
             kind: Some(pb::read_result::Kind::NextToken(pb::NextTokenResult {
                 labels: groups
                     .into_iter()

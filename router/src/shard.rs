@@ -99,14 +99,7 @@ fn status_error(rank: usize, status: tonic::Status) -> DecisionError {
         )),
         // A medium the shard's processor cannot take: the message starts with the request position
         // the router labelled it with (`images.0: …`), which the 400 names.
-        tonic::Code::FailedPrecondition => DecisionError::BadRequest {
-            param: status
-                .message()
-                .split_once(": ")
-                .map(|(name, _)| name.to_owned())
-                .filter(|name| name.contains('.') && !name.contains(' ')),
-            message: status.message().to_owned(),
-        },
+        tonic::Code::FailedPrecondition => crate::read::media_error(status.message()),
         tonic::Code::Unavailable | tonic::Code::Cancelled => {
             DecisionError::ShardUnavailable(format!("rank {rank}: {}", status.message()))
         }

@@ -22,13 +22,16 @@ IMAGE, AUDIO, VIDEO = "image", "audio", "video"
 class MediaError(ValueError):
     """A media item the model cannot take as sent (undecodable, truncated, the wrong kind): a client error.
 
-    `name` is the request position the router labelled the item with (`images.0`); the message starts with it,
-    and the gRPC layer returns it as FAILED_PRECONDITION so the router answers 400 naming that position."""
+    `name` is the request position the router labelled the item with (`images.0`); the message starts with it.
+    The service answers the read it belongs to with it (`ReadResult.media_error`), and the router answers that
+    request with a 400 naming the position; a MediaError escaping elsewhere is FAILED_PRECONDITION."""
 
     def __init__(self, name: str, problem: str) -> None:
         super().__init__(f"{name}: {problem}")
         self.name = name
         self.problem = problem
+        # The read it failed, once the service knows it.
+        self.read_id = 0
 
 
 @dataclass(frozen=True)

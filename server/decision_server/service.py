@@ -15,7 +15,7 @@ import grpc
 
 from decision_server.engines import BatchOutcome, Engine, InvalidReadError, ReadSpec
 from decision_server.errors import grpc_status_for, is_fatal
-from decision_server.media import AUDIO, IMAGE, VIDEO, MediaItem
+from decision_server.media import AUDIO, IMAGE, VIDEO, MediaError, MediaItem
 from decision_server.model_base import LoadedModel, dtype_name
 from decision_server.pb import decision_pb2, decision_pb2_grpc
 
@@ -78,9 +78,21 @@ def next_token_result(spec: ReadSpec, logprobs: list[float], greedy_token_id: in
     return decision_pb2.NextTokenResult(labels=groups, greedy_token_id=greedy_token_id)
 
 
-def read_response(specs: list[ReadSpec], batch: BatchOutcome) -> decision_pb2.ReadResponse:
-    return decision_pb2.ReadResponse(
-        results=[
+def read_response(
+    specs: list[ReadSpec], batch: BatchOutcome, media_errors: dict[int, MediaError] | None = None
+) -> decision_pb2.ReadResponse:
+    """Results in request order: the engine's outcomes for `specs`, and, at the positions in `media_errors`, the
+    reads whose media could not be decoded (they never reached the engine)."""
+    media_errors = media_errors or {}
+    outcomes = iter(zip(specs, batch.outcomes, strict=True))
+    results = []
+    for position in range(len(specs) + len(media_errors)):
+        if position in media_errors:
+            error = media_errors[position]
+            results.append(decision_pb2.ReadResult(id=error.read_id, media_error=str(error)))
+            continue
+        spec, outcome = next(outcomes)
+        results.append(
             decision_pb2.ReadResult(
                 id=outcome.id,
                 tokens_computed=outcome.tokens_computed,
@@ -88,10 +100,8 @@ def read_response(specs: list[ReadSpec], batch: BatchOutcome) -> decision_pb2.Re
                 media_tokens=outcome.media_tokens,
                 next_token=next_token_result(spec, outcome.label_logprobs, outcome.greedy_token_id),
             )
-            for spec, outcome in zip(specs, batch.outcomes, strict=True)
-        ],
-        forward_micros=round(batch.forward_seconds * 1e6),
-    )
+        )
+    return decision_pb2.ReadResponse(results=results, forward_micros=round(batch.forward_seconds * 1e6))
 
 
 class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
@@ -151,7 +161,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         return decision_pb2.HealthResponse(probe=probe)
 
     async def _read(self, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
-        specs = await self._with_media(read_specs(request))
+        specs, media_errors = await self._with_media(read_specs(request))
 
         def work() -> decision_pb2.ReadResponse:
             batch = self._engine.run(specs)
@@ -166,31 +176,38 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
                     }
                 },
             )
-            return read_response(specs, batch)
+            return read_response(specs, batch, media_errors)
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._model_thread, work)
 
-    async def _with_media(self, specs: list[ReadSpec]) -> list[ReadSpec]:
+    async def _with_media(self, specs: list[ReadSpec]) -> tuple[list[ReadSpec], dict[int, MediaError]]:
         """Reads with media, processed by the model's processor on the media threads (decoding an image must not
-        hold up other requests' reads on the model thread)."""
+        hold up other requests' reads on the model thread). A read whose media cannot be decoded is left out of
+        the batch and answered with its error at its position; the other reads go on."""
         if not any(spec.media for spec in specs):
-            return specs
+            return specs, {}
         processor = getattr(self._model, "media", None)
         if processor is None:
             first = next(spec for spec in specs if spec.media)
             raise InvalidReadError(first.id, "this model folder has no processor: it reads no media")
         loop = asyncio.get_running_loop()
 
-        async def processed(spec: ReadSpec) -> ReadSpec:
+        async def processed(spec: ReadSpec) -> ReadSpec | MediaError:
             if not spec.media:
                 return spec
-            prompt = await loop.run_in_executor(
-                self._media_threads, processor.prepare, spec.id, spec.prompt, spec.media
-            )
+            try:
+                prompt = await loop.run_in_executor(
+                    self._media_threads, processor.prepare, spec.id, spec.prompt, spec.media
+                )
+            except MediaError as error:
+                error.read_id = spec.id
+                return error
             return replace(spec, media_prompt=prompt)
 
-        return list(await asyncio.gather(*(processed(spec) for spec in specs)))
+        done = await asyncio.gather(*(processed(spec) for spec in specs))
+        errors = {position: item for position, item in enumerate(done) if isinstance(item, MediaError)}
+        return [item for item in done if not isinstance(item, MediaError)], errors
 
     def _breaks_group(self, rpc: str, code: grpc.StatusCode) -> bool:
         """A rank that fails in the middle of a read leaves its peers waiting in a collective (or ahead of it by
