@@ -404,6 +404,7 @@ mod tests {
         let queue = Queue::start(shard.clone(), config(Duration::from_millis(50)));
         let late = queue.arrival();
         let good = spawn_read(&queue, &[1], 3);
+        tokio::time::sleep(Duration::from_millis(10)).await;
         let mut bad_reads = reads(&[2]);
         bad_reads[0].media = Arc::from(vec![crate::read::ReadMedia {
             modality: crate::ir::Modality::Image,
