@@ -187,6 +187,22 @@ def test_an_allowed_url_reads_like_its_data_url(served: tuple[str, Launcher], fi
         assert by_url.json()["answers"][qid] == inline.json()["answers"][qid], qid
 
 
+def test_openai_input_image_parts_read_like_system_one_images(served: tuple[str, Launcher]) -> None:
+    """`input_image` parts on the OpenAI shape are the request's images, read before the state as on System One."""
+    _name, launcher = served
+    image = data_url(png(1))
+    question = {"type": "choice", "instructions": "Which team?", "choices": [{"value": "billing"}, {"value": "tech"}]}
+    openai = httpx2.post(f"{launcher.url}/v1/decisions", json={"model": "m", "questions": [question], "input": [
+        {"role": "user", "content": [{"type": "input_image", "image_url": image}, {"type": "input_text", "text": "Refund not received"}]},
+    ]}, timeout=120)
+    s1 = systemone(launcher, {"state": "Refund not received", "images": [image], "questions": {
+        "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "tech": None}}}})
+    assert openai.status_code == 200 and s1.status_code == 200, (openai.text, s1.text)
+    got = [p["probability"] for p in openai.json()["answers"][0]["probabilities"]]
+    expected = list(s1.json()["answers"]["team"]["probabilities"].values())
+    assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-6, (got, expected)
+
+
 def refusal(launcher: Launcher, images: list[str] | None = None, **fields: Any) -> tuple[int, str]:
     body = {**REQUEST, **fields}
     if images is not None:

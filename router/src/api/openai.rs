@@ -90,12 +90,13 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
             }
         }
     }
+    let mut images = Vec::new();
     let state = match obj.get("input") {
         None => {
             errors.push(err(&["input".into()], "missing", "input is required"));
             String::new()
         }
-        Some(v) => input_text(v, &mut errors),
+        Some(v) => input_text(v, &mut images, &mut errors),
     };
     let chat_template_kwargs = super::template_kwargs(obj, "invalid_type", &mut errors);
     let max_choices = compat.max_choice_options(limits.max_choices);
@@ -125,13 +126,18 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         questions,
         chat_template_kwargs,
         cache_salt,
-        media: Default::default(),
+        // `input_image` parts, in order; like System One's `images`, read before the state.
+        media: crate::ir::Media {
+            images,
+            ..Default::default()
+        },
     };
     Ok(Parsed { request, echo })
 }
 
 /// The adapter's state text: a string as is; messages joined by a blank line, parts by a newline.
-fn input_text(input: &Value, errors: &mut Vec<FieldError>) -> String {
+/// `input_image` parts (`image_url`: a URL or data URL) are collected into `images`, in order.
+fn input_text(input: &Value, images: &mut Vec<String>, errors: &mut Vec<FieldError>) -> String {
     match input {
         Value::String(s) => s.clone(),
         Value::Array(messages) if !messages.is_empty() => {
@@ -184,8 +190,12 @@ fn input_text(input: &Value, errors: &mut Vec<FieldError>) -> String {
                                     Some(j) => part_texts.push(json_text::dumps(j, Separators::Default)),
                                     None => errors.push(err(&ploc, "missing", "a json part needs 'json'")),
                                 },
-                                (Some(t @ ("input_image" | "image")), _) => {
-                                    errors.push(err(&ploc, "unsupported_value", format!("{t} parts are not supported by this text model")))
+                                (Some("input_image"), _) => match part.get("image_url") {
+                                    Some(Value::String(url)) if !url.is_empty() => images.push(url.clone()),
+                                    _ => errors.push(err(&ploc, "invalid_value", "an input_image part needs an image_url (a URL or data URL); file_id is not supported")),
+                                },
+                                (Some("image"), _) => {
+                                    errors.push(err(&ploc, "unsupported_value", "image parts must be {\"type\": \"input_image\", \"image_url\": ...}"))
                                 }
                                 _ => errors.push(err(&ploc, "invalid_value", "a content part must be {\"type\": \"input_text\", \"text\": ...}")),
                             }
@@ -584,6 +594,30 @@ mod tests {
         match parse(&body, &Limits::default(), Compat::Typesafe) {
             Err(DecisionError::Invalid(f)) => f,
             other => panic!("expected invalid, got {:?}", other.map(|p| p.echo)),
+        }
+    }
+
+    /// The seed's MVP refuses image parts; we read them as the request's images, before the state.
+    #[test]
+    fn input_image_parts_are_the_requests_images_in_order() {
+        let p = parse_ok(json!({"model": "m", "questions": [{"type": "predicate", "instructions": "Damaged?"}], "input": [
+            {"role": "user", "content": [
+                {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
+                {"type": "input_text", "text": "the parcel"},
+                {"type": "input_image", "image_url": "https://img.example/b.jpg", "detail": "auto"}]}]}));
+        assert_eq!(
+            p.request.media.images,
+            vec!["data:image/png;base64,AAAA", "https://img.example/b.jpg"]
+        );
+        assert_eq!(p.request.state, json!("the parcel"));
+        for part in [
+            json!({"type": "input_image", "file_id": "file-1"}),
+            json!({"type": "input_image", "image_url": ""}),
+            json!({"type": "image", "image_url": "https://img.example/b.jpg"}),
+        ] {
+            let errors = invalid(json!({"model": "m", "questions": [{"type": "predicate", "instructions": "i"}],
+                "input": [{"role": "user", "content": [part]}]}));
+            assert_eq!(errors[0].param(), "input.0.content.0", "{errors:?}");
         }
     }
 
