@@ -105,22 +105,24 @@ def probabilities(answer: dict[str, Any]) -> list[float]:
 
 
 def readings_on_every_route(http: httpx2.Client) -> list[list[float]]:
-    """One choice and one yes/no question sent on each route; the wording is the profile's, so they must agree."""
+    """One choice and one yes/no question sent on each route; the wording is the profile's, so they must agree.
+    vLLM's OpenAI adapter names an option by the JSON text of its value, so the choice's options are the booleans,
+    whose JSON text (`true`, `false`) is the same name on every route."""
     systemone = http.post("/v1/systemone", json={"state": TICKET, "questions": {
-        "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "payments", "tech": None}},
+        "late": {"type": "choice", "instructions": "Is the refund late?", "criteria": {"true": "overdue", "false": None}},
         "urgent": {"type": "noul", "instructions": "Is it urgent?"},
     }})
     sglang = http.post("/v1/decisions", json={"input": TICKET, "questions": [
-        {"id": "team", "type": "choice", "question": "Which team?", "options": [{"name": "billing", "description": "payments"}, {"name": "tech"}]},
+        {"id": "late", "type": "choice", "question": "Is the refund late?", "options": [{"name": "true", "description": "overdue"}, {"name": "false"}]},
         {"id": "urgent", "type": "yes_no", "question": "Is it urgent?"},
     ]})
     openai = http.post("/v1/decisions", json={"model": "m", "input": TICKET, "questions": [
-        {"type": "choice", "instructions": "Which team?", "choices": [{"value": "billing", "description": "payments"}, {"value": "tech"}]},
+        {"type": "choice", "instructions": "Is the refund late?", "choices": [{"value": True, "description": "overdue"}, {"value": False}]},
     ]})
     for r in (systemone, sglang, openai):
         assert r.status_code == 200, r.text
     s1, sg = systemone.json()["answers"], sglang.json()["answers"]
-    return [probabilities(s1["team"]), probabilities(sg["team"]), probabilities(openai.json()["answers"][0]),
+    return [probabilities(s1["late"]), probabilities(sg["late"]), probabilities(openai.json()["answers"][0]),
             probabilities(s1["urgent"]), [sg["urgent"]["probabilities"]["yes"]]]
 
 
