@@ -129,5 +129,5 @@ def readings_on_every_route(http: httpx2.Client) -> list[list[float]]:
 def assert_routes_agree(readings: list[list[float]]) -> None:
     s1_team, sg_team, oa_team, s1_urgent, sg_urgent = readings
     for other in (sg_team, oa_team):
-        assert all(math.isclose(a, b, abs_tol=1e-6) for a, b in zip(s1_team, other)), readings
-    assert math.isclose(s1_urgent[0], sg_urgent[0], abs_tol=1e-6), readings
+        assert all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(s1_team, other)), readings
+    assert math.isclose(s1_urgent[0], sg_urgent[0], abs_tol=1e-5), readings
