@@ -25,6 +25,7 @@ FIXTURE_NAMES = (
     "tiny-lfm2-vl",
     "tiny-gemma4",
     "tiny-gemma4-mm",
+    "tiny-diffusiongemma",
 )
 
 
