@@ -1,5 +1,5 @@
-"""A random-weight DiffusionGemma (block diffusion, MoE text layers) with a Gemma-style synthetic tokenizer and template.
-Canvas reads need an encoder-decoder forward to test against; no hub is reachable here, so the fixture is made offline."""
+"""A random-weight DiffusionGemma (block diffusion, MoE text layers), Gemma-style synthetic tokenizer and template.
+Canvas reads need an encoder-decoder forward to test against; no hub is reachable here, so it is made offline."""
 
 from __future__ import annotations
 
@@ -123,16 +123,16 @@ def diffusion_gemma_model(vocab_size: int) -> Any:
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,
-        global_head_dim=GLOBAL_HEAD_DIM,
         num_experts=4,
         top_k_experts=2,
         moe_intermediate_size=32,
         max_position_embeddings=MAX_POSITIONS,
-        final_logit_softcapping=30.0,
         pad_token_id=GEMMA4_SPECIALS.index("<pad>"),
         bos_token_id=GEMMA4_SPECIALS.index("<bos>"),
         eos_token_id=[GEMMA4_SPECIALS.index(token) for token in ("<eos>", "<turn|>")],
         tie_word_embeddings=True,
+        # Not a declared field: the per-layer view consumes it (and the class keeps its softcap of 30).
+        **{"global_head_dim": GLOBAL_HEAD_DIM},
     )
     vision = {
         "hidden_size": 32,
