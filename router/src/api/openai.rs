@@ -126,6 +126,7 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         chat_template_kwargs,
         cache_salt,
         media: Default::default(),
+        joint: false,
     };
     Ok(Parsed { request, echo })
 }

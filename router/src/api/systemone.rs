@@ -67,6 +67,18 @@ pub fn parse(
         }
     };
     let media = parse_media(obj, &mut errors);
+    let joint = match obj.get("joint") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            errors.push(FieldError::new(
+                loc(&["joint"]),
+                "bool_type",
+                "joint must be a boolean",
+            ));
+            false
+        }
+    };
     let questions = match obj.get("questions") {
         None => {
             errors.push(FieldError::new(
@@ -96,6 +108,7 @@ pub fn parse(
         chat_template_kwargs,
         cache_salt,
         media,
+        joint,
     })
 }
 

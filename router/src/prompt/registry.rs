@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::canvas::DiffusionGemmaCanvasStrategy;
 use super::liquid::LiquidStrategy;
 use super::next_token::NextTokenStrategy;
 use super::{ReadStrategy, StrategyOptions};
@@ -38,9 +39,7 @@ const REGISTRY: &[Entry] = &[
     Entry {
         architectures: &["DiffusionGemmaForBlockDiffusion"],
         marker: None,
-        load: |_, _| {
-            Err("a DiffusionGemma block-diffusion model; its canvas read strategy is not in this build".into())
-        },
+        load: DiffusionGemmaCanvasStrategy::boxed,
     },
     Entry {
         architectures: &["Lfm2VlForConditionalGeneration"],
@@ -227,10 +226,16 @@ mod tests {
     #[test]
     fn unknown_and_unserved_architectures_are_refused_by_name() {
         let qwen = copy_of("tiny-qwen3", None);
+        // A Qwen3 folder under the DiffusionGemma architecture: the canvas strategy loads and refuses,
+        // naming the tokens it needs.
         let err = strategy_for("DiffusionGemmaForBlockDiffusion", qwen.path(), &OPTIONS)
             .err()
             .expect("refused");
-        assert!(err.contains("canvas read strategy"), "{err}");
+        assert!(
+            err.contains("architecture 'DiffusionGemmaForBlockDiffusion'")
+                && err.contains("need the model's '<turn|>' and pad tokens"),
+            "{err}"
+        );
         let err = strategy_for("BertForMaskedLM", qwen.path(), &OPTIONS)
             .err()
             .expect("refused");
