@@ -366,9 +366,7 @@ def test_refusals_name_the_field(served: Launcher) -> None:
         f"{served.url}/v1/systemone", json={**REQUEST, "joint": "yes"}, timeout=60
     )
     assert r.status_code == 422 and "joint" in r.text, r.text
-    long_state = (
-        "ab " * 3000
-    )  # about 9,000 tokens: more than the fixture's 8,192 positions
+    long_state = "9" * 9000  # a token per digit: more than the fixture's 8,192 positions
     r = httpx2.post(
         f"{served.url}/v1/systemone", json={**REQUEST, "state": long_state}, timeout=120
     )

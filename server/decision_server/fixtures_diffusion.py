@@ -131,8 +131,8 @@ def diffusion_gemma_model(vocab_size: int) -> Any:
         bos_token_id=GEMMA4_SPECIALS.index("<bos>"),
         eos_token_id=[GEMMA4_SPECIALS.index(token) for token in ("<eos>", "<turn|>")],
         tie_word_embeddings=True,
-        # Not a declared field: the per-layer view consumes it (and the class keeps its softcap of 30).
-        **{"global_head_dim": GLOBAL_HEAD_DIM},
+        # Not a declared field: the per-layer view consumes it (the class keeps its final-logit softcap of 30).
+        global_head_dim=GLOBAL_HEAD_DIM,  # type: ignore[call-arg]
     )
     vision = {
         "hidden_size": 32,
