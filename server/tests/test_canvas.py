@@ -291,3 +291,34 @@ def test_the_fixture_has_moe_layers_gemma_specials_and_single_token_labels(
         tokenize=False,
     )
     assert rendered == "<bos><|turn>system\nctx<turn|>\n<|turn>user\nhi<turn|>\n<|turn>model\n"
+
+
+def test_prompts_that_start_alike_encode_their_shared_head_once(stub: Any, reference: Any, tokenizer: Any) -> None:
+    """The questions of a request share the chat head and the state: the encoder runs over that head once and
+    continues each prompt from a copy of its cache (causal, so exact), including past the sliding window."""
+    labels = [token(tokenizer, text) for text in LABELS]
+    questions = [QUESTION, "Question: Which team?\nA: billing\nB: tech\nAnswer with the letter of one option only."]
+    prompts = [prompt_ids(tokenizer, STATES[1], question) for question in questions]
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
+    assert shared > 64, "the shared head is longer than the sliding window"
+    reads = [
+        canvas_read(i, prompt, single_canvas(tokenizer, 120 + i), [(0, [[t] for t in labels])])
+        for i, prompt in enumerate(prompts)
+    ]
+    response = stub.Read(decision_pb2.ReadRequest(reads=reads))
+    for read, prompt, result in zip(reads, prompts, response.results, strict=True):
+        expected = reference_logprobs(reference, prompt, list(read.canvas.canvas_ids))
+        (values,) = row_values(result)
+        assert values == pytest.approx([float(expected[0, t]) for t in labels], abs=1e-5)
+    assert [r.tokens_computed for r in response.results] == [len(prompts[0]), len(prompts[1]) - shared]
+
+
+def test_shared_head_clusters_keep_salts_apart_and_need_a_long_enough_head() -> None:
+    from decision_server.engines.canvas import MIN_SHARED_HEAD, shared_head_clusters
+
+    head = tuple(range(MIN_SHARED_HEAD))
+    a, b = ("", (*head, 1, 2)), ("", (*head, 3))
+    other_salt = ("s", (*head, 4))
+    short = ("", (*head[: MIN_SHARED_HEAD - 1], 9))
+    stranger = ("", (500, 501))
+    assert shared_head_clusters([b, stranger, a, other_salt, short]) == [[b, a], [stranger], [other_salt], [short]]

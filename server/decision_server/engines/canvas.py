@@ -21,6 +21,34 @@ from decision_server.engines.types import (
 from decision_server.model_base import LoadedModel
 
 READ_KIND = "canvas"
+# Prompts sharing fewer leading tokens than this are encoded whole: a copied cache would cost more than it saves.
+MIN_SHARED_HEAD = 32
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    shared = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        shared += 1
+    return shared
+
+
+def shared_head_clusters(
+    prompts: list[tuple[str, tuple[int, ...]]],
+) -> list[list[tuple[str, tuple[int, ...]]]]:
+    """Distinct (salt, prompt) keys grouped so that each group's prompts have one salt and all start with the same
+    `MIN_SHARED_HEAD` tokens or more (sorted, then cut where a neighbour shares less); first-seen order inside."""
+    clusters: list[list[tuple[str, tuple[int, ...]]]] = []
+    for key in sorted(prompts):
+        if clusters:
+            last = clusters[-1][-1]
+            if last[0] == key[0] and common_prefix_len(last[1], key[1]) >= MIN_SHARED_HEAD:
+                clusters[-1].append(key)
+                continue
+        clusters.append([key])
+    order = {key: position for position, key in enumerate(prompts)}
+    return sorted((sorted(cluster, key=order.__getitem__) for cluster in clusters), key=lambda c: order[c[0]])
 
 
 def validate_canvas(read: CanvasSpec, token_limit: int, max_positions: int) -> None:
@@ -103,9 +131,10 @@ class CanvasEngine:
         by_prompt: dict[tuple[str, tuple[int, ...]], list[int]] = {}
         for index, read in enumerate(reads):
             by_prompt.setdefault((read.cache_salt, read.prompt), []).append(index)
-        for (_, prompt), members in by_prompt.items():
-            cache = self._encode(prompt, batch)
-            computed[members[0]] = len(prompt)
+        caches = self._encode_all(list(by_prompt), batch)
+        for key, members in by_prompt.items():
+            cache, tokens = caches[key]
+            computed[members[0]] = tokens
             by_width: dict[int, list[int]] = {}
             for index in members:
                 by_width.setdefault(len(reads[index].canvas), []).append(index)
@@ -117,10 +146,33 @@ class CanvasEngine:
             batch.outcomes.append(CanvasOutcome(id=read.id, rows=rows[index], tokens_computed=computed.get(index, 0)))
         return batch
 
-    def _encode(self, prompt: tuple[int, ...], batch: CanvasBatchOutcome) -> Any:
+    def _encode_all(
+        self, prompts: list[tuple[str, tuple[int, ...]]], batch: CanvasBatchOutcome
+    ) -> dict[tuple[str, tuple[int, ...]], tuple[Any, int]]:
+        """The encoder cache of every distinct (salt, prompt), and the tokens its pass computed. The encoder is
+        causal, so prompts of one salt that start alike (the questions of a request share the chat head and the
+        state) encode their shared head once; each continues from its own copy of that cache."""
+        caches: dict[tuple[str, tuple[int, ...]], tuple[Any, int]] = {}
+        for cluster in shared_head_clusters(prompts):
+            shared = min(len(prompt) for _, prompt in cluster)
+            for _, prompt in cluster:
+                shared = min(shared, common_prefix_len(cluster[0][1], prompt))
+            if len(cluster) == 1 or shared < MIN_SHARED_HEAD:
+                for key in cluster:
+                    caches[key] = (self._encode(key[1], batch), len(key[1]))
+                continue
+            head = self._encode(cluster[0][1][:shared], batch)
+            for position, key in enumerate(cluster):
+                tail = key[1][shared:]
+                cache = self._encode(tail, batch, copy.deepcopy(head)) if tail else head
+                caches[key] = (cache, len(tail) + (shared if position == 0 else 0))
+        return caches
+
+    def _encode(self, prompt: tuple[int, ...], batch: CanvasBatchOutcome, after: Any = None) -> Any:
+        """The encoder's cache after `prompt`, continuing `after` (a cache the pass extends in place) if given."""
         started = time.perf_counter()
         ids = torch.tensor([prompt], dtype=torch.long, device=self.model.device)
-        cache = self._module.model.encoder(input_ids=ids).cache
+        cache = self._module.model.encoder(input_ids=ids, cache=after).cache
         self.model.synchronize()
         batch.forward_seconds += time.perf_counter() - started
         batch.forward_passes += 1
