@@ -429,6 +429,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn joint_is_a_boolean_defaulting_to_false() {
+        let body = |joint: Value| json!({"input": "x", "joint": joint, "questions": [{"id": "u", "type": "yes_no", "question": "Urgent?"}]});
+        let parsed = |joint: Value| parse(&body(joint), &Limits::default(), None);
+        assert!(parsed(json!(true)).unwrap().request.joint);
+        assert!(!parsed(Value::Null).unwrap().request.joint);
+        let Err(DecisionError::Invalid(errors)) = parsed(json!(1)) else {
+            panic!("a non-boolean joint is invalid")
+        };
+        assert_eq!(errors[0].param(), "joint");
+    }
+
+    #[test]
     fn parses_all_types_with_temperature() {
         let p = parse(
             &json!({"input": {"ticket": "x"}, "temperature": 0.5, "prompt_format_version": 1, "return_prompt_token_ids": true, "questions": [

@@ -629,6 +629,36 @@ mod tests {
     }
 
     #[test]
+    fn joint_is_a_boolean_defaulting_to_false() {
+        let body = |joint: Value| json!({"state": "s", "joint": joint, "questions": {"u": {"type": "noul", "instructions": "x"}}});
+        let limits = limits();
+        assert!(
+            parse(&body(json!(true)), &limits, Compat::Typesafe)
+                .unwrap()
+                .joint
+        );
+        assert!(
+            !parse(&body(json!(false)), &limits, Compat::Typesafe)
+                .unwrap()
+                .joint
+        );
+        assert!(
+            !parse(&body(Value::Null), &limits, Compat::Typesafe)
+                .unwrap()
+                .joint
+        );
+        let Err(DecisionError::Invalid(errors)) =
+            parse(&body(json!("yes")), &limits, Compat::Typesafe)
+        else {
+            panic!("a non-boolean joint is invalid")
+        };
+        assert_eq!(
+            (errors[0].param(), errors[0].kind),
+            ("joint".to_owned(), "bool_type")
+        );
+    }
+
+    #[test]
     fn parses_the_spec_example() {
         let body = json!({
             "model": "jev-latest",

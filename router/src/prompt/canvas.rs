@@ -1059,6 +1059,53 @@ mod tests {
     }
 
     #[test]
+    fn a_served_canvas_below_sixteen_tokens_or_no_vocab_size_is_refused_at_startup() {
+        let edit_config = |edit: fn(&mut serde_json::Map<String, Value>)| {
+            altered(move |dir| {
+                let path = dir.join("config.json");
+                let mut config: Value =
+                    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+                edit(config.as_object_mut().unwrap());
+                std::fs::write(&path, config.to_string()).unwrap();
+            })
+        };
+        let short = edit_config(|c| {
+            c.insert("canvas_length".into(), json!(8));
+        });
+        let err = DiffusionGemmaCanvasStrategy::load(&short, 8192)
+            .err()
+            .expect("refused");
+        assert!(
+            err.contains("need a canvas of 16, and the served canvas is 8"),
+            "{err}"
+        );
+        let no_vocab = edit_config(|c| {
+            c.get_mut("text_config")
+                .unwrap()
+                .as_object_mut()
+                .unwrap()
+                .remove("vocab_size");
+        });
+        let err = DiffusionGemmaCanvasStrategy::load(&no_vocab, 8192)
+            .err()
+            .expect("refused");
+        assert!(err.contains("config.json has no vocab_size"), "{err}");
+        // Without canvas_length, transformers' default (256) is served.
+        let default = edit_config(|c| {
+            c.remove("canvas_length");
+        });
+        assert_eq!(
+            DiffusionGemmaCanvasStrategy::load(&default, 8192)
+                .unwrap()
+                .served,
+            256
+        );
+        for dir in [short, no_vocab, default] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    #[test]
     fn answer_lines_that_do_not_tokenize_as_prefix_and_label_turn_joint_reads_off() {
         // An added token ": yes" makes "1: yes" encode as ["1", ": yes"], unlike "1: no".
         let dir = altered(|dir| {

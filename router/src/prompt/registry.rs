@@ -200,6 +200,21 @@ mod tests {
         }
     }
 
+    /// DiffusionGemma loads its canvas strategy, in its own wording under any profile.
+    #[test]
+    fn diffusion_gemma_loads_the_canvas_strategy() {
+        use crate::prompt::wording::PromptFormat;
+        let dir = copy_of("tiny-diffusiongemma", None);
+        for wording in [Wording::Vllm, Wording::Sglang] {
+            let options = StrategyOptions { wording, ..OPTIONS };
+            let s = strategy_for("DiffusionGemmaForBlockDiffusion", dir.path(), &options)
+                .expect("loads");
+            assert_eq!(s.name(), "diffusion_gemma_canvas");
+            assert_eq!(s.prompt_format(), PromptFormat::DIFFUSION_GEMMA_CANVAS);
+            assert!(s.supports_joint());
+        }
+    }
+
     #[test]
     fn a_marker_file_is_never_read_with_the_plain_strategy() {
         let clef = copy_of("tiny-qwen3", Some("joint_head_config.json"));
