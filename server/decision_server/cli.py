@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Engine that runs the reads. tree: one masked forward pass over the batch's unique tokens (exact only "
         "when every layer is attention); fork: prefill each shared head once, copy the model's cache/state per "
         "branch (exact for linear attention and convolutions too); naive: one prefill per read (the reference). "
-        "auto: tree for all-attention models, fork for hybrids. tree on a hybrid model is refused at startup.",
+        "auto: tree for all-attention models, fork for hybrids, canvas for block-diffusion models (DiffusionGemma, "
+        "which no other mode reads). tree on a hybrid model is refused at startup.",
     )
     serve.add_argument(
         "--matmul",
