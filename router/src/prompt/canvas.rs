@@ -167,8 +167,7 @@ impl DiffusionGemmaCanvasStrategy {
         self.joint.as_ref().err().map(String::as_str)
     }
 
-    /// The user message of each read: one per question, or one per joint chunk. Returns the texts and,
-    /// for joint reads, each chunk's questions (first index, count).
+    /// The user message of each read: one per question, or one per joint chunk (in `joint_chunks` order).
     fn contents(&self, request: &DecisionRequest, joint: Option<&JointLines>) -> Vec<String> {
         let wording = Wording::Vllm;
         let state = wording.state_text(&request.state);
