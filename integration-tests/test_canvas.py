@@ -366,9 +366,60 @@ def test_refusals_name_the_field(served: Launcher) -> None:
         f"{served.url}/v1/systemone", json={**REQUEST, "joint": "yes"}, timeout=60
     )
     assert r.status_code == 422 and "joint" in r.text, r.text
-    long_state = "9" * 9000  # a token per digit: more than the fixture's 8,192 positions
+    long_state = (
+        "9" * 9000
+    )  # a token per digit: more than the fixture's 8,192 positions
     r = httpx2.post(
         f"{served.url}/v1/systemone", json={**REQUEST, "state": long_state}, timeout=120
     )
     assert r.status_code == 400, r.text
     assert "a canvas read adds" in r.text and "positions" in r.text, r.text
+
+
+def test_concurrent_requests_batch_together_and_read_as_alone(served: Launcher) -> None:
+    """Requests in flight together share shard batches (one canvas read each, or several per joint canvas);
+    each still reads what it reads alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    bodies = [
+        {
+            **REQUEST,
+            "state": f"Ticket {i}: the refund has not arrived after {i + 3} days.",
+            "joint": i % 2 == 1,
+        }
+        for i in range(6)
+    ]
+    alone = [
+        httpx2.post(f"{served.url}/v1/systemone", json=b, timeout=120).json()["answers"]
+        for b in bodies
+    ]
+    before = batch_requests(served)
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        together = list(
+            pool.map(
+                lambda b: httpx2.post(
+                    f"{served.url}/v1/systemone", json=b, timeout=120
+                ).json()["answers"],
+                bodies,
+            )
+        )
+    for one, many in zip(alone, together, strict=True):
+        for qid, question in REQUEST["questions"].items():
+            a, b = (
+                probabilities(one[qid], question["type"]),
+                probabilities(many[qid], question["type"]),
+            )
+            assert max(abs(x - y) for x, y in zip(a, b)) < 1e-6, qid
+    after = batch_requests(served)
+    batches, requests = after[0] - before[0], after[1] - before[1]
+    assert requests == len(bodies) and batches < requests, (batches, requests)
+
+
+def batch_requests(served: Launcher) -> tuple[float, float]:
+    """(batches, requests in them) so far, from the router's decision_batch_requests histogram."""
+    values = {}
+    for line in httpx2.get(f"{served.url}/metrics", timeout=10).text.splitlines():
+        for suffix in ("count", "sum"):
+            if line.startswith(f"decision_batch_requests_{suffix}"):
+                values[suffix] = float(line.split()[-1])
+    return values.get("count", 0.0), values.get("sum", 0.0)
