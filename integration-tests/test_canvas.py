@@ -409,7 +409,9 @@ def test_concurrent_requests_batch_together_and_read_as_alone(served: Launcher) 
                 probabilities(one[qid], question["type"]),
                 probabilities(many[qid], question["type"]),
             )
-            assert max(abs(x - y) for x, y in zip(a, b)) < 1e-6, qid
+            # Batched with other requests, prompts that start alike may share an encoder head (continued from a
+            # copied cache rather than encoded whole): equal to float32 rounding, so the suite's 1e-5.
+            assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, qid
     after = batch_requests(served)
     batches, requests = after[0] - before[0], after[1] - before[1]
     assert requests == len(bodies) and batches < requests, (batches, requests)
