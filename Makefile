@@ -66,14 +66,16 @@ run: install
 	$(VENV)/bin/decision-launcher --port $(PORT)
 
 # The embedded default model and tiny random-weight models of every served architecture (tiny Qwen3 and
-# Qwen3.5 with their real tokenizers; LFM2-VL and Gemma4 with small synthetic ones), each built once.
+# Qwen3.5 with their real tokenizers; LFM2-VL, Gemma4 and DiffusionGemma with small synthetic ones), each built once.
 HYBRID_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl tiny-gemma4 tiny-gemma4-mm
 # Fixtures that ship their processor (image reads); a cached copy from before they did is rebuilt.
 PROCESSOR_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl
+# Block diffusion (DiffusionGemma canvas reads): MoE text layers, a Gemma-style synthetic tokenizer and template.
+DIFFUSION_FIXTURES := tiny-diffusiongemma
 fixtures: venv
 	@$(VENV)/bin/decision-server export-default --out $(CACHE_DIR)/models/SmolLM2-135M-Instruct
 	@# Folders are published atomically, so one with a config.json is complete (skips a 10 s torch import each).
-	@for name in tiny-qwen3 $(HYBRID_FIXTURES); do test -f $(CACHE_DIR)/models/$$name/config.json && \
+	@for name in tiny-qwen3 $(HYBRID_FIXTURES) $(DIFFUSION_FIXTURES); do test -f $(CACHE_DIR)/models/$$name/config.json && \
 		{ [[ " $(PROCESSOR_FIXTURES) " != *" $$name "* ]] || test -f $(CACHE_DIR)/models/$$name/processor_config.json; } || \
 		$(VENV)/bin/decision-server make-fixture $$name --out $(CACHE_DIR)/models/$$name || exit 1; done
 

@@ -276,3 +276,15 @@ def test_a_marked_folder_without_its_strategy_is_refused_by_name(tmp_path: Path)
         assert httpx2.get(f"{launcher.url}/info", timeout=10).json()["read_strategy"] == "none"
     finally:
         launcher.stop(grace_s=20.0)
+
+
+def test_joint_is_refused_by_strategies_that_read_one_question_at_a_time(served: tuple[str, Launcher]) -> None:
+    _name, launcher = served
+    r = httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, "joint": True}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "joint" in r.text and "reads each question on its own" in r.text, r.text
+    sglang = {"input": "x", "questions": [{"id": "u", "type": "yes_no", "question": "Urgent?"}], "joint": True}
+    r = httpx2.post(f"{launcher.url}/v1/decisions", json=sglang, timeout=60)
+    assert r.status_code == 400 and "joint" in r.text, r.text
+    # joint: false is the default everywhere.
+    assert httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, "joint": False}, timeout=60).status_code == 200

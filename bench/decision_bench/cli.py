@@ -73,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tokenizer", help="Model folder with tokenizer.json (and chat template) for exact token counts"
     )
     parser.add_argument("--model", help="`model` field to send (default: none)")
+    parser.add_argument(
+        "--joint",
+        action="store_true",
+        help="Send `joint: true`: the questions of a request read together (DiffusionGemma canvases); default off",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="Per-request timeout in seconds (default 300)")
     parser.add_argument("--label", help="Free text stored in the report (e.g. what A and B are)")
     parser.add_argument("--json", dest="json_out", help="Also write the report to this file")
@@ -134,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             repeat_state_fraction=args.repeat_state_fraction,
             hot_states=args.hot_states,
             model=args.model,
+            joint=args.joint,
         )
         counter = make_counter(args.tokenizer)
     except (ValueError, FileNotFoundError, ImportError) as error:
@@ -210,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             "pause_s": args.pause,
             "seed": spec.seed,
             "repeat_state_fraction": spec.repeat_state_fraction,
+            "joint": spec.joint,
             "token_counts": counter.source,
         },
         "servers": {},

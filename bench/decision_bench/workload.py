@@ -174,6 +174,8 @@ class WorkloadSpec:
     repeat_state_fraction: float = 0.0
     hot_states: int = 8
     model: str | None = None
+    # Send `joint: true` (several questions on one canvas; block-diffusion models only).
+    joint: bool = False
 
     def __post_init__(self) -> None:
         if self.state_tokens < 1:
@@ -231,6 +233,8 @@ class Workload:
         body: dict[str, Any] = {"state": state, "questions": self.schema}
         if self.spec.model is not None:
             body["model"] = self.spec.model
+        if self.spec.joint:
+            body["joint"] = True
         return Request(
             index=index,
             state_key=key,

@@ -117,3 +117,10 @@ def test_question_body_wording() -> None:
 def test_bad_spec_is_refused(changes: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         workload(**changes)
+
+
+def test_joint_requests_carry_the_flag_and_others_do_not() -> None:
+    import json
+
+    assert json.loads(workload(joint=True).request(0).body)["joint"] is True
+    assert "joint" not in json.loads(workload().request(0).body)

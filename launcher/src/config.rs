@@ -57,7 +57,8 @@ pub struct Config {
     /// masked pass would mix sibling questions. `tree` shares each prompt's prefix in one masked
     /// forward pass; `fork` prefills a shared prefix once and copies its cache per question; `naive`
     /// runs one full prefill per question (slower; the reference the others must equal). A mode the
-    /// model cannot read exactly with is refused at startup.
+    /// model cannot read exactly with is refused at startup. Block-diffusion models (DiffusionGemma)
+    /// always read canvases (`auto` picks the canvas engine; the other modes are refused).
     #[arg(long, env = "READ_MODE", value_enum, default_value_t = ReadMode::Auto)]
     pub read_mode: ReadMode,
 

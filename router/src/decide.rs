@@ -7,10 +7,10 @@ use crate::error::DecisionError;
 use crate::ir::{Decision, DecisionRequest, Usage};
 use crate::limits::Limits;
 use crate::media::{self, Fetcher, MediaBlob, MediaPolicy};
-use crate::read::ReadMedia;
 use crate::prompt::wording::PromptFormat;
 use crate::prompt::{PreparedRead, ReadStrategy};
 use crate::queue::{Queue, ReadTiming};
+use crate::read::ReadMedia;
 
 /// A request with its answers, and (when asked for) the reads that produced them.
 pub struct Decided {
@@ -52,6 +52,15 @@ impl Decider {
             .map_err(|reason| DecisionError::NotServable(reason.clone()))?
             .clone();
         crate::prompt::check_media(strategy.as_ref(), &request)?;
+        if request.joint && !strategy.supports_joint() {
+            return Err(DecisionError::BadRequest {
+                param: Some("joint".into()),
+                message: format!(
+                    "joint: this model ({} reads) reads each question on its own; joint reads need a block-diffusion model (DiffusionGemma)",
+                    strategy.name()
+                ),
+            });
+        }
         // Fetched (and every limit checked) before any prompt work; shared by every read of the request.
         let fetched: Arc<[ReadMedia]> = media::resolve(&request.media, &self.media, &self.fetcher)
             .await?
@@ -107,12 +116,20 @@ impl Decider {
         metrics::counter!("decision_prompt_tokens_total").increment(input_tokens as u64);
         metrics::counter!("decision_cached_tokens_total").increment(cached_tokens);
         metrics::counter!("decision_computed_tokens_total").increment(computed_tokens);
-        metrics::counter!("decision_questions_total").increment(outcomes.len() as u64);
-        let answers = reads
+        let answers: Vec<_> = reads
             .iter()
             .zip(&outcomes)
-            .map(|(read, outcome)| strategy_ref.answer(read, outcome, temperature))
+            .flat_map(|(read, outcome)| strategy_ref.answers(read, outcome, temperature))
             .collect();
+        if answers.len() != request.questions.len() {
+            return Err(DecisionError::Internal(format!(
+                "{} reads answered {} questions of {}",
+                reads.len(),
+                answers.len(),
+                request.questions.len()
+            )));
+        }
+        metrics::counter!("decision_questions_total").increment(answers.len() as u64);
         let kept = keep_reads.then_some(reads);
         let usage = Usage {
             input_tokens: input_tokens as u64 + media_tokens,
@@ -158,10 +175,7 @@ mod tests {
     use super::*;
 
     fn read(ids: &[u32]) -> PreparedRead {
-        PreparedRead {
-            token_ids: ids.to_vec(),
-            ..Default::default()
-        }
+        PreparedRead::next_token(ids.to_vec(), vec![])
     }
 
     #[test]

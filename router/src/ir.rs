@@ -17,6 +17,9 @@ pub struct DecisionRequest {
     pub cache_salt: String,
     /// Images, audio and videos attached to the request (URLs or data URLs), in request order.
     pub media: Media,
+    /// Read several questions together (one canvas for many on block-diffusion models); a strategy
+    /// that reads each question on its own refuses it.
+    pub joint: bool,
 }
 
 /// A kind of media input, named as the request field that carries it.

@@ -365,11 +365,7 @@ mod tests {
     fn reads(first_tokens: &[u32]) -> Vec<PreparedRead> {
         first_tokens
             .iter()
-            .map(|&t| PreparedRead {
-                token_ids: vec![t, 1, 2],
-                labels: vec![LabelGroup::single(vec![7])],
-                ..Default::default()
-            })
+            .map(|&t| PreparedRead::next_token(vec![t, 1, 2], vec![LabelGroup::single(vec![7])]))
             .collect()
     }
 
@@ -421,8 +417,12 @@ mod tests {
             other => panic!("{:?}", other.map(|(o, _)| o)),
         }
         let (outcomes, _) = good.await.unwrap().unwrap();
-        assert_eq!(outcomes[0].greedy_token_id, 1);
-        assert_eq!(shard.batches(), vec![2], "the two requests shared one batch");
+        assert_eq!(outcomes[0].row().greedy_token_id, 1);
+        assert_eq!(
+            shard.batches(),
+            vec![2],
+            "the two requests shared one batch"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -440,7 +440,7 @@ mod tests {
         assert_eq!(
             outcomes
                 .iter()
-                .map(|o| o.greedy_token_id)
+                .map(|o| o.rows[0].greedy_token_id)
                 .collect::<Vec<_>>(),
             vec![5, 6]
         );
@@ -463,7 +463,10 @@ mod tests {
         assert_eq!(shard.batches(), vec![2], "one shard call for both requests");
         assert_eq!(timing.queued, Duration::from_millis(10));
         assert_eq!(
-            (first[0].greedy_token_id, second[0].greedy_token_id),
+            (
+                first[0].rows[0].greedy_token_id,
+                second[0].rows[0].greedy_token_id
+            ),
             (1, 2)
         );
     }
@@ -508,7 +511,7 @@ mod tests {
         let mut queued = Vec::new();
         for (i, handle) in handles.into_iter().enumerate() {
             let (outcomes, timing) = handle.await.unwrap().unwrap();
-            assert_eq!(outcomes[0].greedy_token_id, i as u32);
+            assert_eq!(outcomes[0].rows[0].greedy_token_id, i as u32);
             queued.push(timing.queued);
         }
         // The first goes alone; the next two fill the 10-token budget; the last waits for a third call.
@@ -533,7 +536,7 @@ mod tests {
             .read(reads(&[4]), 3, String::new(), queue.arrival())
             .await
             .unwrap();
-        assert_eq!(after[0].greedy_token_id, 4);
+        assert_eq!(after[0].rows[0].greedy_token_id, 4);
         assert_eq!(
             shard.batches(),
             vec![1, 1],

@@ -8,6 +8,29 @@ use decision_proto::v1 as pb;
 use crate::error::DecisionError;
 use crate::ir::Modality;
 
+/// One media input as fetched, ready for the shard's processor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadMedia {
+    pub modality: Modality,
+    /// The request field and position (`images.0`): shard errors about it name it.
+    pub name: String,
+    pub data: Arc<[u8]>,
+    /// Hex sha256 of `data`.
+    pub sha256: String,
+}
+
+/// A medium the shard could not take (`images.1: cannot decode …`): the client's error, a 400 naming the
+/// position the message starts with.
+pub fn media_error(message: &str) -> DecisionError {
+    DecisionError::BadRequest {
+        param: message
+            .split_once(": ")
+            .map(|(name, _)| name.to_owned())
+            .filter(|name| name.contains('.') && !name.contains(' ')),
+        message: message.to_owned(),
+    }
+}
+
 /// One allowed answer and every token sequence that spells it ("yes", "Yes", "YES"; "A", " A").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LabelGroup {
@@ -23,48 +46,89 @@ impl LabelGroup {
     }
 }
 
-/// One media input as fetched, ready for the shard's processor.
+/// One answer slot of a canvas read: the canvas position read, and the label groups scored there
+/// (every variant one token: a slot holds one token).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReadMedia {
-    pub modality: Modality,
-    /// The request field and position (`images.0`): shard errors about it name it.
-    pub name: String,
-    pub data: Arc<[u8]>,
-    /// Hex sha256 of `data`.
-    pub sha256: String,
+pub struct CanvasRow {
+    pub position: u32,
+    pub labels: Vec<LabelGroup>,
 }
 
-/// One question ready for the shard: its whole prompt, the label groups read after it, and the media
-/// its placeholder tokens stand for (shared by every read of a request).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What a read asks the shard to compute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadKind {
+    /// The distribution after the prompt, restricted to the label groups (one question).
+    NextToken { labels: Vec<LabelGroup> },
+    /// One read-only bidirectional step over a seeded canvas after the prompt; one row per question
+    /// (several on a joint canvas).
+    Canvas {
+        canvas: Vec<u32>,
+        rows: Vec<CanvasRow>,
+    },
+}
+
+/// One read ready for the shard: its whole prompt, what is read after it, and the media its
+/// placeholder tokens stand for (shared by every read of a request).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PreparedRead {
+    /// The prompt (for a canvas read: the encoder's input, thought block included).
     pub token_ids: Vec<u32>,
-    pub labels: Vec<LabelGroup>,
+    pub kind: ReadKind,
     pub media: Arc<[ReadMedia]>,
 }
 
 impl PreparedRead {
-    /// Every first token that starts a label (to tell whether the model's own pick is a label).
-    pub fn first_tokens(&self) -> impl Iterator<Item = u32> + '_ {
-        self.labels
-            .iter()
-            .flat_map(|g| g.variants.iter().filter_map(|v| v.first().copied()))
+    pub fn next_token(token_ids: Vec<u32>, labels: Vec<LabelGroup>) -> Self {
+        PreparedRead {
+            token_ids,
+            kind: ReadKind::NextToken { labels },
+            media: Arc::default(),
+        }
+    }
+
+    pub fn canvas(token_ids: Vec<u32>, canvas: Vec<u32>, rows: Vec<CanvasRow>) -> Self {
+        PreparedRead {
+            token_ids,
+            kind: ReadKind::Canvas { canvas, rows },
+            media: Arc::default(),
+        }
+    }
+
+    /// The label groups of each question this read answers, in question order (one for a next-token
+    /// read, one per row for a canvas).
+    pub fn question_labels(&self) -> Vec<&[LabelGroup]> {
+        match &self.kind {
+            ReadKind::NextToken { labels } => vec![labels.as_slice()],
+            ReadKind::Canvas { rows, .. } => rows.iter().map(|r| r.labels.as_slice()).collect(),
+        }
+    }
+
+    /// How many questions this read answers.
+    pub fn questions(&self) -> usize {
+        match &self.kind {
+            ReadKind::NextToken { .. } => 1,
+            ReadKind::Canvas { rows, .. } => rows.len(),
+        }
     }
 
     pub fn to_pb(&self, id: u64, cache_salt: &str) -> pb::Read {
-        let labels = self
-            .labels
-            .iter()
-            .map(|group| pb::LabelGroup {
-                variants: group
-                    .variants
+        let kind = match &self.kind {
+            ReadKind::NextToken { labels } => pb::read::Kind::NextToken(pb::NextTokenRead {
+                token_ids: self.token_ids.clone(),
+                labels: groups_to_pb(labels),
+            }),
+            ReadKind::Canvas { canvas, rows } => pb::read::Kind::Canvas(pb::CanvasRead {
+                prompt_ids: self.token_ids.clone(),
+                canvas_ids: canvas.clone(),
+                rows: rows
                     .iter()
-                    .map(|v| pb::LabelSequence {
-                        token_ids: v.clone(),
+                    .map(|row| pb::CanvasRow {
+                        position: row.position,
+                        labels: groups_to_pb(&row.labels),
                     })
                     .collect(),
-            })
-            .collect();
+            }),
+        };
         let media = self
             .media
             .iter()
@@ -83,87 +147,42 @@ impl PreparedRead {
             id,
             cache_salt: cache_salt.to_owned(),
             media,
-            kind: Some(pb::read::Kind::NextToken(pb::NextTokenRead {
-                token_ids: self.token_ids.clone(),
-                labels,
-            })),
+            kind: Some(kind),
         }
     }
 }
 
-/// A medium the shard could not take (`images.1: cannot decode …`): the client's error, a 400 naming the
-/// position the message starts with.
-pub fn media_error(message: &str) -> DecisionError {
-    DecisionError::BadRequest {
-        param: message
-            .split_once(": ")
-            .map(|(name, _)| name.to_owned())
-            .filter(|name| name.contains('.') && !name.contains(' ')),
-        message: message.to_owned(),
-    }
+/// Every first token that starts a label (to tell whether the model's own pick is a label).
+pub fn first_tokens(labels: &[LabelGroup]) -> impl Iterator<Item = u32> + '_ {
+    labels
+        .iter()
+        .flat_map(|g| g.variants.iter().filter_map(|v| v.first().copied()))
 }
 
-/// What the shard said about one read, checked to have the read's shape.
+fn groups_to_pb(labels: &[LabelGroup]) -> Vec<pb::LabelGroup> {
+    labels
+        .iter()
+        .map(|group| pb::LabelGroup {
+            variants: group
+                .variants
+                .iter()
+                .map(|v| pb::LabelSequence {
+                    token_ids: v.clone(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// What the shard said about one answer position, checked to have its labels' shape.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ReadOutcome {
+pub struct RowOutcome {
     /// log P(variant | prompt), per label group and variant, in the read's order.
     pub variant_logprobs: Vec<Vec<f64>>,
     pub greedy_token_id: u32,
-    pub tokens_computed: u32,
-    pub tokens_cached: u32,
-    /// Tokens the read's media expanded into (part of `tokens_computed`).
-    pub media_tokens: u32,
 }
 
-impl ReadOutcome {
-    /// Checks that `result` answers `read`: the same kind, one entry per label group, one log-prob per
-    /// variant, each a log-probability (≤ 0, or −∞ for an impossible label). A shard that breaks this is
-    /// a bug there; it becomes a 500 naming what was wrong, never a panic here.
-    pub fn check(read: &PreparedRead, result: pb::ReadResult) -> Result<Self, String> {
-        let next_token = match result.kind {
-            Some(pb::read_result::Kind::NextToken(r)) => r,
-            None => return Err("the shard's result has no kind (expected next_token)".into()),
-        };
-        if read.media.is_empty() && result.media_tokens != 0 {
-            return Err(format!(
-                "the shard counted {} media tokens for a read without media",
-                result.media_tokens
-            ));
-        }
-        if next_token.labels.len() != read.labels.len() {
-            return Err(format!(
-                "the shard returned {} label groups for a read of {}",
-                next_token.labels.len(),
-                read.labels.len()
-            ));
-        }
-        let mut variant_logprobs = Vec::with_capacity(read.labels.len());
-        for (i, (group, got)) in read.labels.iter().zip(next_token.labels).enumerate() {
-            if got.variant_logprobs.len() != group.variants.len() {
-                return Err(format!(
-                    "label group {i}: the shard returned {} log-probs for {} variants",
-                    got.variant_logprobs.len(),
-                    group.variants.len()
-                ));
-            }
-            if let Some(bad) = got
-                .variant_logprobs
-                .iter()
-                .find(|lp| lp.is_nan() || **lp > 1e-6)
-            {
-                return Err(format!("label group {i}: {bad} is not a log-probability"));
-            }
-            variant_logprobs.push(got.variant_logprobs);
-        }
-        Ok(ReadOutcome {
-            variant_logprobs,
-            greedy_token_id: next_token.greedy_token_id,
-            tokens_computed: result.tokens_computed,
-            tokens_cached: result.tokens_cached,
-            media_tokens: result.media_tokens,
-        })
-    }
-
+impl RowOutcome {
     /// Each label's log-prob: the best of its variants (the model "says" a label by any one spelling).
     pub fn label_logprobs(&self) -> Vec<f64> {
         self.variant_logprobs
@@ -183,21 +202,242 @@ impl ReadOutcome {
     }
 }
 
+/// What the shard said about one read, checked to have the read's shape: one row for a next-token
+/// read, one per canvas row for a canvas read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadOutcome {
+    pub rows: Vec<RowOutcome>,
+    pub tokens_computed: u32,
+    pub tokens_cached: u32,
+    /// Tokens the read's media expanded into (part of `tokens_computed`).
+    pub media_tokens: u32,
+}
+
+impl ReadOutcome {
+    /// Checks that `result` answers `read`: the same kind, one row per answer position, one entry per
+    /// label group, one log-prob per variant, each a log-probability (≤ 0, or −∞ for an impossible
+    /// label). A shard that breaks this is a bug there; it becomes a 500 naming what was wrong, never
+    /// a panic here.
+    pub fn check(read: &PreparedRead, result: pb::ReadResult) -> Result<Self, String> {
+        if read.media.is_empty() && result.media_tokens != 0 {
+            return Err(format!(
+                "the shard counted {} media tokens for a read without media",
+                result.media_tokens
+            ));
+        }
+        let rows = match (&read.kind, result.kind) {
+            (ReadKind::NextToken { labels }, Some(pb::read_result::Kind::NextToken(r))) => {
+                vec![check_row(labels, r.labels, r.greedy_token_id, "")?]
+            }
+            (ReadKind::Canvas { rows, .. }, Some(pb::read_result::Kind::Canvas(r))) => {
+                if r.rows.len() != rows.len() {
+                    return Err(format!(
+                        "the shard returned {} canvas rows for a read of {}",
+                        r.rows.len(),
+                        rows.len()
+                    ));
+                }
+                rows.iter()
+                    .zip(r.rows)
+                    .enumerate()
+                    .map(|(i, (row, got))| {
+                        check_row(
+                            &row.labels,
+                            got.labels,
+                            got.greedy_token_id,
+                            &format!("canvas row {i}: "),
+                        )
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            (kind, got) => {
+                let expected = match kind {
+                    ReadKind::NextToken { .. } => "next_token",
+                    ReadKind::Canvas { .. } => "canvas",
+                };
+                return Err(match got {
+                    None => format!("the shard's result has no kind (expected {expected})"),
+                    Some(_) => {
+                        format!("the shard's result is of another kind (expected {expected})")
+                    }
+                });
+            }
+        };
+        Ok(ReadOutcome {
+            rows,
+            tokens_computed: result.tokens_computed,
+            tokens_cached: result.tokens_cached,
+            media_tokens: result.media_tokens,
+        })
+    }
+
+    /// The only row of a next-token read (the first of a canvas).
+    pub fn row(&self) -> &RowOutcome {
+        &self.rows[0]
+    }
+}
+
+fn check_row(
+    labels: &[LabelGroup],
+    got: Vec<pb::LabelGroupLogprobs>,
+    greedy_token_id: u32,
+    at: &str,
+) -> Result<RowOutcome, String> {
+    if got.len() != labels.len() {
+        return Err(format!(
+            "{at}the shard returned {} label groups for a read of {}",
+            got.len(),
+            labels.len()
+        ));
+    }
+    let mut variant_logprobs = Vec::with_capacity(labels.len());
+    for (i, (group, got)) in labels.iter().zip(got).enumerate() {
+        if got.variant_logprobs.len() != group.variants.len() {
+            return Err(format!(
+                "{at}label group {i}: the shard returned {} log-probs for {} variants",
+                got.variant_logprobs.len(),
+                group.variants.len()
+            ));
+        }
+        if let Some(bad) = got
+            .variant_logprobs
+            .iter()
+            .find(|lp| lp.is_nan() || **lp > 1e-6)
+        {
+            return Err(format!(
+                "{at}label group {i}: {bad} is not a log-probability"
+            ));
+        }
+        variant_logprobs.push(got.variant_logprobs);
+    }
+    Ok(RowOutcome {
+        variant_logprobs,
+        greedy_token_id,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn read() -> PreparedRead {
-        PreparedRead {
-            token_ids: vec![1, 2, 3],
-            labels: vec![
+        PreparedRead::next_token(
+            vec![1, 2, 3],
+            vec![
                 LabelGroup {
                     variants: vec![vec![10], vec![11], vec![12]],
                 },
                 LabelGroup::single(vec![20, 21]),
             ],
-            ..Default::default()
+        )
+    }
+
+    fn canvas_read() -> PreparedRead {
+        PreparedRead::canvas(
+            vec![1, 2, 3],
+            vec![7, 8, 9, 9],
+            vec![
+                CanvasRow {
+                    position: 0,
+                    labels: vec![LabelGroup::single(vec![10]), LabelGroup::single(vec![11])],
+                },
+                CanvasRow {
+                    position: 2,
+                    labels: vec![LabelGroup {
+                        variants: vec![vec![12], vec![13]],
+                    }],
+                },
+            ],
+        )
+    }
+
+    fn canvas_result(rows: Vec<Vec<Vec<f64>>>) -> pb::ReadResult {
+        pb::ReadResult {
+            id: 0,
+            tokens_computed: 3,
+            tokens_cached: 0,
+            media_tokens: 0,
+            media_error: String::new(),
+            kind: Some(pb::read_result::Kind::Canvas(pb::CanvasResult {
+                rows: rows
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, groups)| pb::CanvasRowResult {
+                        labels: groups
+                            .into_iter()
+                            .map(|v| pb::LabelGroupLogprobs {
+                                variant_logprobs: v,
+                            })
+                            .collect(),
+                        greedy_token_id: 10 + i as u32,
+                    })
+                    .collect(),
+            })),
         }
+    }
+
+    #[test]
+    fn canvas_reads_travel_with_their_rows_and_results_are_checked_per_row() {
+        let pb = canvas_read().to_pb(3, "");
+        let Some(pb::read::Kind::Canvas(c)) = pb.kind else {
+            panic!("canvas read expected")
+        };
+        assert_eq!(
+            (c.prompt_ids, c.canvas_ids),
+            (vec![1, 2, 3], vec![7, 8, 9, 9])
+        );
+        assert_eq!(
+            c.rows.iter().map(|r| r.position).collect::<Vec<_>>(),
+            vec![0, 2]
+        );
+        assert_eq!(c.rows[1].labels[0].variants.len(), 2);
+        assert_eq!(canvas_read().questions(), 2);
+        let outcome = ReadOutcome::check(
+            &canvas_read(),
+            canvas_result(vec![vec![vec![-1.0], vec![-2.0]], vec![vec![-3.0, -0.5]]]),
+        )
+        .expect("well-formed");
+        assert_eq!(outcome.rows.len(), 2);
+        assert_eq!(outcome.rows[1].label_logprobs(), vec![-0.5]);
+        assert_eq!(outcome.rows[1].greedy_token_id, 11);
+        let cases: Vec<(pb::ReadResult, &str)> = vec![
+            (
+                canvas_result(vec![vec![vec![-1.0], vec![-2.0]]]),
+                "1 canvas rows for a read of 2",
+            ),
+            (
+                canvas_result(vec![vec![vec![-1.0]], vec![vec![-3.0, -0.5]]]),
+                "canvas row 0: the shard returned 1 label groups for a read of 2",
+            ),
+            (
+                canvas_result(vec![vec![vec![-1.0], vec![-2.0]], vec![vec![-3.0]]]),
+                "canvas row 1: label group 0: the shard returned 1 log-probs for 2 variants",
+            ),
+            (
+                canvas_result(vec![
+                    vec![vec![-1.0], vec![f64::NAN]],
+                    vec![vec![-3.0, -0.5]],
+                ]),
+                "canvas row 0: label group 1: NaN is not a log-probability",
+            ),
+            (result(vec![vec![-1.0]]), "another kind (expected canvas)"),
+            (
+                pb::ReadResult {
+                    kind: None,
+                    ..Default::default()
+                },
+                "no kind (expected canvas)",
+            ),
+        ];
+        for (bad, expected) in cases {
+            let err = ReadOutcome::check(&canvas_read(), bad).expect_err(expected);
+            assert!(
+                err.contains(expected),
+                "{err:?} should contain {expected:?}"
+            );
+        }
+        let err = ReadOutcome::check(&read(), canvas_result(vec![])).expect_err("kind");
+        assert!(err.contains("another kind (expected next_token)"), "{err}");
     }
 
     fn result(groups: Vec<Vec<f64>>) -> pb::ReadResult {
@@ -236,8 +476,9 @@ mod tests {
             variants,
             vec![vec![vec![10], vec![11], vec![12]], vec![vec![20, 21]]]
         );
+        let read = read();
         assert_eq!(
-            read().first_tokens().collect::<Vec<_>>(),
+            first_tokens(read.question_labels()[0]).collect::<Vec<_>>(),
             vec![10, 11, 12, 20]
         );
     }
@@ -250,15 +491,15 @@ mod tests {
             result(vec![vec![lp(0.2), lp(0.3), lp(0.1)], vec![lp(0.25)]]),
         )
         .expect("well-formed");
-        let labels = outcome.label_logprobs();
+        let labels = outcome.row().label_logprobs();
         assert!((labels[0] - lp(0.3)).abs() < 1e-12 && (labels[1] - lp(0.25)).abs() < 1e-12);
-        assert!((outcome.label_mass() - 0.85).abs() < 1e-12);
+        assert!((outcome.row().label_mass() - 0.85).abs() < 1e-12);
         let impossible = ReadOutcome::check(
             &read(),
             result(vec![vec![f64::NEG_INFINITY; 3], vec![lp(0.5)]]),
         )
         .unwrap();
-        assert_eq!(impossible.label_logprobs()[0], f64::NEG_INFINITY);
+        assert_eq!(impossible.row().label_logprobs()[0], f64::NEG_INFINITY);
     }
 
     #[test]

@@ -348,7 +348,11 @@ fn refuse_multipart(headers: &HeaderMap) -> Result<(), DecisionError> {
     let multipart = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("multipart/")
+        });
     if multipart {
         return Err(DecisionError::BadRequest {
             param: Some("images".into()),
@@ -702,7 +706,10 @@ mod tests {
         let response = call(&state, request).await;
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         let body = text(response).await;
-        assert!(body.contains("multipart asset uploads") && body.contains("`images`"), "{body}");
+        assert!(
+            body.contains("multipart asset uploads") && body.contains("`images`"),
+            "{body}"
+        );
     }
 
     #[tokio::test]

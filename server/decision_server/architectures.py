@@ -15,6 +15,11 @@ AUTO_CAUSAL_LM = "AutoModelForCausalLM"
 ENGINE_NAMES = ("tree", "fork", "naive")
 # `--read-mode` values: auto picks tree for all-attention models and fork for hybrids.
 READ_MODES = ("auto", *ENGINE_NAMES)
+# Reads of block-diffusion models: an encoder pass per prompt, then one bidirectional step per canvas. Not a
+# `--read-mode`: the architecture decides it (auto), and the next-token engines cannot read these models.
+CANVAS_ENGINE = "canvas"
+NEXT_TOKEN = "next_token"
+CANVAS = "canvas"
 
 # Layer kinds a tree mask computes exactly: attention that applies any mask it is given (sliding layers get a
 # windowed one). Other attention kinds (chunked, compressed, ...) would need masks the tree engine does not build.
@@ -59,6 +64,8 @@ class Architecture:
     image_area_cap: int | None = None
     # The forward takes the processor's `mm_token_type_ids` (which tokens are image / video placeholders).
     mm_token_type_ids: bool = False
+    # The read kind the model computes: next-token reads (causal LMs) or canvas reads (block diffusion).
+    reads: str = NEXT_TOKEN
 
     @property
     def transformers_class(self) -> str:
@@ -83,6 +90,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("Gemma4ForCausalLM", TRANSFORMERS),
         Architecture("Gemma4ForConditionalGeneration", TRANSFORMERS, media=IMAGES),
         Architecture("Lfm2VlForConditionalGeneration", TRANSFORMERS, media=IMAGES, image_area_cap=1024 * 1024),
+        Architecture("DiffusionGemmaForBlockDiffusion", TRANSFORMERS, reads=CANVAS),
     )
 }
 
@@ -146,6 +154,13 @@ def choose_engine(requested: str, architecture: str, text_config: Any) -> str:
     """The engine `--read-mode requested` runs for this model; refuses tree where it would be silently wrong."""
     if requested not in READ_MODES:
         raise ValueError(f"unknown read mode {requested!r}; choose {', '.join(READ_MODES)}")
+    if lookup(architecture).reads == CANVAS:
+        if requested != "auto":
+            raise EngineRefusedError(
+                f"--read-mode {requested} cannot serve {architecture}: it is a block-diffusion model, read by "
+                "canvas reads (one encoder pass, one bidirectional denoising step). Use --read-mode auto."
+            )
+        return CANVAS_ENGINE
     if requested == "auto":
         return default_engine(text_config)
     if requested == "tree":

@@ -25,6 +25,7 @@ FIXTURE_NAMES = (
     "tiny-lfm2-vl",
     "tiny-gemma4",
     "tiny-gemma4-mm",
+    "tiny-diffusiongemma",
 )
 
 
@@ -55,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Engine that runs the reads. tree: one masked forward pass over the batch's unique tokens (exact only "
         "when every layer is attention); fork: prefill each shared head once, copy the model's cache/state per "
         "branch (exact for linear attention and convolutions too); naive: one prefill per read (the reference). "
-        "auto: tree for all-attention models, fork for hybrids. tree on a hybrid model is refused at startup.",
+        "auto: tree for all-attention models, fork for hybrids, canvas for block-diffusion models (DiffusionGemma, "
+        "which no other mode reads). tree on a hybrid model is refused at startup.",
     )
     serve.add_argument(
         "--matmul",

@@ -12,6 +12,7 @@ from typing import Any
 
 from decision_server.atomic import build_folder_atomically
 from decision_server.export import write_chat_template
+from decision_server.fixtures_diffusion import DIFFUSION_FIXTURE_NAMES, make_diffusion_fixture
 from decision_server.fixtures_hybrid import HYBRID_FIXTURE_NAMES, make_hybrid_fixture
 from decision_server.progress import StepProgress
 
@@ -70,8 +71,8 @@ FIXTURES: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
-# Every name `make_fixture` builds: the Qwen3 shapes above, then the hybrid and multimodal families.
-FIXTURE_NAMES: tuple[str, ...] = (*FIXTURES, *HYBRID_FIXTURE_NAMES)
+# Every name `make_fixture` builds: the Qwen3 shapes above, then the hybrid and multimodal families, then diffusion.
+FIXTURE_NAMES: tuple[str, ...] = (*FIXTURES, *HYBRID_FIXTURE_NAMES, *DIFFUSION_FIXTURE_NAMES)
 
 
 def fixture_config(name: str) -> dict[str, Any]:
@@ -99,6 +100,8 @@ def make_fixture(name: str, out: Path, seed: int = 0) -> bool:
     """Builds fixture `name` into `out`; returns False when `out` was already complete."""
     if name in HYBRID_FIXTURE_NAMES:
         return make_hybrid_fixture(name, out, seed=seed)
+    if name in DIFFUSION_FIXTURE_NAMES:
+        return make_diffusion_fixture(name, out, seed=seed)
     config_kwargs = fixture_config(name)
     _, dtype_name = FIXTURES[name]
 

@@ -16,7 +16,7 @@ import grpc
 
 from decision_server.architectures import architecture_of, choose_engine
 from decision_server.distributed import ParallelConfig
-from decision_server.engines import make_engine
+from decision_server.engines import CanvasEngine, CanvasRowSpec, CanvasSpec, Engine, make_engine
 from decision_server.model import LoadedModel, ScoreRequest, dtype_name, load_config, load_model
 from decision_server.pb import decision_pb2_grpc
 from decision_server.service import DecisionShardService
@@ -67,10 +67,15 @@ def build_server(service: DecisionShardService, uds_path: Path) -> grpc.aio.Serv
     return server
 
 
-def warm_up(model: LoadedModel) -> None:
+def warm_up(model: LoadedModel, engine: Engine | CanvasEngine) -> None:
     """One tiny forward and a probe, so the first real read does not pay for lazy kernel set-up.
     With tensor parallelism every rank runs it at startup, so it also proves the collectives work."""
-    model.score(ScoreRequest(token_ids=[0, 0], keep=[1], label_rows=[0], label_tokens=[0], greedy_rows=[0]))
+    if isinstance(engine, CanvasEngine):
+        # A block-diffusion model has no plain causal forward: warm up the encoder and one canvas step.
+        row = CanvasRowSpec(position=0, tokens=(0,), group_sizes=(1,))
+        engine.run([CanvasSpec(id=0, prompt=(0, 0), canvas=(0,) * 16, rows=(row,))])
+    else:
+        model.score(ScoreRequest(token_ids=[0, 0], keep=[1], label_rows=[0], label_tokens=[0], greedy_rows=[0]))
     model.probe()
 
 
@@ -83,12 +88,12 @@ async def serve(config: ServeConfig) -> None:
         config.model_dir,
         dtype=config.dtype,
         threads=config.threads,
-        needs_custom_mask=engine_name == "tree",
+        needs_custom_mask=engine_name in ("tree", "canvas"),
         parallel=config.parallel,
         matmul=config.matmul,
     )
     engine = make_engine(engine_name, model, config.prefix_cache_mb)
-    await asyncio.to_thread(warm_up, model)
+    await asyncio.to_thread(warm_up, model, engine)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -6,14 +6,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TypeVar
 
 import grpc
 
-from decision_server.engines import BatchOutcome, Engine, InvalidReadError, ReadSpec
+from decision_server.engines import (
+    BatchOutcome,
+    CanvasBatchOutcome,
+    CanvasEngine,
+    CanvasRowSpec,
+    CanvasSpec,
+    Engine,
+    InvalidReadError,
+    ReadSpec,
+)
 from decision_server.errors import grpc_status_for, is_fatal
 from decision_server.media import AUDIO, IMAGE, VIDEO, MediaError, MediaItem
 from decision_server.model_base import LoadedModel, dtype_name
@@ -28,21 +37,28 @@ class ProbeError(RuntimeError):
     """The health probe ran but produced a non-finite value: the device or the weights are broken."""
 
 
-# The read kinds this shard computes; the others of the proto's oneof are refused as INVALID_ARGUMENT.
-READ_KINDS = ("next_token",)
 MODALITIES = {decision_pb2.IMAGE: IMAGE, decision_pb2.AUDIO: AUDIO, decision_pb2.VIDEO: VIDEO}
 # Media decoding and processing run on their own threads, so they never hold up the model thread's reads.
 MEDIA_THREADS = 2
+# Every read kind of the proto's oneof; a shard computes the one its engine reads and refuses the others as
+# INVALID_ARGUMENT (a causal LM has no canvas, a block-diffusion model no plain next-token pass).
+READ_KINDS = ("next_token", "canvas")
+
+
+def _checked_kind(read: decision_pb2.Read, computed: str) -> None:
+    kind = read.WhichOneof("kind")
+    if kind is None:
+        raise InvalidReadError(read.id, f"no read kind set; this shard computes {computed} reads")
+    if kind != computed:
+        raise InvalidReadError(
+            read.id, f"read kind {kind} is not computed by this shard (it computes {computed} reads)"
+        )
 
 
 def read_spec(read: decision_pb2.Read) -> ReadSpec:
     """The engine's input for one next-token read: every group's variants flattened, with the group sizes kept so
     the results can be regrouped (and messages can name a group and variant)."""
-    kind = read.WhichOneof("kind")
-    if kind is None:
-        raise InvalidReadError(read.id, f"no read kind set; this shard computes {', '.join(READ_KINDS)} reads")
-    if kind not in READ_KINDS:
-        raise InvalidReadError(read.id, f"read kind {kind} is not computed by this shard")
+    _checked_kind(read, "next_token")
     next_token = read.next_token
     for index, group in enumerate(next_token.labels):
         if not group.variants:
@@ -66,15 +82,76 @@ def read_specs(request: decision_pb2.ReadRequest) -> list[ReadSpec]:
     return [read_spec(read) for read in request.reads]
 
 
-def next_token_result(spec: ReadSpec, logprobs: list[float], greedy_token_id: int) -> decision_pb2.NextTokenResult:
-    """The engine's flat per-variant log-probabilities regrouped as the read's label groups, variant order kept."""
+def canvas_spec(read: decision_pb2.Read) -> CanvasSpec:
+    """The canvas engine's input for one canvas read: per row, its label variants flattened (each one token: a
+    canvas slot holds one token), with the group sizes kept for regrouping."""
+    _checked_kind(read, "canvas")
+    canvas = read.canvas
+    rows = []
+    for row_index, row in enumerate(canvas.rows):
+        tokens: list[int] = []
+        for group_index, group in enumerate(row.labels):
+            if not group.variants:
+                raise InvalidReadError(read.id, f"row {row_index} label {group_index} has no variants")
+            for variant_index, variant in enumerate(group.variants):
+                if len(variant.token_ids) != 1:
+                    raise InvalidReadError(
+                        read.id,
+                        f"row {row_index} label {group_index} variant {variant_index} has "
+                        f"{len(variant.token_ids)} tokens; a canvas slot reads exactly one",
+                    )
+                tokens.append(variant.token_ids[0])
+        rows.append(
+            CanvasRowSpec(
+                position=row.position,
+                tokens=tuple(tokens),
+                group_sizes=tuple(len(group.variants) for group in row.labels),
+            )
+        )
+    return CanvasSpec(
+        id=read.id,
+        prompt=tuple(canvas.prompt_ids),
+        canvas=tuple(canvas.canvas_ids),
+        rows=tuple(rows),
+        cache_salt=read.cache_salt,
+    )
+
+
+def _groups(sizes: Sequence[int], logprobs: list[float], what: str) -> list[decision_pb2.LabelGroupLogprobs]:
     groups = []
     start = 0
-    for size in spec.sizes:
+    for size in sizes:
         groups.append(decision_pb2.LabelGroupLogprobs(variant_logprobs=logprobs[start : start + size]))
         start += size
     if start != len(logprobs):
-        raise RuntimeError(f"read {spec.id}: {len(logprobs)} log-probabilities for {start} label variants")
+        raise RuntimeError(f"{what}: {len(logprobs)} log-probabilities for {start} label variants")
+    return groups
+
+
+def canvas_response(specs: list[CanvasSpec], batch: CanvasBatchOutcome) -> decision_pb2.ReadResponse:
+    results = []
+    for spec, outcome in zip(specs, batch.outcomes, strict=True):
+        rows = [
+            decision_pb2.CanvasRowResult(
+                labels=_groups(row.group_sizes, got.label_logprobs, f"read {spec.id} row {index}"),
+                greedy_token_id=got.greedy_token_id,
+            )
+            for index, (row, got) in enumerate(zip(spec.rows, outcome.rows, strict=True))
+        ]
+        results.append(
+            decision_pb2.ReadResult(
+                id=outcome.id,
+                tokens_computed=outcome.tokens_computed,
+                tokens_cached=outcome.tokens_cached,
+                canvas=decision_pb2.CanvasResult(rows=rows),
+            )
+        )
+    return decision_pb2.ReadResponse(results=results, forward_micros=round(batch.forward_seconds * 1e6))
+
+
+def next_token_result(spec: ReadSpec, logprobs: list[float], greedy_token_id: int) -> decision_pb2.NextTokenResult:
+    """The engine's flat per-variant log-probabilities regrouped as the read's label groups, variant order kept."""
+    groups = _groups(spec.sizes, logprobs, f"read {spec.id}")
     return decision_pb2.NextTokenResult(labels=groups, greedy_token_id=greedy_token_id)
 
 
@@ -108,7 +185,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
     def __init__(
         self,
         model: LoadedModel,
-        engine: Engine,
+        engine: Engine | CanvasEngine,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._model = model
@@ -161,6 +238,9 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         return decision_pb2.HealthResponse(probe=probe)
 
     async def _read(self, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
+        loop = asyncio.get_running_loop()
+        if isinstance(self._engine, CanvasEngine):
+            return await loop.run_in_executor(self._model_thread, lambda: self._canvas_reads(request))
         specs, media_errors = await self._with_media(read_specs(request))
 
         def work() -> decision_pb2.ReadResponse:
@@ -178,8 +258,26 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             )
             return read_response(specs, batch, media_errors)
 
-        loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._model_thread, work)
+
+    def _canvas_reads(self, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
+        for read in request.reads:
+            if read.media:
+                raise InvalidReadError(read.id, "canvas reads take no media on this shard")
+        canvases = [canvas_spec(read) for read in request.reads]
+        canvas_batch = self._engine.run(canvases)
+        logger.debug(
+            "canvas batch",
+            extra={
+                "fields": {
+                    "reads": len(canvas_batch.outcomes),
+                    "forward_passes": canvas_batch.forward_passes,
+                    "packed_tokens": canvas_batch.packed_tokens,
+                    "forward_ms": round(canvas_batch.forward_seconds * 1e3, 3),
+                }
+            },
+        )
+        return canvas_response(canvases, canvas_batch)
 
     async def _with_media(self, specs: list[ReadSpec]) -> tuple[list[ReadSpec], dict[int, MediaError]]:
         """Reads with media, processed by the model's processor on the media threads (decoding an image must not

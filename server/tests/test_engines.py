@@ -198,7 +198,10 @@ def test_registry_table() -> None:
         "Gemma4ForCausalLM": "transformers",
         "Gemma4ForConditionalGeneration": "transformers",
         "Lfm2VlForConditionalGeneration": "transformers",
+        "DiffusionGemmaForBlockDiffusion": "transformers",
     }
+    reads = {name: entry.reads for name, entry in architectures.ARCHITECTURES.items() if entry.reads != "next_token"}
+    assert reads == {"DiffusionGemmaForBlockDiffusion": "canvas"}
     import transformers
 
     from decision_server import decoder

@@ -131,6 +131,7 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
             images,
             ..Default::default()
         },
+        joint: false,
     };
     Ok(Parsed { request, echo })
 }
@@ -600,11 +601,13 @@ mod tests {
     /// The seed's MVP refuses image parts; we read them as the request's images, before the state.
     #[test]
     fn input_image_parts_are_the_requests_images_in_order() {
-        let p = parse_ok(json!({"model": "m", "questions": [{"type": "predicate", "instructions": "Damaged?"}], "input": [
+        let p = parse_ok(
+            json!({"model": "m", "questions": [{"type": "predicate", "instructions": "Damaged?"}], "input": [
             {"role": "user", "content": [
                 {"type": "input_image", "image_url": "data:image/png;base64,AAAA"},
                 {"type": "input_text", "text": "the parcel"},
-                {"type": "input_image", "image_url": "https://img.example/b.jpg", "detail": "auto"}]}]}));
+                {"type": "input_image", "image_url": "https://img.example/b.jpg", "detail": "auto"}]}]}),
+        );
         assert_eq!(
             p.request.media.images,
             vec!["data:image/png;base64,AAAA", "https://img.example/b.jpg"]
@@ -615,8 +618,10 @@ mod tests {
             json!({"type": "input_image", "image_url": ""}),
             json!({"type": "image", "image_url": "https://img.example/b.jpg"}),
         ] {
-            let errors = invalid(json!({"model": "m", "questions": [{"type": "predicate", "instructions": "i"}],
-                "input": [{"role": "user", "content": [part]}]}));
+            let errors = invalid(
+                json!({"model": "m", "questions": [{"type": "predicate", "instructions": "i"}],
+                "input": [{"role": "user", "content": [part]}]}),
+            );
             assert_eq!(errors[0].param(), "input.0.content.0", "{errors:?}");
         }
     }

@@ -47,6 +47,10 @@ pub struct SystemOneRequest {
     pub audio: Option<Vec<String>>,
     /// Video URLs or data URLs, for models that take video; any other model answers 400 naming the field.
     pub videos: Option<Vec<String>>,
+    /// Read several questions together: on block-diffusion models (DiffusionGemma) the questions share
+    /// canvases, numbered answer lines on as few even chunks as fit the model's canvas (one question reads
+    /// on its own). Models that read each question on their own answer 400 naming `joint`.
+    pub joint: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -130,10 +134,13 @@ pub struct DecisionsRequest {
     pub prompt_cache_key: Option<String>,
     pub temperature: Option<f64>,
     /// SGLang shape: pins the served wording (1 SGLang's version 1 under `--compat sglang`, 101 vLLM's,
-    /// 201 Liquid d1's; `GET /info` names it); another value is a 400.
+    /// 201 Liquid d1's, 301 DiffusionGemma canvas reads'; `GET /info` names it); another value is a 400.
     pub prompt_format_version: Option<u32>,
     pub return_prompt_token_ids: Option<bool>,
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
+    /// SGLang shape: read several questions together, as `joint` on `/v1/systemone` (block-diffusion
+    /// models only; others answer 400 naming `joint`). The OpenAI shape does not take it.
+    pub joint: Option<bool>,
 }
 
 /// OpenAI: `{model, answers: [...], usage}`; SGLang: `{object: "decisions", model, prompt_format_version, answers: {...}, usage}`.

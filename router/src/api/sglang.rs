@@ -9,7 +9,7 @@ use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind}
 use crate::limits::Limits;
 use crate::probability;
 use crate::prompt::wording::PromptFormat;
-use crate::prompt::PreparedRead;
+use crate::prompt::{LabelGroup, PreparedRead};
 const MAX_OPTIONS: usize = 26;
 
 pub struct Parsed {
@@ -105,6 +105,18 @@ pub fn parse(
             false
         }
     };
+    let joint = match obj.get("joint") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            errors.push(err(
+                &["joint".into()],
+                "type_error",
+                "joint must be a boolean",
+            ));
+            false
+        }
+    };
     let chat_template_kwargs = super::template_kwargs(obj, "type_error", &mut errors);
     let mut questions: Vec<Question> = Vec::new();
     for (i, item) in super::question_items(obj, limits, "type_error", &mut errors)
@@ -133,6 +145,7 @@ pub fn parse(
         chat_template_kwargs,
         cache_salt: String::new(),
         media: Default::default(),
+        joint,
     };
     Ok(Parsed {
         request,
@@ -333,6 +346,17 @@ pub fn format(
     model: &str,
     prompt_format: PromptFormat,
 ) -> Value {
+    // Each question's prompt and labels (a joint canvas read answers several questions).
+    let per_question: Option<Vec<(&[u32], &[LabelGroup])>> = reads.map(|reads| {
+        reads
+            .iter()
+            .flat_map(|read| {
+                read.question_labels()
+                    .into_iter()
+                    .map(move |labels| (read.token_ids.as_slice(), labels))
+            })
+            .collect()
+    });
     let mut answers = Map::new();
     for (i, (question, answer)) in parsed
         .request
@@ -359,10 +383,9 @@ pub fn format(
         };
         let obj = value.as_object_mut().expect("object literal");
         obj.insert("label_mass".into(), json!(answer.label_mass));
-        if let Some(read) = reads.and_then(|r| r.get(i)) {
-            obj.insert("prompt_token_ids".into(), json!(read.token_ids));
-            let labels: Vec<Value> = read
-                .labels
+        if let Some((prompt, groups)) = per_question.as_ref().and_then(|r| r.get(i)) {
+            obj.insert("prompt_token_ids".into(), json!(prompt));
+            let labels: Vec<Value> = groups
                 .iter()
                 .map(|group| match group.variants.as_slice() {
                     [one] if one.len() == 1 => json!(one[0]),
@@ -405,6 +428,18 @@ pub fn error_body(error: &DecisionError, status: u16) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn joint_is_a_boolean_defaulting_to_false() {
+        let body = |joint: Value| json!({"input": "x", "joint": joint, "questions": [{"id": "u", "type": "yes_no", "question": "Urgent?"}]});
+        let parsed = |joint: Value| parse(&body(joint), &Limits::default(), None);
+        assert!(parsed(json!(true)).unwrap().request.joint);
+        assert!(!parsed(Value::Null).unwrap().request.joint);
+        let Err(DecisionError::Invalid(errors)) = parsed(json!(1)) else {
+            panic!("a non-boolean joint is invalid")
+        };
+        assert_eq!(errors[0].param(), "joint");
+    }
 
     #[test]
     fn parses_all_types_with_temperature() {

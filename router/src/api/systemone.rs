@@ -67,6 +67,18 @@ pub fn parse(
         }
     };
     let media = parse_media(obj, &mut errors);
+    let joint = match obj.get("joint") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            errors.push(FieldError::new(
+                loc(&["joint"]),
+                "bool_type",
+                "joint must be a boolean",
+            ));
+            false
+        }
+    };
     let questions = match obj.get("questions") {
         None => {
             errors.push(FieldError::new(
@@ -96,6 +108,7 @@ pub fn parse(
         chat_template_kwargs,
         cache_salt,
         media,
+        joint,
     })
 }
 
@@ -613,6 +626,36 @@ mod tests {
 
     fn locs(fields: &[FieldError]) -> Vec<String> {
         fields.iter().map(FieldError::param).collect()
+    }
+
+    #[test]
+    fn joint_is_a_boolean_defaulting_to_false() {
+        let body = |joint: Value| json!({"state": "s", "joint": joint, "questions": {"u": {"type": "noul", "instructions": "x"}}});
+        let limits = limits();
+        assert!(
+            parse(&body(json!(true)), &limits, Compat::Typesafe)
+                .unwrap()
+                .joint
+        );
+        assert!(
+            !parse(&body(json!(false)), &limits, Compat::Typesafe)
+                .unwrap()
+                .joint
+        );
+        assert!(
+            !parse(&body(Value::Null), &limits, Compat::Typesafe)
+                .unwrap()
+                .joint
+        );
+        let Err(DecisionError::Invalid(errors)) =
+            parse(&body(json!("yes")), &limits, Compat::Typesafe)
+        else {
+            panic!("a non-boolean joint is invalid")
+        };
+        assert_eq!(
+            (errors[0].param(), errors[0].kind),
+            ("joint".to_owned(), "bool_type")
+        );
     }
 
     #[test]

@@ -70,10 +70,9 @@ impl ChatPrompts {
     ) -> Vec<Message> {
         let user_message = |text: String| Message::with_media("user", media.to_vec(), text);
         match instructions {
-            Some(instructions) if system_message => vec![
-                Message::new("system", instructions),
-                user_message(user),
-            ],
+            Some(instructions) if system_message => {
+                vec![Message::new("system", instructions), user_message(user)]
+            }
             Some(instructions) => vec![user_message(format!("{instructions}\n\n{user}"))],
             None => vec![user_message(user)],
         }
@@ -258,6 +257,9 @@ mod tests {
         let expected = serde_json::json!([
             {"type": "image"}, {"type": "image"}, {"type": "video"}, {"type": "text", "text": "state"}
         ]);
-        assert_eq!(serde_json::to_value(&messages[1].content).unwrap(), expected);
+        assert_eq!(
+            serde_json::to_value(&messages[1].content).unwrap(),
+            expected
+        );
     }
 }

@@ -160,7 +160,7 @@ fn code_sequences(
     Ok(sequences)
 }
 
-fn check_set(
+pub(crate) fn check_set(
     tokenizer: &Tokenizer,
     tail: &[u32],
     tail_text: &str,

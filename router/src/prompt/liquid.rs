@@ -63,7 +63,8 @@ impl LiquidStrategy {
             .questions
             .iter()
             .map(|question| {
-                let messages = ChatPrompts::messages(instructions, true, &media, content(&state, question));
+                let messages =
+                    ChatPrompts::messages(instructions, true, &media, content(&state, question));
                 self.chat.render(&messages, &kwargs)
             })
             .collect()
@@ -171,11 +172,7 @@ impl ReadStrategy for LiquidStrategy {
         let mut reads = Vec::with_capacity(texts.len());
         for ((question, token_ids), labels) in request.questions.iter().zip(encoded).zip(groups) {
             self.chat.check_prompt(&question.id, &token_ids, &labels)?;
-            reads.push(PreparedRead {
-                token_ids,
-                labels,
-                ..Default::default()
-            });
+            reads.push(PreparedRead::next_token(token_ids, labels));
         }
         Ok(reads)
     }
@@ -416,10 +413,14 @@ mod tests {
             chat_template_kwargs: Default::default(),
             cache_salt: String::new(),
             media: Default::default(),
+            joint: false,
         };
         let reads = s.prepare(&request, usize::MAX).expect("prepares");
         let ids = |r: &PreparedRead| -> Vec<Vec<Vec<u32>>> {
-            r.labels.iter().map(|g| g.variants.clone()).collect()
+            r.question_labels()[0]
+                .iter()
+                .map(|g| g.variants.clone())
+                .collect()
         };
         assert_eq!(
             ids(&reads[0]),
@@ -459,6 +460,7 @@ mod tests {
             chat_template_kwargs: Default::default(),
             cache_salt: String::new(),
             media: Default::default(),
+            joint: false,
         };
         let err = s.prepare(&request, usize::MAX).expect_err("refused");
         assert!(

@@ -1,6 +1,7 @@
 //! From the decision IR to reads and back: the read strategy chosen by the model's architecture
 //! (`registry`) renders and tokenizes each request, attaches its labels, and turns read results into answers.
 
+pub mod canvas;
 pub mod chat;
 pub mod encode;
 pub mod labels;
@@ -14,7 +15,7 @@ pub mod wording;
 use crate::error::DecisionError;
 use crate::ir::{Answer, DecisionRequest, Modality, QuestionKind};
 use crate::probability;
-use crate::read::ReadOutcome;
+use crate::read::{first_tokens, ReadOutcome, RowOutcome};
 pub use crate::read::{LabelGroup, PreparedRead};
 pub use next_token::NextTokenStrategy;
 pub use registry::strategy_for;
@@ -51,20 +52,31 @@ pub trait ReadStrategy: Send + Sync {
         request: &DecisionRequest,
         max_input_tokens: usize,
     ) -> Result<Vec<PreparedRead>, DecisionError>;
-    /// The answer one read's (shape-checked) outcome gives. `temperature` divides the label
-    /// log-probabilities before the softmax; label mass is unaffected.
-    fn answer(&self, read: &PreparedRead, outcome: &ReadOutcome, temperature: f64) -> Answer {
-        next_token_answer(read, outcome, temperature)
+    /// Whether `joint: true` (several questions read together) is served; strategies that read each
+    /// question on its own refuse it (400 naming the field).
+    fn supports_joint(&self) -> bool {
+        false
+    }
+    /// The answers one read's (shape-checked) outcome gives, one per question it holds, in question
+    /// order. `temperature` divides the label log-probabilities before the softmax; label mass is
+    /// unaffected. The default is the next-token rule on every answer position (one for a next-token
+    /// read, one per row of a canvas).
+    fn answers(&self, read: &PreparedRead, outcome: &ReadOutcome, temperature: f64) -> Vec<Answer> {
+        read.question_labels()
+            .into_iter()
+            .zip(&outcome.rows)
+            .map(|(labels, row)| label_answer(labels, row, temperature))
+            .collect()
     }
 }
 
 /// A next-token answer: softmax over each label's best variant, mass over every variant, and whether
 /// the model's own top token starts a label.
-pub fn next_token_answer(read: &PreparedRead, outcome: &ReadOutcome, temperature: f64) -> Answer {
-    let argmax_is_label = read.first_tokens().any(|t| t == outcome.greedy_token_id);
+pub fn label_answer(labels: &[LabelGroup], row: &RowOutcome, temperature: f64) -> Answer {
+    let argmax_is_label = first_tokens(labels).any(|t| t == row.greedy_token_id);
     probability::answer(
-        outcome.label_logprobs(),
-        outcome.label_mass(),
+        row.label_logprobs(),
+        row.label_mass(),
         argmax_is_label,
         temperature,
     )

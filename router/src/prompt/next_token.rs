@@ -126,11 +126,7 @@ impl ReadStrategy for NextTokenStrategy {
         {
             let labels: Vec<LabelGroup> = labels.into_iter().map(LabelGroup::single).collect();
             self.chat.check_prompt(&question.id, &token_ids, &labels)?;
-            reads.push(PreparedRead {
-                token_ids,
-                labels,
-                ..Default::default()
-            });
+            reads.push(PreparedRead::next_token(token_ids, labels));
         }
         Ok(reads)
     }
@@ -156,6 +152,7 @@ mod tests {
             chat_template_kwargs: Map::new(),
             cache_salt: String::new(),
             media: Default::default(),
+            joint: false,
         }
     }
 
@@ -232,10 +229,9 @@ mod tests {
             "\n\n"
         );
         assert_eq!(reads.len(), 3);
-        assert_eq!(reads[0].labels.len(), 3);
-        assert_eq!(reads[1].labels.len(), 2);
-        assert!(reads.iter().all(|r| r
-            .labels
+        assert_eq!(reads[0].question_labels()[0].len(), 3);
+        assert_eq!(reads[1].question_labels()[0].len(), 2);
+        assert!(reads.iter().all(|r| r.question_labels()[0]
             .iter()
             .all(|g| g.variants.len() == 1 && g.variants[0].len() == 1)));
     }
@@ -250,14 +246,12 @@ mod tests {
             "<|im_start|>system\nYou route tickets.<|im_end|>\n<|im_start|>user\n{\"ticket\": \"Refund not received\", \"days\": 12}\n\nQuestion: Which team?\nA: team 0\nB: team 1\nAnswer with the letter of one option only.<|im_end|>\n<|im_start|>assistant\n"
         );
         let reads = s.prepare(&request(all_kinds(2)), usize::MAX).unwrap();
-        let letters: Vec<String> = reads[0]
-            .labels
+        let letters: Vec<String> = reads[0].question_labels()[0]
             .iter()
             .map(|g| s.tokenizer().decode(&g.variants[0], false).unwrap())
             .collect();
         assert_eq!(letters, vec!["A", "B"]);
-        let yes_no: Vec<String> = reads[1]
-            .labels
+        let yes_no: Vec<String> = reads[1].question_labels()[0]
             .iter()
             .map(|g| s.tokenizer().decode(&g.variants[0], false).unwrap())
             .collect();
@@ -283,7 +277,7 @@ mod tests {
         let s = NextTokenStrategy::load(&fixture_dir("SmolLM2-135M-Instruct"), 8192, Wording::Vllm)
             .unwrap();
         let reads = s.prepare(&request(all_kinds(255)), usize::MAX).unwrap();
-        let labels = &reads[0].labels;
+        let labels = reads[0].question_labels()[0];
         assert_eq!(labels.len(), 255);
         let eot = s.tokenizer().token_to_id("<|im_end|>").unwrap();
         assert!(labels.iter().all(|g| {

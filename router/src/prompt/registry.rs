@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use super::canvas::DiffusionGemmaCanvasStrategy;
 use super::liquid::LiquidStrategy;
 use super::next_token::NextTokenStrategy;
 use super::{ReadStrategy, StrategyOptions};
@@ -44,9 +45,7 @@ const REGISTRY: &[Entry] = &[
         architectures: &["DiffusionGemmaForBlockDiffusion"],
         marker: None,
         media: &[],
-        load: |_, _| {
-            Err("a DiffusionGemma block-diffusion model; its canvas read strategy is not in this build".into())
-        },
+        load: DiffusionGemmaCanvasStrategy::boxed,
     },
     Entry {
         architectures: &["Lfm2VlForConditionalGeneration"],
@@ -233,7 +232,11 @@ mod tests {
             // A folder without a processor: the shard reports none, so nothing is read.
             assert!(taken(arch, &OPTIONS).is_empty(), "{arch}");
         }
-        for arch in ["Qwen3ForCausalLM", "Gemma4ForCausalLM", "MistralForCausalLM"] {
+        for arch in [
+            "Qwen3ForCausalLM",
+            "Gemma4ForCausalLM",
+            "MistralForCausalLM",
+        ] {
             assert!(taken(arch, &all).is_empty(), "{arch}");
         }
     }
@@ -253,6 +256,21 @@ mod tests {
             let s = strategy_for("Lfm2VlForConditionalGeneration", qwen.path(), &options)
                 .expect("loads");
             assert_eq!(s.prompt_format(), PromptFormat::LIQUID_D1);
+        }
+    }
+
+    /// DiffusionGemma loads its canvas strategy, in its own wording under any profile.
+    #[test]
+    fn diffusion_gemma_loads_the_canvas_strategy() {
+        use crate::prompt::wording::PromptFormat;
+        let dir = copy_of("tiny-diffusiongemma", None);
+        for wording in [Wording::Vllm, Wording::Sglang] {
+            let options = StrategyOptions { wording, ..OPTIONS };
+            let s = strategy_for("DiffusionGemmaForBlockDiffusion", dir.path(), &options)
+                .expect("loads");
+            assert_eq!(s.name(), "diffusion_gemma_canvas");
+            assert_eq!(s.prompt_format(), PromptFormat::DIFFUSION_GEMMA_CANVAS);
+            assert!(s.supports_joint());
         }
     }
 
@@ -282,10 +300,16 @@ mod tests {
     #[test]
     fn unknown_and_unserved_architectures_are_refused_by_name() {
         let qwen = copy_of("tiny-qwen3", None);
+        // A Qwen3 folder under the DiffusionGemma architecture: the canvas strategy loads and refuses,
+        // naming the tokens it needs.
         let err = strategy_for("DiffusionGemmaForBlockDiffusion", qwen.path(), &OPTIONS)
             .err()
             .expect("refused");
-        assert!(err.contains("canvas read strategy"), "{err}");
+        assert!(
+            err.contains("architecture 'DiffusionGemmaForBlockDiffusion'")
+                && err.contains("need the model's '<turn|>' and pad tokens"),
+            "{err}"
+        );
         let err = strategy_for("BertForMaskedLM", qwen.path(), &OPTIONS)
             .err()
             .expect("refused");

@@ -38,6 +38,11 @@ impl PromptFormat {
         name: "liquid_d1",
         version: 201,
     };
+    /// DiffusionGemma canvas reads: vLLM's per-question texts plus the joint canvas prompt (PROMPTS.md §7).
+    pub const DIFFUSION_GEMMA_CANVAS: PromptFormat = PromptFormat {
+        name: "diffusion_gemma_canvas",
+        version: 301,
+    };
 }
 
 pub const CHOICE_REPLY: &str = "Answer with the letter of one option only.";
@@ -145,6 +150,14 @@ impl Wording {
                 }
             }
         }
+        lines.push(self.answer_lines(question));
+        lines.join("\n")
+    }
+
+    /// The option lines and the reply line, without the question heading (vLLM's `QuestionType.body`;
+    /// the joint canvas prompt writes its own numbered heading before it).
+    pub fn answer_lines(&self, question: &Question) -> String {
+        let mut lines: Vec<String> = Vec::new();
         match &question.kind {
             QuestionKind::Choice { options } => {
                 let codes = self.choice_labels(options.len());

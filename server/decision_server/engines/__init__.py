@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import logging
 
-from decision_server.architectures import choose_engine
+from decision_server.architectures import CANVAS_ENGINE, choose_engine
 from decision_server.engines.base import Engine, validate_read
+from decision_server.engines.canvas import CanvasEngine, validate_canvas
 from decision_server.engines.fork import ForkEngine
 from decision_server.engines.naive import NaiveEngine
 from decision_server.engines.tree import TreeEngine
-from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadOutcome, ReadSpec
+from decision_server.engines.types import (
+    BatchOutcome,
+    CanvasBatchOutcome,
+    CanvasOutcome,
+    CanvasRowOutcome,
+    CanvasRowSpec,
+    CanvasSpec,
+    InvalidReadError,
+    ReadOutcome,
+    ReadSpec,
+)
 from decision_server.model_base import LoadedModel
 from decision_server.prefix_cache import PrefixCache
 
@@ -20,12 +31,17 @@ ENGINES: dict[str, type[Engine]] = {"tree": TreeEngine, "fork": ForkEngine, "nai
 logger = logging.getLogger(__name__)
 
 
-def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int = 0) -> Engine:
+def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int = 0) -> Engine | CanvasEngine:
     """The engine for --read-mode `mode` (auto, tree, fork, naive); a prefix cache of `prefix_cache_mb` MiB when
-    the tree engine can use one. Raises EngineRefusedError for tree on a model it would read wrongly."""
+    the tree engine can use one. Raises EngineRefusedError for tree on a model it would read wrongly. A
+    block-diffusion model gets the canvas engine (its architecture decides; `mode` must be auto, or canvas)."""
     if prefix_cache_mb < 0:
         raise ValueError(f"--prefix-cache-mb must be 0 or more, got {prefix_cache_mb}")
-    name = choose_engine(mode, model.architecture, model.text_config)
+    name = mode if mode == CANVAS_ENGINE else choose_engine(mode, model.architecture, model.text_config)
+    if name == CANVAS_ENGINE:
+        if prefix_cache_mb:
+            logger.warning("prefix cache ignored by the canvas engine", extra={"fields": {"mb": prefix_cache_mb}})
+        return CanvasEngine(model)
     if name != "tree":
         if prefix_cache_mb:
             # The naive engine is the reference every other path is checked against: it never reuses anything;
@@ -46,6 +62,12 @@ def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int = 0) -> Engi
 __all__ = [
     "ENGINES",
     "BatchOutcome",
+    "CanvasBatchOutcome",
+    "CanvasEngine",
+    "CanvasOutcome",
+    "CanvasRowOutcome",
+    "CanvasRowSpec",
+    "CanvasSpec",
     "Engine",
     "ForkEngine",
     "InvalidReadError",
@@ -54,5 +76,6 @@ __all__ = [
     "ReadSpec",
     "TreeEngine",
     "make_engine",
+    "validate_canvas",
     "validate_read",
 ]

@@ -48,6 +48,8 @@ class Engine(ABC):
     what each shares with the others. Every engine computes the same log-probabilities; they differ in speed."""
 
     name: str
+    # The proto read kind these engines compute.
+    read_kind = "next_token"
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = model

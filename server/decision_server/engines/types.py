@@ -73,3 +73,49 @@ class InvalidReadError(ValueError):
         super().__init__(f"read {read_id}: {problem}")
         self.read_id = read_id
         self.problem = problem
+
+
+@dataclass(frozen=True)
+class CanvasRowSpec:
+    """One answer slot of a canvas: the canvas position read, and its label tokens (each variant one token),
+    flattened over the label groups in order, `group_sizes` splitting them back."""
+
+    position: int
+    tokens: tuple[int, ...]
+    group_sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CanvasSpec:
+    """One canvas read: the encoder's prompt, the seeded canvas, and the rows to read after one denoising step."""
+
+    id: int
+    prompt: tuple[int, ...]
+    canvas: tuple[int, ...]
+    rows: tuple[CanvasRowSpec, ...]
+    cache_salt: str = ""
+
+
+@dataclass
+class CanvasRowOutcome:
+    # log P(token at the row's position) over the full vocabulary, one per label variant, flattened in row order.
+    label_logprobs: list[float]
+    greedy_token_id: int
+
+
+@dataclass
+class CanvasOutcome:
+    id: int
+    rows: list[CanvasRowOutcome]
+    # Prompt tokens the encoder ran for this read: a prompt shared within a batch counts once, on its first read.
+    tokens_computed: int
+    tokens_cached: int = 0
+
+
+@dataclass
+class CanvasBatchOutcome:
+    outcomes: list[CanvasOutcome]
+    forward_seconds: float = 0.0
+    # Encoder passes (one per distinct prompt) plus decoder passes (one per prompt and canvas width).
+    forward_passes: int = 0
+    packed_tokens: int = 0
