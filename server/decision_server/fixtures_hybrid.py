@@ -381,12 +381,16 @@ def _write_processor(folder: Path, family: str) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     processor: Any
+    image_processor: Any
     if family == "lfm2_vl":
         from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
 
         # 16-pixel patches, merged 2x2: 16 to 64 image tokens per image, one tile (no splitting) at this size.
         image_processor = Lfm2VlImageProcessor(
-            encoder_patch_size=16, downsample_factor=2, min_image_tokens=16, max_image_tokens=64,
+            encoder_patch_size=16,
+            downsample_factor=2,
+            min_image_tokens=16,
+            max_image_tokens=64,
             do_image_splitting=False,
         )
         processor = Lfm2VlProcessor(image_processor=image_processor, tokenizer=tokenizer)
@@ -394,8 +398,11 @@ def _write_processor(folder: Path, family: str) -> None:
         from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-        patches = {"patch_size": _QWEN3_5_VISION["patch_size"], "merge_size": _QWEN3_5_VISION["spatial_merge_size"],
-                   "temporal_patch_size": _QWEN3_5_VISION["temporal_patch_size"]}
+        patches = {
+            "patch_size": _QWEN3_5_VISION["patch_size"],
+            "merge_size": _QWEN3_5_VISION["spatial_merge_size"],
+            "temporal_patch_size": _QWEN3_5_VISION["temporal_patch_size"],
+        }
         # At most 256x256 pixels per image: 64 image tokens after the 2x2 merge.
         image_processor = Qwen2VLImageProcessor(**patches, size={"shortest_edge": 32 * 32, "longest_edge": 256 * 256})
         processor = Qwen3VLProcessor(

@@ -70,7 +70,9 @@ class MediaProcessor:
         images = [self._image(item) for item in items]
         placeholders = sum(1 for token in prompt if token == self.image_token_id)
         if placeholders != len(images):
-            raise InvalidReadError(read_id, f"the prompt has {placeholders} image placeholders for {len(images)} images")
+            raise InvalidReadError(
+                read_id, f"the prompt has {placeholders} image placeholders for {len(images)} images"
+            )
         text = self.tokenizer.decode(list(prompt), skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if self.tokenizer(text, add_special_tokens=False)["input_ids"] != list(prompt):
             raise InvalidReadError(read_id, "the prompt's ids do not decode to text that encodes back to them")

@@ -239,12 +239,13 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
 
     async def _read(self, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
         loop = asyncio.get_running_loop()
-        if isinstance(self._engine, CanvasEngine):
-            return await loop.run_in_executor(self._model_thread, lambda: self._canvas_reads(request))
+        engine = self._engine
+        if isinstance(engine, CanvasEngine):
+            return await loop.run_in_executor(self._model_thread, lambda: self._canvas_reads(engine, request))
         specs, media_errors = await self._with_media(read_specs(request))
 
         def work() -> decision_pb2.ReadResponse:
-            batch = self._engine.run(specs)
+            batch = engine.run(specs)
             logger.debug(
                 "read batch",
                 extra={
@@ -260,12 +261,12 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
 
         return await loop.run_in_executor(self._model_thread, work)
 
-    def _canvas_reads(self, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
+    def _canvas_reads(self, engine: CanvasEngine, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
         for read in request.reads:
             if read.media:
                 raise InvalidReadError(read.id, "canvas reads take no media on this shard")
         canvases = [canvas_spec(read) for read in request.reads]
-        canvas_batch = self._engine.run(canvases)
+        canvas_batch = engine.run(canvases)
         logger.debug(
             "canvas batch",
             extra={

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from decision_server.architectures import lookup
-from decision_server.model_base import LoadedModel, ModelState, ScoredPass, ScoreRequest
 from decision_server.media import MediaPrompt
+from decision_server.model_base import LoadedModel, ModelState, ScoredPass, ScoreRequest
 from decision_server.multimodal import MediaProcessor
 from decision_server.prefix_cache import KeyValues
 

@@ -15,19 +15,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[3] / "server" / "tests"))
 
-from conftest import running_shard  # noqa: E402
-from media_processing import jpeg  # noqa: E402
-
-from decision_server.model import load_model  # noqa: E402
-from decision_server.paths import models_dir  # noqa: E402
-from decision_server.pb import decision_pb2  # noqa: E402
+from conftest import running_shard
+from decision_server.model import load_model
+from decision_server.paths import models_dir
+from decision_server.pb import decision_pb2
+from media_processing import jpeg
 
 TEXT_READS = 40
 
 
 def read(ids: list[int], media: list[decision_pb2.MediaItem]) -> decision_pb2.ReadRequest:
     labels = [decision_pb2.LabelGroup(variants=[decision_pb2.LabelSequence(token_ids=[t])]) for t in (565, 566)]
-    return decision_pb2.ReadRequest(reads=[decision_pb2.Read(id=0, media=media, next_token=decision_pb2.NextTokenRead(token_ids=ids, labels=labels))])
+    return decision_pb2.ReadRequest(
+        reads=[
+            decision_pb2.Read(id=0, media=media, next_token=decision_pb2.NextTokenRead(token_ids=ids, labels=labels))
+        ]
+    )
 
 
 def main() -> None:
@@ -36,11 +39,15 @@ def main() -> None:
 
     def prompt(images: int) -> list[int]:
         content = [*({"type": "image"} for _ in range(images)), {"type": "text", "text": "Refund not received. " * 20}]
-        text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     data = jpeg(4032, 3024)
-    image = decision_pb2.MediaItem(modality=decision_pb2.IMAGE, data=data, sha256=hashlib.sha256(data).hexdigest(), name="images.0")
+    image = decision_pb2.MediaItem(
+        modality=decision_pb2.IMAGE, data=data, sha256=hashlib.sha256(data).hexdigest(), name="images.0"
+    )
     with running_shard(model, "auto") as stub:
         text = read(prompt(0), [])
         for _ in range(3):
@@ -61,7 +68,7 @@ def main() -> None:
         def images() -> None:
             with_image = read(prompt(1), [image])
             while not stop.is_set():
-                model.media._decoded.clear()  # noqa: SLF001 - every image read decodes again
+                model.media._decoded.clear()
                 stub.Read(with_image)
                 image_reads[0] += 1
 
@@ -73,7 +80,10 @@ def main() -> None:
         worker.join()
     for name, values in [("text reads alone", alone), ("beside 12 MP image reads", beside)]:
         values = sorted(values)
-        print(f"{name:26s} median {statistics.median(values) * 1e3:6.1f} ms  p90 {values[int(0.9 * len(values))] * 1e3:6.1f} ms")
+        print(
+            f"{name:26s} median {statistics.median(values) * 1e3:6.1f} ms  "
+            f"p90 {values[int(0.9 * len(values))] * 1e3:6.1f} ms"
+        )
     print(f"image reads completed meanwhile: {image_reads[0]}")
 
 

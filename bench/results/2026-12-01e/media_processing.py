@@ -10,12 +10,11 @@ import statistics
 import time
 
 import numpy as np
-from PIL import Image
-
 from decision_server.architectures import lookup
 from decision_server.media import IMAGE, MediaItem
 from decision_server.multimodal import MediaProcessor
 from decision_server.paths import models_dir
+from PIL import Image
 
 
 def jpeg(width: int, height: int) -> bytes:
@@ -30,12 +29,17 @@ def jpeg(width: int, height: int) -> bytes:
 
 
 def main() -> None:
-    for fixture, architecture in [("tiny-lfm2-vl", "Lfm2VlForConditionalGeneration"), ("tiny-qwen3.5", "Qwen3_5ForConditionalGeneration")]:
+    for fixture, architecture in [
+        ("tiny-lfm2-vl", "Lfm2VlForConditionalGeneration"),
+        ("tiny-qwen3.5", "Qwen3_5ForConditionalGeneration"),
+    ]:
         processor = MediaProcessor(models_dir() / fixture, lookup(architecture))
         tokenizer = processor.tokenizer
         text = tokenizer.apply_chat_template(
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "state"}]}],
-            tokenize=False, add_generation_prompt=True, enable_thinking=False,
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=False,
         )
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         for width, height in [(1024, 768), (1920, 1080), (4032, 3024)]:
@@ -43,13 +47,15 @@ def main() -> None:
             item = MediaItem(IMAGE, data, hashlib.sha256(data).hexdigest(), "images.0")
             times = []
             for run in range(17):
-                processor._decoded.clear()  # noqa: SLF001 - measure decoding too
+                processor._decoded.clear()
                 started = time.perf_counter()
                 prepared = processor.prepare(0, prompt, [item])
                 if run >= 2:
                     times.append(time.perf_counter() - started)
-            print(f"{fixture:14s} {width}x{height} jpeg {len(data) / 1e6:.2f} MB: "
-                  f"median {statistics.median(times) * 1e3:.1f} ms, media tokens {prepared.media_tokens}")
+            print(
+                f"{fixture:14s} {width}x{height} jpeg {len(data) / 1e6:.2f} MB: "
+                f"median {statistics.median(times) * 1e3:.1f} ms, media tokens {prepared.media_tokens}"
+            )
 
 
 if __name__ == "__main__":

@@ -35,10 +35,17 @@ def run_media_read(model: MediaModel, read: ReadSpec, batch: BatchOutcome) -> Re
         )
     single = [index for index, label in enumerate(read.labels) if len(label) == 1]
     answer = _forward(
-        model, prompt, [], ScoreRequest(
-            token_ids=[], keep=[length - 1], label_rows=[0] * len(single),
-            label_tokens=[read.labels[i][0] for i in single], greedy_rows=[0],
-        ), batch,
+        model,
+        prompt,
+        [],
+        ScoreRequest(
+            token_ids=[],
+            keep=[length - 1],
+            label_rows=[0] * len(single),
+            label_tokens=[read.labels[i][0] for i in single],
+            greedy_rows=[0],
+        ),
+        batch,
     )
     values = dict(zip(single, answer.label_logprobs, strict=True))
     computed = length
@@ -47,10 +54,17 @@ def run_media_read(model: MediaModel, read: ReadSpec, batch: BatchOutcome) -> Re
             continue
         extra = list(label[:-1])
         rows = _forward(
-            model, prompt, extra, ScoreRequest(
-                token_ids=[], keep=list(range(length - 1, length + len(extra))), label_rows=list(range(len(label))),
-                label_tokens=list(label), greedy_rows=[],
-            ), batch,
+            model,
+            prompt,
+            extra,
+            ScoreRequest(
+                token_ids=[],
+                keep=list(range(length - 1, length + len(extra))),
+                label_rows=list(range(len(label))),
+                label_tokens=list(label),
+                greedy_rows=[],
+            ),
+            batch,
         )
         values[index] = sum(rows.label_logprobs)
         computed += length
