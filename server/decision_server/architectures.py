@@ -58,7 +58,7 @@ class Architecture:
     model_class: str | None = None
     # Called before every forward: resets state a module keeps between calls.
     prepare_forward: Callable[[Any], None] | None = None
-    # The media its reads take, when the folder ships the model's processor (the reference reads images only).
+    # The media its reads take, when the folder ships the model's processor for them.
     media: frozenset[str] = frozenset()
     # Images larger than this many pixels are shrunk (by area, bicubic) before the processor (Liquid d1's rule).
     image_area_cap: int | None = None
@@ -73,6 +73,8 @@ class Architecture:
 
 
 IMAGES = frozenset({"image"})
+# Qwen3.5 reads videos too (the seed's "T + I + V"; vLLM 0.33's next-token reads stop at images).
+IMAGES_AND_VIDEOS = frozenset({"image", "video"})
 
 ARCHITECTURES: dict[str, Architecture] = {
     entry.name: entry
@@ -83,14 +85,14 @@ ARCHITECTURES: dict[str, Architecture] = {
             "Qwen3_5ForConditionalGeneration",
             TRANSFORMERS,
             prepare_forward=reset_rope_deltas,
-            media=IMAGES,
+            media=IMAGES_AND_VIDEOS,
             mm_token_type_ids=True,
         ),
         Architecture(
             "Qwen3_5MoeForConditionalGeneration",
             TRANSFORMERS,
             prepare_forward=reset_rope_deltas,
-            media=IMAGES,
+            media=IMAGES_AND_VIDEOS,
             mm_token_type_ids=True,
         ),
         Architecture("Gemma4ForCausalLM", TRANSFORMERS),

@@ -20,14 +20,14 @@ import torch
 
 from decision_server.architectures import Architecture
 from decision_server.engines.types import InvalidReadError
-from decision_server.media import IMAGE, MediaError, MediaItem, MediaPrompt, decode_image
+from decision_server.media import IMAGE, VIDEO, DecodedVideo, MediaError, MediaItem, MediaPrompt, decode_image, decode_video
 
 logger = logging.getLogger(__name__)
 
 PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
-# Decoded images kept by content hash: the same image in every read of a request (and in requests that follow)
-# is decoded once.
-DECODED_IMAGES_KEPT = 64
+# Decoded media kept by content hash, up to this many bytes of pixels: the same image or video in every read of a
+# request (and in requests that follow) is decoded once. A medium larger than the budget is decoded every time.
+DECODED_BYTES_KEPT = 512 << 20
 
 
 class MediaProcessor:
@@ -39,13 +39,21 @@ class MediaProcessor:
         self.processor = AutoProcessor.from_pretrained(path)
         self.architecture = architecture
         self.tokenizer = self.processor.tokenizer
-        image_token = getattr(self.processor, "image_token", None)
-        self.image_token_id: int | None = (
-            int(self.tokenizer.convert_tokens_to_ids(image_token)) if image_token is not None else None
-        )
-        takes_images = getattr(self.processor, "image_processor", None) is not None and self.image_token_id is not None
-        self.modalities: tuple[str, ...] = tuple(m for m in sorted(architecture.media) if m == IMAGE and takes_images)
-        self._decoded: OrderedDict[str, Any] = OrderedDict()
+        # Each medium's placeholder token, for the media the processor takes (an image processor for images, a
+        # video processor for videos) and the architecture reads.
+        self.placeholders: dict[str, int] = {}
+        for modality, token_attr, part in ((IMAGE, "image_token", "image_processor"), (VIDEO, "video_token", "video_processor")):
+            token = getattr(self.processor, token_attr, None)
+            if modality in architecture.media and token is not None and getattr(self.processor, part, None) is not None:
+                self.placeholders[modality] = int(self.tokenizer.convert_tokens_to_ids(token))
+        self.modalities: tuple[str, ...] = tuple(sorted(self.placeholders))
+        video_processor = getattr(self.processor, "video_processor", None)
+        # The processor's bounds on sampled frames (Qwen3-VL: 4..768).
+        self.video_frames = (int(getattr(video_processor, "min_frames", 4)), int(getattr(video_processor, "max_frames", 768)))
+        # Frames are patched in groups of this many: a video with fewer cannot be read.
+        self.temporal_patch = int(getattr(video_processor, "temporal_patch_size", 1) or 1)
+        self._decoded: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._decoded_bytes = 0
         self._lock = threading.Lock()
 
     @classmethod
@@ -67,19 +75,33 @@ class MediaProcessor:
         for item in items:
             if item.modality not in self.modalities:
                 raise MediaError(item.name, f"this model does not take {item.modality} inputs")
-        images = [self._image(item) for item in items]
-        placeholders = sum(1 for token in prompt if token == self.image_token_id)
-        if placeholders != len(images):
-            raise InvalidReadError(
-                read_id, f"the prompt has {placeholders} image placeholders for {len(images)} images"
-            )
+        decoded = [self._decode(item) for item in items]
+        images = [d for item, d in zip(items, decoded, strict=True) if item.modality == IMAGE]
+        videos: list[DecodedVideo] = [d for item, d in zip(items, decoded, strict=True) if item.modality == VIDEO]
+        for modality, token_id in self.placeholders.items():
+            count = sum(1 for item in items if item.modality == modality)
+            placeholders = sum(1 for token in prompt if token == token_id)
+            if placeholders != count:
+                raise InvalidReadError(
+                    read_id, f"the prompt has {placeholders} {modality} placeholders for {count} {modality}s"
+                )
         text = self.tokenizer.decode(list(prompt), skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if self.tokenizer(text, add_special_tokens=False)["input_ids"] != list(prompt):
             raise InvalidReadError(read_id, "the prompt's ids do not decode to text that encodes back to them")
         kwargs: dict[str, Any] = {"add_special_tokens": False}
         if self.architecture.mm_token_type_ids:
             kwargs["return_mm_token_type_ids"] = True
-        output = self.processor(images=images or None, text=[text], return_tensors="pt", **kwargs)
+        if videos:
+            # Frames sampled already (2 fps, decode_video): the processor places them in time from the metadata.
+            kwargs["video_metadata"] = [video.metadata() for video in videos]
+            kwargs["do_sample_frames"] = False
+        output = self.processor(
+            images=images or None,
+            videos=[video.frames for video in videos] or None,
+            text=[text],
+            return_tensors="pt",
+            **kwargs,
+        )
         ids = tuple(int(t) for t in output["input_ids"][0].tolist())
         tensors = {
             key: value
@@ -88,17 +110,34 @@ class MediaProcessor:
         }
         return MediaPrompt(input_ids=ids, tensors=tensors, media_tokens=len(ids) - len(prompt))
 
-    def _image(self, item: MediaItem) -> Any:
+    def _decode(self, item: MediaItem) -> Any:
+        """The decoded image (PIL) or video (sampled frames), from the cache when the same bytes came before.
+        A video's limits are the item's, so the cache key includes them."""
+        key = f"{item.modality}:{item.sha256}:{item.max_seconds}:{item.max_frames}"
         with self._lock:
-            cached = self._decoded.get(item.sha256)
+            cached = self._decoded.get(key)
             if cached is not None:
-                self._decoded.move_to_end(item.sha256)
-                return cached
+                self._decoded.move_to_end(key)
+                return cached[0]
         if hashlib.sha256(item.data).hexdigest() != item.sha256:
             raise MediaError(item.name, "its sha256 does not match its bytes")
-        image = decode_image(item, self.architecture.image_area_cap)
-        with self._lock:
-            self._decoded[item.sha256] = image
-            while len(self._decoded) > DECODED_IMAGES_KEPT:
-                self._decoded.popitem(last=False)
-        return image
+        if item.modality == VIDEO:
+            video = decode_video(item, *self.video_frames)
+            if len(video.indices) < self.temporal_patch:
+                raise MediaError(
+                    item.name, f"{len(video.indices)} frame(s); this model reads videos of {self.temporal_patch} or more"
+                )
+            value: Any = video
+            size = video.frames.nbytes
+        else:
+            value = decode_image(item, self.architecture.image_area_cap)
+            size = value.width * value.height * 3
+        if size <= DECODED_BYTES_KEPT:
+            with self._lock:
+                if key not in self._decoded:
+                    self._decoded[key] = (value, size)
+                    self._decoded_bytes += size
+                while self._decoded_bytes > DECODED_BYTES_KEPT:
+                    _, (_, dropped) = self._decoded.popitem(last=False)
+                    self._decoded_bytes -= dropped
+        return value
