@@ -13,6 +13,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,60 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 # Decoded media kept by content hash, up to this many bytes of pixels: the same image or video in every read of a
 # request (and in requests that follow) is decoded once. A medium larger than the budget is decoded every time.
 DECODED_BYTES_KEPT = 512 << 20
+
+
+# Processor outputs kept per media block (see ProcessedBlock), up to this many bytes of tensors.
+PROCESSED_BYTES_KEPT = 512 << 20
+# Per-token processor outputs a block can be spliced with: the value every token outside the media block has.
+PER_TOKEN_OUTSIDE = {"mm_token_type_ids": 0}
+
+
+@dataclass(frozen=True)
+class ProcessedBlock:
+    """What the processor made of one media block (the prompt from its first media placeholder to its last, with the
+    media it stands for): the block's expanded ids, the media tensors, and the block's slice of each per-token
+    tensor. Only placeholders expand — every token outside the block comes out of the processor unchanged — so a
+    prompt with the same block and media is the same expansion spliced between its own text (`splice`), without
+    running the processor again."""
+
+    ids: tuple[int, ...]
+    tensors: dict[str, torch.Tensor]
+    per_token: dict[str, torch.Tensor]
+    media_tokens: int
+
+    @classmethod
+    def of(cls, prompt: Sequence[int], processed: MediaPrompt, start: int, end: int) -> ProcessedBlock | None:
+        """The block of a processed prompt; None when the processor changed text outside it or gave a per-token
+        output this splice does not know, so the prompt cannot be shared."""
+        ids, tail = processed.input_ids, len(prompt) - end
+        block_end = len(ids) - tail
+        if tuple(ids[:start]) != tuple(prompt[:start]) or tuple(ids[block_end:]) != tuple(prompt[end:]):
+            return None
+        tensors, per_token = {}, {}
+        for name, value in processed.tensors.items():
+            if value.dim() == 2 and value.shape == (1, len(ids)):
+                outside = PER_TOKEN_OUTSIDE.get(name)
+                if outside is None or bool((value[0, :start] != outside).any() or (value[0, block_end:] != outside).any()):
+                    return None
+                per_token[name] = value[:, start:block_end]
+            else:
+                tensors[name] = value
+        return cls(ids=tuple(ids[start:block_end]), tensors=tensors, per_token=per_token, media_tokens=processed.media_tokens)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nelement() * t.element_size() for t in (*self.tensors.values(), *self.per_token.values()))
+
+    def splice(self, prompt: Sequence[int], start: int, end: int) -> MediaPrompt:
+        before, after = len(prompt[:start]), len(prompt) - end
+        tensors = dict(self.tensors)
+        for name, block in self.per_token.items():
+            fill = PER_TOKEN_OUTSIDE[name]
+            tensors[name] = torch.cat(
+                (torch.full((1, before), fill, dtype=block.dtype), block, torch.full((1, after), fill, dtype=block.dtype)), dim=1
+            )
+        ids = (*prompt[:start], *self.ids, *prompt[end:])
+        return MediaPrompt(input_ids=ids, tensors=tensors, media_tokens=self.media_tokens)
 
 
 class MediaProcessor:
@@ -54,6 +109,10 @@ class MediaProcessor:
         self.temporal_patch = int(getattr(video_processor, "temporal_patch_size", 1) or 1)
         self._decoded: OrderedDict[str, tuple[Any, int]] = OrderedDict()
         self._decoded_bytes = 0
+        self._blocks: OrderedDict[Any, ProcessedBlock] = OrderedDict()
+        self._blocks_bytes = 0
+        # One processor run per block at a time: the reads of a request arrive together on the media threads.
+        self._block_locks: dict[Any, threading.Lock] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -75,9 +134,6 @@ class MediaProcessor:
         for item in items:
             if item.modality not in self.modalities:
                 raise MediaError(item.name, f"this model does not take {item.modality} inputs")
-        decoded = [self._decode(item) for item in items]
-        images = [d for item, d in zip(items, decoded, strict=True) if item.modality == IMAGE]
-        videos: list[DecodedVideo] = [d for item, d in zip(items, decoded, strict=True) if item.modality == VIDEO]
         for modality, token_id in self.placeholders.items():
             count = sum(1 for item in items if item.modality == modality)
             placeholders = sum(1 for token in prompt if token == token_id)
@@ -88,6 +144,50 @@ class MediaProcessor:
         text = self.tokenizer.decode(list(prompt), skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if self.tokenizer(text, add_special_tokens=False)["input_ids"] != list(prompt):
             raise InvalidReadError(read_id, "the prompt's ids do not decode to text that encodes back to them")
+        marks = set(self.placeholders.values())
+        where = [index for index, token in enumerate(prompt) if token in marks]
+        if not where:
+            return self._process(prompt, text, items)
+        # The media block: from the first placeholder to the last. Every question of a request has the same block
+        # (the media come before the state), so the processor runs once per block and media, not once per read.
+        start, end = where[0], where[-1] + 1
+        key = (tuple((i.modality, i.sha256, i.max_seconds, i.max_frames) for i in items), tuple(prompt[start:end]))
+        with self._lock:
+            key_lock = self._block_locks.setdefault(key, threading.Lock())
+        try:
+            with key_lock:
+                with self._lock:
+                    block = self._blocks.get(key)
+                    if block is not None:
+                        self._blocks.move_to_end(key)
+                if block is None:
+                    processed = self._process(prompt, text, items)
+                    block = ProcessedBlock.of(prompt, processed, start, end)
+                    if block is None:
+                        return processed
+                    self._keep(key, block)
+        finally:
+            with self._lock:
+                self._block_locks.pop(key, None)
+        return block.splice(prompt, start, end)
+
+    def _keep(self, key: Any, block: ProcessedBlock) -> None:
+        if block.nbytes > PROCESSED_BYTES_KEPT:
+            return
+        with self._lock:
+            if key in self._blocks:
+                return
+            self._blocks[key] = block
+            self._blocks_bytes += block.nbytes
+            while self._blocks_bytes > PROCESSED_BYTES_KEPT:
+                _, dropped = self._blocks.popitem(last=False)
+                self._blocks_bytes -= dropped.nbytes
+
+    def _process(self, prompt: Sequence[int], text: str, items: Sequence[MediaItem]) -> MediaPrompt:
+        """The processor over the whole prompt text and its media (decoded, or from the decoded cache)."""
+        decoded = [self._decode(item) for item in items]
+        images = [d for item, d in zip(items, decoded, strict=True) if item.modality == IMAGE]
+        videos: list[DecodedVideo] = [d for item, d in zip(items, decoded, strict=True) if item.modality == VIDEO]
         kwargs: dict[str, Any] = {"add_special_tokens": False}
         if self.architecture.mm_token_type_ids:
             kwargs["return_mm_token_type_ids"] = True

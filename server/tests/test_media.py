@@ -333,7 +333,7 @@ def test_bad_media_fail_only_their_own_read_naming_their_position() -> None:
         alone = stub.Read(decision_pb2.ReadRequest(reads=[read(ids, label_ids, [item(good)])])).results[0]
         for media, words in [
             ([item(b"this is not an image")], "images.0: not an image"),
-            ([item(good), item(truncated, "images.1")], "images.1: cannot decode"),
+            ([item(good), item(truncated, "images.1")], "images.1: cannot decode"),  # (two placeholders below)
             ([wrong_hash], "images.0: its sha256"),
             ([video], "videos.0: this model does not take video"),
         ]:
@@ -342,7 +342,7 @@ def test_bad_media_fail_only_their_own_read_naming_their_position() -> None:
                 decision_pb2.ReadRequest(
                     reads=[
                         read(ids, label_ids, [item(good)], 0),
-                        read(ids, label_ids, media, 1),
+                        read(prompt_ids(model, len(media), "state"), label_ids, media, 1),
                         read(ids, label_ids, [item(good)], 2),
                     ]
                 )
@@ -389,3 +389,49 @@ def test_decode_image_caps_with_bicubic_and_refuses_non_images() -> None:
     assert decode_image(MediaItem(IMAGE, data, "", "images.0")).size == (2048, 1024)
     with pytest.raises(MediaError, match=r"images\.3: not an image"):
         decode_image(MediaItem(IMAGE, b"GIF89a-not-really", "", "images.3"))
+
+
+@pytest.mark.parametrize("name", MEDIA_FIXTURES)
+def test_the_processor_runs_once_per_media_block_and_splices_exactly(name: str) -> None:
+    """The questions of a request share their media block (placeholders before the state): the processor runs once
+    for it, and every other prompt with that block gets the same expansion spliced in — equal, id for id and tensor
+    for tensor, to running the processor on that prompt. Other media (or the same media in another order) run it
+    again."""
+    _folder, model = fixture(name)
+    processor = model.media
+    videos = 1 if name in VIDEO_FIXTURES else 0
+    media = [MediaItem(IMAGE, png(11), hashlib.sha256(png(11)).hexdigest(), "images.0")]
+    media.append(MediaItem(IMAGE, png(12, 50, 70), hashlib.sha256(png(12, 50, 70)).hexdigest(), "images.1"))
+    if videos:
+        clip = video_bytes(12, 4, seed=4)
+        media.append(MediaItem(VIDEO, clip, hashlib.sha256(clip).hexdigest(), "videos.0", 60.0, 240))
+    calls = 0
+    original = processor.processor
+
+    class Counting:
+        def __getattr__(self, attribute: str) -> Any:
+            return getattr(original, attribute)
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return original(*args, **kwargs)
+
+    processor.processor = Counting()
+    try:
+        texts = ['{"a": 1}\n\nQuestion: Which?\nA: x\nB: y', "short", "Is it late?\nReply with yes or no. " * 20]
+        prompts = [prompt_ids(model, 2, text, videos=videos) for text in texts]
+        spliced = [processor.prepare(index, ids, media) for index, ids in enumerate(prompts)]
+        assert calls == 1
+        for ids, got in zip(prompts, spliced, strict=True):
+            text = processor.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            fresh = processor._process(ids, text, media)
+            assert got.input_ids == fresh.input_ids and got.media_tokens == fresh.media_tokens > 0
+            assert sorted(got.tensors) == sorted(fresh.tensors)
+            for key, value in fresh.tensors.items():
+                assert torch.equal(got.tensors[key], value), key
+        calls_before = calls
+        processor.prepare(9, prompts[0], [media[1], media[0], *media[2:]])
+        assert calls == calls_before + 1
+    finally:
+        processor.processor = original
