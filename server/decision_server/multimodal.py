@@ -195,6 +195,10 @@ class MediaProcessor:
             # Frames sampled already (2 fps, decode_video): the processor places them in time from the metadata.
             kwargs["video_metadata"] = [video.metadata() for video in videos]
             kwargs["do_sample_frames"] = False
+            if hasattr(self.processor.video_processor, "cap_pixels_per_frame"):
+                # transformers' default, said out loud (it warns on every call otherwise): frames are not capped per
+                # frame as qwen-vl-utils does; vLLM 0.32 calls the processor with the same default.
+                kwargs["cap_pixels_per_frame"] = False
         output = self.processor(
             images=images or None,
             videos=[video.frames for video in videos] or None,
