@@ -139,3 +139,55 @@ def test_invariance_across_all_shapes(http: httpx2.Client) -> None:
 def test_the_wording_is_the_profiles_not_the_shapes(http: httpx2.Client) -> None:
     """The same question reads the same on /v1/systemone and on both /v1/decisions shapes."""
     assert_routes_agree(readings_on_every_route(http))
+
+
+def test_a_decision_replays_through_v1_score(http: httpx2.Client) -> None:
+    """Seed 003, "Pin and replay the prompt": a decision's `prompt_token_ids` and `label_token_ids` sent to
+    `/v1/score` with the same `temperature` give back its probabilities; without `apply_softmax` the scores are the
+    labels' full-vocabulary probabilities (`exp` of `token_logprobs`)."""
+    from wordings import SGLANG_QUESTIONS
+
+    temperature = 0.7
+    decided = http.post("/v1/decisions", json={
+        "input": {"ticket": TICKET}, "questions": SGLANG_QUESTIONS, "temperature": temperature, "return_prompt_token_ids": True,
+    })
+    assert decided.status_code == 200, decided.text
+    answers = decided.json()["answers"]
+    items = [answers[q["id"]]["prompt_token_ids"] for q in SGLANG_QUESTIONS]
+    labels = [answers[q["id"]]["label_token_ids"] for q in SGLANG_QUESTIONS]
+    replay = http.post("/v1/score", json={
+        "query": [], "items": items, "label_token_ids": labels, "apply_softmax": True, "temperature": temperature,
+        "return_token_logprobs": True,
+    })
+    assert replay.status_code == 200, replay.text
+    body = replay.json()
+    assert body["object"] == "scoring" and len(body["scores"]) == len(SGLANG_QUESTIONS)
+    assert body["usage"]["prompt_tokens"] == sum(len(ids) for ids in items)
+    for question, scores, logprobs in zip(SGLANG_QUESTIONS, body["scores"], body["token_logprobs"]):
+        expected = list(answers[question["id"]]["probabilities"].values())
+        assert max(abs(a - b) for a, b in zip(scores, expected)) < 1e-6, (question["id"], scores, expected)
+        assert len(logprobs) == len(expected) and all(lp <= 0 for lp in logprobs)
+    # Raw scores: one flat label list shared by every item; the query split off the front gives the same ids.
+    first = items[0]
+    raw = http.post("/v1/score", json={"query": first[:5], "items": [first[5:]], "label_token_ids": labels[0]}).json()
+    lps = body["token_logprobs"][0]
+    assert all(math.isclose(s, math.exp(lp), rel_tol=1e-5) for s, lp in zip(raw["scores"][0], lps)), (raw, lps)
+
+
+def test_v1_score_refusals_name_the_item(http: httpx2.Client, server_info: dict[str, Any]) -> None:
+    vocab = int(server_info.get("vocab_size") or 49152)
+    cases = [
+        ({"items": [[1, 2], [1, vocab]], "label_token_ids": [5]}, "items[1]"),
+        ({"items": [[1, 2], []], "label_token_ids": [5]}, "items[1]"),
+        ({"items": [[1] * 10_000_000], "label_token_ids": [5]}, None),
+        ({"items": [[1] * (int(server_info.get("max_position_embeddings") or 8192) + 5)], "label_token_ids": [5]}, "items[0]"),
+        ({"items": ["text is not ids"], "label_token_ids": [5]}, "items[0]"),
+        ({"items": [[1, 2]], "label_token_ids": [[5], [6]]}, "label_token_ids"),
+        ({"items": [[1, 2]], "label_token_ids": [5], "temperature": -1}, "temperature"),
+    ]
+    for body, named in cases:
+        r = http.post("/v1/score", json=body)
+        assert 400 <= r.status_code < 500, (named, r.status_code, r.text[:200])
+        if named is not None:
+            assert named in r.text, (named, r.text[:300])
+    assert http.get("/health").status_code == 200

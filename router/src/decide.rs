@@ -146,6 +146,29 @@ impl Decider {
     }
 }
 
+impl Decider {
+    /// Scores reads built by the client (`/v1/score`): no rendering, the same queue and batching as the
+    /// decision routes, the request token limit over their union.
+    pub async fn score(
+        &self,
+        reads: Vec<PreparedRead>,
+    ) -> Result<(Vec<crate::read::ReadOutcome>, ReadTiming), DecisionError> {
+        self.strategy
+            .as_ref()
+            .map_err(|reason| DecisionError::NotServable(reason.clone()))?;
+        let arrival = self.queue.arrival();
+        let tokens = unique_prompt_tokens(&reads);
+        if tokens > self.limits.max_input_tokens {
+            return Err(DecisionError::TokensExceeded {
+                got: tokens,
+                limit: self.limits.max_input_tokens,
+            });
+        }
+        metrics::counter!("decision_prompt_tokens_total").increment(tokens as u64);
+        self.queue.read(reads, tokens, String::new(), arrival).await
+    }
+}
+
 fn read_media(blob: MediaBlob, policy: &MediaPolicy) -> ReadMedia {
     let (max_seconds, max_frames) = match blob.modality {
         Modality::Image => (0.0, 0),

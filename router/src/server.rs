@@ -18,7 +18,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{json, Value};
 use tower_http::decompression::RequestDecompressionLayer;
 
-use crate::api::{self, openai, sglang, systemone};
+use crate::api::{self, openai, score, sglang, systemone};
 use crate::config::Config;
 use crate::decide::Decider;
 use crate::error::{DecisionError, FieldError};
@@ -193,6 +193,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/systemone", post(systemone_handler))
         .route("/v1/decisions", post(decisions_handler))
+        .route("/v1/score", post(score_handler))
         .route("/v1/models", get(models_handler))
         .route("/health", get(health_handler))
         .route("/info", get(info_handler))
@@ -467,6 +468,46 @@ async fn decisions_handler(
     match result {
         Ok(v) => answered(v, timing),
         Err(e) => error_response(&state, shape, e),
+    }
+}
+
+/// `/v1/score` (SGLang's scoring route): token ids in, label probabilities out; for pinning and
+/// replaying a decision's prompt. Only next-token engines can score ids this way.
+async fn score_handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let mut timing = None;
+    let result = async {
+        authorize(&state, &headers)?;
+        refuse_when_draining(&state)?;
+        let value = json_body(body, state.decider.limits.max_body_bytes)?;
+        let info = &state.shards.info;
+        if !matches!(info.engine.as_str(), "tree" | "fork" | "naive") {
+            return Err(DecisionError::BadRequest {
+                param: None,
+                message: format!(
+                    "/v1/score reads the next token after the ids sent; this model's reads are {} reads",
+                    info.engine
+                ),
+            });
+        }
+        // The answer position must fit in the model's context.
+        let context = match info.max_position_embeddings as usize {
+            0 => usize::MAX,
+            n => n - 1,
+        };
+        let max_tokens = context.min(state.decider.limits.max_input_tokens);
+        let request = score::parse(&value, info.vocab_size, max_tokens)?;
+        let (outcomes, read_timing) = state.decider.score(score::reads(&request)).await?;
+        timing = Some(read_timing);
+        Ok::<_, DecisionError>(score::format(&request, &outcomes, &state.model_name))
+    }
+    .await;
+    match result {
+        Ok(v) => answered(v, timing),
+        Err(e) => error_response(&state, Shape::Sglang, e),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Wire shapes: each parses into the decision IR and formats answers and errors its own way.
 
 pub mod openai;
+pub mod score;
 pub mod sglang;
 pub mod systemone;
 

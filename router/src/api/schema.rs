@@ -162,6 +162,46 @@ pub struct DecisionsError {
     pub message: Option<String>,
 }
 
+/// `/v1/score` (SGLang's scoring route): score the next token after token ids you send, e.g. to replay a
+/// decision's `prompt_token_ids` with its `label_token_ids`.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct ScoreRequest {
+    /// Token ids put before each item (after it with `item_first`); default empty.
+    pub query: Option<Vec<u32>>,
+    /// One token id list per item (at least one); each `query` + item must fit the model's context.
+    pub items: Vec<Vec<u32>>,
+    /// One label token list per item, or one flat list for every item. Each label is one token.
+    pub label_token_ids: Value,
+    /// Softmax over the labels (divided by `temperature`), as a decision answers; otherwise each
+    /// label's full-vocabulary probability. Default false.
+    pub apply_softmax: Option<bool>,
+    /// Above 0, default 1: divides the label log-probabilities before the softmax.
+    pub temperature: Option<f64>,
+    /// Adds `token_logprobs`: the labels' full-vocabulary log-probabilities per item.
+    pub return_token_logprobs: Option<bool>,
+    pub item_first: Option<bool>,
+    /// Echoed; the served model's name when omitted.
+    pub model: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct ScoreResponse {
+    /// `scoring`.
+    pub object: String,
+    pub model: String,
+    /// Per item, one score per label, in the order sent.
+    pub scores: Vec<Vec<f64>>,
+    /// With `return_token_logprobs`: per item, each label's log-probability.
+    pub token_logprobs: Option<Vec<Vec<f64>>>,
+    /// `prompt_tokens` (every item's ids), `completion_tokens` 0, `total_tokens`.
+    pub usage: Value,
+}
+
+#[utoipa::path(post, path = "/v1/score", request_body = ScoreRequest,
+    responses((status = 200, body = ScoreResponse), (status = 400, body = DecisionsError),
+              (status = 401, body = DecisionsError), (status = 413, body = DecisionsError), (status = 501, body = DecisionsError)))]
+fn score() {}
+
 #[utoipa::path(post, path = "/v1/systemone", request_body = SystemOneRequest,
     responses((status = 200, body = SystemOneResponse), (status = 422, body = SystemOneError),
               (status = 400, body = SystemOneError), (status = 401, body = SystemOneError), (status = 413, body = SystemOneError),
@@ -191,7 +231,7 @@ fn metrics() {}
         title = "decision-inference",
         description = "Language models as decision models: a probability for every allowed option."
     ),
-    paths(systemone, decisions, models, health, info, metrics),
+    paths(systemone, decisions, score, models, health, info, metrics),
     components(schemas(
         Text,
         SystemOneQuestion,
@@ -205,7 +245,9 @@ fn metrics() {}
         SglangQuestion,
         DecisionsRequest,
         DecisionsResponse,
-        DecisionsError
+        DecisionsError,
+        ScoreRequest,
+        ScoreResponse
     ))
 )]
 pub struct ApiDoc;
