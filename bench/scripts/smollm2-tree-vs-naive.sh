@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The SmolLM2 tree-vs-naive cells of docs/benchmarks.md, run against two servers that are already up:
-#   A (naive) on $NAIVE_URL, B (tree) on $TREE_URL, both `--dtype float32 --threads 2` (see docs/benchmarks.md).
+# The SmolLM2 tree-vs-naive cells of bench/results/JOURNAL.md, run against two servers that are already up:
+#   A (naive) on $NAIVE_URL, B (tree) on $TREE_URL, both `--dtype float32 --threads 2` (see bench/results/JOURNAL.md).
 # Usage: bench/scripts/smollm2-tree-vs-naive.sh OUT_DIR [CELL...]   (no CELL: all of them, about 35 minutes)
 set -euo pipefail
 OUT=${1:?usage: $0 OUT_DIR [CELL...]}; shift

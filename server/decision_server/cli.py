@@ -134,7 +134,7 @@ def quiet_idle_openmp_threads(environ: MutableMapping[str, str]) -> None:
     Must run before torch loads OpenMP. A forward runs hundreds of parallel regions with serial work between
     them; spinning workers take that work's CPU, or its core's other hyperthread. Measured on 2 vCPUs (one
     core, two threads), Qwen3-0.6B-shaped, 8 questions over 512 tokens: 1.19x and 1.26x the questions/s of
-    spinning workers (docs/benchmarks.md).
+    spinning workers (bench/results/JOURNAL.md).
     """
     environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -42,7 +42,7 @@ def resolve_matmul(mode: str, device_type: str = "cpu", vendor: str | None = Non
     `mode` unchanged.
 
     MKL (F.linear) takes its best kernels on Intel CPUs only; on AMD CPUs oneDNN's prepacked GEMM beat it on
-    every machine measured (docs/benchmarks.md: 1.1-1.75x per GEMM, 0.83x -> 0.93x of vLLM at 8 q x 512 on
+    every machine measured (bench/results/JOURNAL.md: 1.1-1.75x per GEMM, 0.83x -> 0.93x of vLLM at 8 q x 512 on
     Zen 4, 0.92x -> 1.04-1.15x on an AVX2 EPYC), while on Intel MKL is as fast or faster. So auto is `fast`
     where the vendor is known and not Intel, and `exact` on Intel or where the vendor is unknown.
     """
