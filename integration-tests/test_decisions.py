@@ -101,15 +101,15 @@ def test_sglang_shape_reads_in_the_profile_wording(http: httpx2.Client, referenc
     """The default profile renders vLLM's wording on every route, the SGLang shape included (version 101);
     pinning SGLang's version 1 there fails loudly instead of answering from another wording."""
     check_sglang_shape(http, reference, "vllm", 101)
-    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": 1, "questions": [{"id": "a", "type": "yes_no"}]})
+    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": 1, "questions": [{"id": "a", "type": "yes_no", "question": "q"}]})
     assert r.status_code == 400 and r.json()["param"] == "prompt_format_version"
     assert "--compat sglang" in r.json()["message"], r.text
 
 
 def test_sglang_refusals(http: httpx2.Client) -> None:
-    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": 2, "questions": [{"id": "a", "type": "yes_no"}]})
+    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": 2, "questions": [{"id": "a", "type": "yes_no", "question": "q"}]})
     assert r.status_code == 400 and r.json()["object"] == "error" and r.json()["param"] == "prompt_format_version"
-    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": "101", "questions": [{"id": "a", "type": "yes_no"}]})
+    r = http.post("/v1/decisions", json={"input": "x", "prompt_format_version": "101", "questions": [{"id": "a", "type": "yes_no", "question": "q"}]})
     assert r.status_code == 400 and r.json()["object"] == "error" and r.json()["param"] == "prompt_format_version"
     mixed = http.post("/v1/decisions", json={"input": "x", "questions": [{"id": "a", "type": "predicate", "instructions": "i"}]})
     assert mixed.status_code == 400 and "mixes" in mixed.text

@@ -5,6 +5,7 @@ use axum::http::StatusCode;
 use clap::ValueEnum;
 
 use crate::error::DecisionError;
+use crate::limits::Limits;
 use crate::ir::{Answer, QuestionKind, Usage};
 use crate::probability;
 use crate::prompt::wording::Wording;
@@ -61,6 +62,28 @@ impl Compat {
         }
     }
 
+    /// The request limits of a shape under this profile: the operator's limits (`base`, the default
+    /// profile's), narrowed where the profile's seed says less. vLLM (seeds 000/001): 64 questions,
+    /// 26 options, 10 levels, a score with at least two levels, on every route. OpenAI's shape keeps
+    /// upstream's 200 questions and 255 choices in the other profiles.
+    pub fn limits(&self, shape: Shape, base: &Limits) -> Limits {
+        match (self, shape) {
+            (Compat::Vllm, _) => Limits {
+                max_questions: base.max_questions.min(64),
+                max_choices: base.max_choices.min(26),
+                max_levels: base.max_levels.min(10),
+                min_levels: base.min_levels.max(2),
+                ..base.clone()
+            },
+            (_, Shape::OpenAi) => Limits {
+                max_questions: base.max_questions.min(200),
+                max_choices: base.max_choices.min(255),
+                ..base.clone()
+            },
+            _ => base.clone(),
+        }
+    }
+
     /// The HTTP status of an error in a shape under this profile.
     pub fn status(&self, error: &DecisionError, shape: Shape) -> StatusCode {
         match error {
@@ -77,6 +100,16 @@ impl Compat {
                 error.status()
             }
             DecisionError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            // SGLang (seed 003, "Errors"): a label that is not one token, a prompt over the context and
+            // a model it cannot serve are 400s, on its shape and on System One under its profile
+            // ("other refusals return 400"), never a 413 or a 501 that clients might retry.
+            DecisionError::NotServable(_)
+            | DecisionError::PromptTooLong { .. }
+            | DecisionError::TokensExceeded { .. }
+                if shape == Shape::Sglang || *self == Compat::Sglang =>
+            {
+                StatusCode::BAD_REQUEST
+            }
             other => other.status(),
         }
     }
@@ -127,6 +160,23 @@ mod tests {
             label_mass: mass,
             argmax_is_label: true,
         }
+    }
+
+    #[test]
+    fn limits_per_profile_and_shape() {
+        let base = Limits::default();
+        for shape in [Shape::SystemOne, Shape::OpenAi, Shape::Sglang] {
+            let vllm = Compat::Vllm.limits(shape, &base);
+            assert_eq!((vllm.max_questions, vllm.max_choices, vllm.max_levels, vllm.min_levels), (64, 26, 10, 2));
+        }
+        let openai = Compat::Typesafe.limits(Shape::OpenAi, &base);
+        assert_eq!((openai.max_questions, openai.max_choices), (200, 255));
+        let s1 = Compat::Typesafe.limits(Shape::SystemOne, &base);
+        assert_eq!((s1.max_questions, s1.min_levels), (base.max_questions, 1));
+        let refusal = DecisionError::NotServable("label 'BQ' is not one token".into());
+        assert_eq!(Compat::Sglang.status(&refusal, Shape::SystemOne).as_u16(), 400);
+        assert_eq!(Compat::Typesafe.status(&refusal, Shape::Sglang).as_u16(), 400);
+        assert_eq!(Compat::Typesafe.status(&refusal, Shape::SystemOne).as_u16(), 501);
     }
 
     #[test]

@@ -445,7 +445,6 @@ async fn decisions_handler(
                 &parsed,
                 &decided.decision,
                 decided.reads.as_deref(),
-                &state.model_name,
                 decided.prompt_format,
             ))
         } else {

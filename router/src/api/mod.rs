@@ -110,7 +110,11 @@ pub fn decisions_shape(body: &Value) -> Result<Shape, DecisionError> {
                 if levels.iter().any(Value::is_string) {
                     sglang.push("string levels".into());
                 }
-                if levels.iter().any(Value::is_object) {
+                // OpenAI levels are `{"label": …}`; SGLang levels may be any JSON object.
+                if levels
+                    .iter()
+                    .any(|l| l.as_object().is_some_and(|o| o.contains_key("label")))
+                {
                     openai.push("{label} levels".into());
                 }
             }

@@ -53,6 +53,7 @@ fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
 }
 
 pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, DecisionError> {
+    let limits = &compat.limits(crate::profile::Shape::OpenAi, limits);
     let obj = body.as_object().ok_or_else(|| {
         DecisionError::Invalid(vec![err(
             &[],
@@ -96,10 +97,10 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
             errors.push(err(&["input".into()], "missing", "input is required"));
             String::new()
         }
-        Some(v) => input_text(v, &mut images, &mut errors),
+        Some(v) => input_text(v, compat, &mut images, &mut errors),
     };
     let chat_template_kwargs = super::template_kwargs(obj, "invalid_type", &mut errors);
-    let max_choices = compat.max_choice_options(limits.max_choices);
+    let max_choices = limits.max_choices;
     let mut questions = Vec::new();
     let mut echo = Vec::new();
     for (i, item) in super::question_items(obj, limits, "invalid_type", &mut errors)
@@ -138,7 +139,12 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
 
 /// The adapter's state text: a string as is; messages joined by a blank line, parts by a newline.
 /// `input_image` parts (`image_url`: a URL or data URL) are collected into `images`, in order.
-fn input_text(input: &Value, images: &mut Vec<String>, errors: &mut Vec<FieldError>) -> String {
+fn input_text(
+    input: &Value,
+    compat: Compat,
+    images: &mut Vec<String>,
+    errors: &mut Vec<FieldError>,
+) -> String {
     match input {
         Value::String(s) => s.clone(),
         Value::Array(messages) if !messages.is_empty() => {
@@ -167,7 +173,15 @@ fn input_text(input: &Value, images: &mut Vec<String>, errors: &mut Vec<FieldErr
                     }
                 }
                 match m.get("role").and_then(Value::as_str) {
-                    Some("user" | "system" | "developer" | "assistant") => {}
+                    Some("user") => {}
+                    // vLLM (seed 000): "input accepts a string or an array of user messages"; other
+                    // roles are outside its MVP. The default profile joins them like the adapter.
+                    Some("system" | "developer" | "assistant") if compat != Compat::Vllm => {}
+                    Some(role) if compat == Compat::Vllm => errors.push(err(
+                        &[at[0].clone(), at[1].clone(), "role".into()],
+                        "invalid_value",
+                        format!("input[{i}]: only user messages are accepted under --compat vllm, got role '{role}'"),
+                    )),
                     _ => errors.push(err(
                         &[at[0].clone(), at[1].clone(), "role".into()],
                         "invalid_value",

@@ -11,11 +11,24 @@ use crate::probability;
 use crate::prompt::wording::PromptFormat;
 use crate::prompt::{LabelGroup, PreparedRead};
 const MAX_OPTIONS: usize = 26;
+/// Every field of the request (anything else is refused).
+const FIELDS: &[&str] = &[
+    "input",
+    "questions",
+    "temperature",
+    "chat_template_kwargs",
+    "prompt_format_version",
+    "return_prompt_token_ids",
+    "model",
+    "joint",
+];
 
 pub struct Parsed {
     pub request: DecisionRequest,
     pub temperature: f64,
     pub return_prompt_token_ids: bool,
+    /// The request's `model`, echoed (`default` when omitted).
+    pub model: String,
 }
 
 fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
@@ -43,10 +56,25 @@ pub fn parse(
         )])
     })?;
     let mut errors = Vec::new();
-    if let Some(model) = obj.get("model") {
-        match model {
+    // Seed 003: "an unknown field anywhere in the request" is a 400.
+    for key in obj.keys() {
+        if !FIELDS.contains(&key.as_str()) {
+            errors.push(err(
+                &[Loc::from(key.as_str())],
+                "extra_forbidden",
+                format!("unknown field '{key}'; the request takes {}", FIELDS.join(", ")),
+            ));
+        }
+    }
+    // Echoed in the response, `default` when omitted (seed 003's `model` row).
+    let mut model = "default".to_owned();
+    if let Some(value) = obj.get("model") {
+        match value {
             Value::Null => {}
-            Value::String(name) => super::systemone::check_model_name(name)?,
+            Value::String(name) => {
+                super::systemone::check_model_name(name)?;
+                model = name.clone();
+            }
             _ => errors.push(err(
                 &["model".into()],
                 "type_error",
@@ -151,6 +179,7 @@ pub fn parse(
         request,
         temperature,
         return_prompt_token_ids,
+        model,
     })
 }
 
@@ -166,6 +195,66 @@ fn not_served(asked: &Value, served: PromptFormat) -> String {
         "prompt_format_version {asked} is not served; this server serves version {} ({} wording){hint}",
         served.version, served.name
     )
+}
+
+/// How messages name a question: its id, or its position when the id is blank.
+fn name_of(id: &str, i: usize) -> String {
+    if id.trim().is_empty() {
+        format!("questions[{i}]")
+    } else {
+        format!("'{id}'")
+    }
+}
+
+/// A text field of a question (`question`, a description, a level, `yes` / `no`): a non-blank string,
+/// or a JSON object or array rendered as compact JSON (seed 003: "can also be JSON objects or arrays").
+fn text(
+    value: &Value,
+    loc: &[Loc],
+    field: &str,
+    id: &str,
+    i: usize,
+    errors: &mut Vec<FieldError>,
+) -> Option<String> {
+    let who = name_of(id, i);
+    match value {
+        Value::String(s) if !s.trim().is_empty() => Some(s.clone()),
+        Value::String(_) => {
+            errors.push(err(loc, "value_error", format!("question {who}: {field} must not be blank")));
+            None
+        }
+        Value::Object(_) | Value::Array(_) if !is_empty_container(value) => Some(
+            crate::json_text::dumps(value, crate::json_text::Separators::Compact),
+        ),
+        _ => {
+            errors.push(err(
+                loc,
+                "type_error",
+                format!("question {who}: {field} must be a non-blank string, a JSON object or an array"),
+            ));
+            None
+        }
+    }
+}
+
+/// Why an option name cannot be used (seed 003): blank, with control or line-break characters, or the
+/// same as an earlier one after trimming and case folding.
+fn option_name_problem(name: &str, earlier: &[ChoiceOption]) -> Option<String> {
+    if name.trim().is_empty() {
+        return Some("the name is blank".into());
+    }
+    if name.chars().any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{85}')) {
+        return Some(format!("the name {name:?} contains a control or line-break character"));
+    }
+    let folded = fold(name);
+    earlier
+        .iter()
+        .find(|o| fold(&o.name) == folded)
+        .map(|o| format!("the name {name:?} repeats {:?} (names are compared trimmed and case-folded)", o.name))
+}
+
+fn fold(name: &str) -> String {
+    name.trim().to_lowercase()
 }
 
 fn is_empty_container(v: &Value) -> bool {
@@ -189,27 +278,26 @@ fn parse_question(
     };
     let before = errors.len();
     let id = match obj.get("id") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
         _ => {
             errors.push(err(
                 &at("id"),
                 "value_error",
-                "id must be a non-empty string",
+                format!("questions[{i}]: id must be a non-blank string"),
             ));
             String::new()
         }
     };
     let instructions = match obj.get("question") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => {
+        None | Some(Value::Null) => {
             errors.push(err(
                 &at("question"),
-                "type_error",
-                "question must be a string",
+                "missing",
+                format!("question {}: question is required", name_of(&id, i)),
             ));
             None
         }
+        Some(value) => text(value, &at("question"), "question", &id, i, errors),
     };
     let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
     let allowed: &[&str] = match kind {
@@ -251,7 +339,7 @@ fn parse_question(
                 ));
                 return None;
             }
-            let mut options = Vec::new();
+            let mut options: Vec<ChoiceOption> = Vec::new();
             for (j, option) in items.iter().enumerate() {
                 let oloc = vec![
                     Loc::from("questions"),
@@ -259,30 +347,31 @@ fn parse_question(
                     Loc::from("options"),
                     Loc::Index(j),
                 ];
-                let name = option
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .filter(|n| !n.trim().is_empty());
-                let description = match option.get("description") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(s)) => Some(s.clone()),
-                    Some(_) => {
-                        errors.push(err(&oloc, "type_error", "description must be a string"));
-                        None
-                    }
+                let who = name_of(&id, i);
+                let Some(fields) = option.as_object() else {
+                    errors.push(err(&oloc, "type_error", format!("question {who}: option {j} must be an object with a name")));
+                    continue;
                 };
-                match name {
-                    Some(n) if options.iter().any(|o: &ChoiceOption| o.name == n) => errors.push(
-                        err(&oloc, "value_error", format!("duplicate option name '{n}'")),
-                    ),
-                    Some(n) => options.push(ChoiceOption {
+                for key in fields.keys().filter(|k| !matches!(k.as_str(), "name" | "description")) {
+                    let mut loc = oloc.clone();
+                    loc.push(Loc::from(key.as_str()));
+                    errors.push(err(&loc, "extra_forbidden", format!("question {who}: unknown field '{key}' in option {j} (an option has name and description)")));
+                }
+                let description = match fields.get("description") {
+                    None | Some(Value::Null) => None,
+                    Some(value) => text(value, &oloc, "description", &id, i, errors),
+                };
+                let name = fields.get("name").and_then(Value::as_str);
+                match name.map(|n| (n, option_name_problem(n, &options))) {
+                    Some((n, None)) => options.push(ChoiceOption {
                         name: n.to_owned(),
                         description,
                     }),
+                    Some((_, Some(problem))) => errors.push(err(&oloc, "value_error", format!("question {who}: option {j}: {problem}"))),
                     None => errors.push(err(
                         &oloc,
                         "value_error",
-                        "each option needs a non-blank name",
+                        format!("question {who}: option {j} needs a non-blank name"),
                     )),
                 }
             }
@@ -305,23 +394,20 @@ fn parse_question(
                 ));
                 return None;
             }
-            let levels: Vec<String> = items
-                .iter()
-                .filter_map(|l| l.as_str().map(str::to_owned))
-                .collect();
-            if levels.len() != items.len() {
-                errors.push(err(&at("levels"), "type_error", "levels must be strings"));
+            let mut levels = Vec::with_capacity(items.len());
+            for (j, level) in items.iter().enumerate() {
+                let mut loc = at("levels");
+                loc.push(Loc::Index(j));
+                if let Some(level) = text(level, &loc, &format!("level {j}"), &id, i, errors) {
+                    levels.push(level);
+                }
             }
             QuestionKind::Score { levels }
         }
         _ => {
             let side = |k: &str, errors: &mut Vec<FieldError>| match obj.get(k) {
                 None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(_) => {
-                    errors.push(err(&at(k), "type_error", format!("{k} must be a string")));
-                    None
-                }
+                Some(value) => text(value, &at(k), k, &id, i, errors),
             };
             QuestionKind::YesNo {
                 yes: side("yes", errors),
@@ -343,7 +429,6 @@ pub fn format(
     parsed: &Parsed,
     decision: &Decision,
     reads: Option<&[PreparedRead]>,
-    model: &str,
     prompt_format: PromptFormat,
 ) -> Value {
     // Each question's prompt and labels (a joint canvas read answers several questions).
@@ -375,10 +460,11 @@ pub fn format(
             QuestionKind::YesNo { .. } => {
                 json!({"type": "yes_no", "probabilities": {"yes": p[0], "no": p[1]}})
             }
+            // Keyed by level index (seed 003): equal level texts stay apart.
             QuestionKind::Score { levels } => json!({
                 "type": "score",
                 "score": probability::expected_score(p),
-                "probabilities": levels.iter().zip(p).map(|(l, pi)| (l.clone(), json!(pi))).collect::<Map<_, _>>(),
+                "probabilities": (0..levels.len()).zip(p).map(|(k, pi)| (k.to_string(), json!(pi))).collect::<Map<_, _>>(),
             }),
         };
         let obj = value.as_object_mut().expect("object literal");
@@ -400,7 +486,7 @@ pub fn format(
     let prompt_tokens = decision.usage.per_question_prompt_tokens;
     json!({
         "object": "decisions",
-        "model": model,
+        "model": parsed.model,
         "prompt_format_version": prompt_format.version,
         "answers": answers,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 0, "total_tokens": prompt_tokens},
@@ -484,7 +570,7 @@ mod tests {
                 "prompt_format_version",
             ),
             (
-                json!({"input": "x", "questions": [{"id": "a", "type": "yes_no"}, {"id": "a", "type": "yes_no"}]}),
+                json!({"input": "x", "questions": [{"id": "a", "type": "yes_no", "question": "q"}, {"id": "a", "type": "yes_no", "question": "q"}]}),
                 "questions.1.id",
             ),
             (
@@ -513,10 +599,51 @@ mod tests {
         }
     }
 
+    /// Seed 003's "Errors" bullets, each a 400 naming the question (by id, or by position when the id is
+    /// blank), and its text rules: JSON objects and arrays as compact JSON, the model echoed.
+    #[test]
+    fn seed_003_errors_and_text_rules() {
+        let q = |extra: Value| {
+            let mut question = json!({"id": "a", "type": "choice", "question": "Which?", "options": [{"name": "x"}, {"name": "y"}]});
+            question.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            json!({"input": "x", "questions": [question]})
+        };
+        let refused = |body: Value, field: &str, words: &str| match parse(&body, &Limits::default(), None) {
+            Err(DecisionError::Invalid(f)) => assert!(
+                f.iter().any(|e| e.param() == field && e.msg.contains(words)),
+                "{body}: {:?}",
+                f.iter().map(|e| (e.param(), e.msg.clone())).collect::<Vec<_>>()
+            ),
+            _ => panic!("{body} was accepted"),
+        };
+        refused(json!({"input": "x", "extra": 1, "questions": [{"id": "a", "type": "yes_no", "question": "q"}]}), "extra", "unknown field");
+        refused(q(json!({"options": [{"name": "x", "colour": 1}, {"name": "y"}]})), "questions.0.options.0.colour", "unknown field 'colour' in option 0");
+        refused(q(json!({"question": "  "})), "questions.0.question", "question 'a': question must not be blank");
+        refused(q(json!({"id": " "})), "questions.0.id", "questions[0]: id must be a non-blank string");
+        refused(q(json!({"options": [{"name": "x\u{7}"}, {"name": "y"}]})), "questions.0.options.0", "control or line-break");
+        refused(q(json!({"options": [{"name": "x\ny"}, {"name": "y"}]})), "questions.0.options.0", "control or line-break");
+        refused(q(json!({"options": [{"name": "Billing"}, {"name": " billing "}]})), "questions.0.options.1", "repeats \"Billing\"");
+        refused(json!({"input": "x", "questions": [{"id": "s", "type": "score", "question": "q", "levels": ["a", " "]}]}), "questions.0.levels.1", "level 1 must not be blank");
+        refused(json!({"input": "x", "questions": [{"id": "s", "type": "score", "question": "q", "levels": ["a", null]}]}), "questions.0.levels.1", "level 1 must be");
+        let parsed = parse(
+            &json!({"input": "x", "model": "my-model", "questions": [{"id": "u", "type": "yes_no", "question": {"ask": "late?", "n": [1, 2]}, "yes": ["a", 1]},
+                {"id": "s", "type": "score", "question": "q", "levels": [{"l": 1}, "same", "same"]}]}),
+            &Limits::default(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(parsed.model, "my-model");
+        assert_eq!(parsed.request.questions[0].instructions.as_deref(), Some(r#"{"ask":"late?","n":[1,2]}"#));
+        assert_eq!(parsed.request.questions[0].kind, QuestionKind::YesNo { yes: Some(r#"["a",1]"#.into()), no: None });
+        assert_eq!(parsed.request.questions[1].kind, QuestionKind::Score { levels: vec![r#"{"l":1}"#.into(), "same".into(), "same".into()] });
+        let omitted = parse(&json!({"input": "x", "questions": [{"id": "u", "type": "yes_no", "question": "q"}]}), &Limits::default(), None).unwrap();
+        assert_eq!(omitted.model, "default");
+    }
+
     /// The pinned version is checked against the wording served, not against the shape.
     #[test]
     fn prompt_format_version_pins_the_served_wording() {
-        let body = |v: u32| json!({"input": "x", "prompt_format_version": v, "questions": [{"id": "a", "type": "yes_no"}]});
+        let body = |v: u32| json!({"input": "x", "prompt_format_version": v, "questions": [{"id": "a", "type": "yes_no", "question": "q"}]});
         let limits = Limits::default();
         assert!(parse(&body(1), &limits, Some(PromptFormat::SGLANG_V1)).is_ok());
         assert!(parse(&body(101), &limits, Some(PromptFormat::VLLM)).is_ok());

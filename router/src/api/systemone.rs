@@ -15,10 +15,7 @@ pub fn parse(
     limits: &Limits,
     compat: Compat,
 ) -> Result<DecisionRequest, DecisionError> {
-    let limits = &Limits {
-        max_choices: compat.max_choice_options(limits.max_choices),
-        ..limits.clone()
-    };
+    let limits = &compat.limits(crate::profile::Shape::SystemOne, limits);
     let mut errors = Vec::new();
     let Some(obj) = body.as_object() else {
         return Err(DecisionError::Invalid(vec![FieldError::new(
@@ -36,6 +33,18 @@ pub fn parse(
                 "string_type",
                 "model must be a string",
             )),
+        }
+    }
+    if compat == Compat::Sglang {
+        // Seed 003: the `/v1/decisions` fields are refused here unless null.
+        for key in ["temperature", "prompt_format_version", "return_prompt_token_ids"] {
+            if obj.get(key).is_some_and(|v| !v.is_null()) {
+                errors.push(FieldError::new(
+                    loc(&[key]),
+                    "extra_forbidden",
+                    format!("{key} is a /v1/decisions field; /v1/systemone takes it only as null"),
+                ));
+            }
         }
     }
     let state = match obj.get("state") {
@@ -88,7 +97,10 @@ pub fn parse(
             ));
             Vec::new()
         }
-        Some(Value::Object(map)) => parse_questions(map, limits, &mut errors),
+        // SGLang's profile accepts blank question ids, as the System One schema allows (seed 003).
+        Some(Value::Object(map)) => {
+            parse_questions(map, limits, compat != Compat::Sglang, &mut errors)
+        }
         Some(_) => {
             errors.push(FieldError::new(
                 loc(&["questions"]),
@@ -202,6 +214,7 @@ fn text_field(value: &Value, loc: Vec<Loc>, errors: &mut Vec<FieldError>) -> Opt
 fn parse_questions(
     map: &Map<String, Value>,
     limits: &Limits,
+    refuse_blank_ids: bool,
     errors: &mut Vec<FieldError>,
 ) -> Vec<Question> {
     let base = loc(&["questions"]);
@@ -227,7 +240,7 @@ fn parse_questions(
     let mut questions = Vec::with_capacity(map.len());
     for (id, spec) in map {
         let qloc = at(&base, id.clone());
-        if id.trim().is_empty() {
+        if refuse_blank_ids && id.trim().is_empty() {
             errors.push(FieldError::new(
                 qloc.clone(),
                 "value_error",
@@ -461,11 +474,14 @@ fn parse_score(
         errors.push(FieldError::new(cloc.to_vec(), kind, msg));
         return None;
     };
-    if items.is_empty() {
+    if items.len() < limits.min_levels.max(1) {
         errors.push(FieldError::new(
             cloc.to_vec(),
             "too_short",
-            "a score needs at least one level",
+            match limits.min_levels {
+                0 | 1 => "a score needs at least one level".to_owned(),
+                n => format!("a score needs at least {n} levels, got {}", items.len()),
+            },
         ));
         return None;
     }
