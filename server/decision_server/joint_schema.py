@@ -136,7 +136,7 @@ class JointSchemaModel(TransformersModel):
         text = tokenizer.decode(segment, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if tokenizer(text, add_special_tokens=False)["input_ids"] != segment:
             raise InvalidReadError(read_id, "the media stretch does not decode to text that encodes back to it")
-        kwargs: dict[str, Any] = {"add_special_tokens": False, **self.family.processor_kwargs}
+        kwargs: dict[str, Any] = {"add_special_tokens": False, **(self.family.processor_kwargs or {})}
         if self.family.mm_token_type_ids:
             kwargs["return_mm_token_type_ids"] = True
         try:
