@@ -107,9 +107,7 @@ class JointSchemaHead(nn.Module):
         spans = [q.span for q in questions] + [span for q in questions for span in q.options]
         means = torch.stack([h[start:end].mean(dim=0) for start, end in spans])
         option_spans = spans[len(questions) :]
-        lexical = torch.stack(
-            [lm_head[token_ids[start:end]].mean(dim=0).to(h.dtype) for start, end in option_spans]
-        )
+        lexical = torch.stack([lm_head[token_ids[start:end]].mean(dim=0).to(h.dtype) for start, end in option_spans])
         question_vectors, contexts = means[: len(questions)], means[len(questions) :]
         option_question = torch.repeat_interleave(
             torch.arange(len(questions), device=device), torch.tensor(counts, device=device)
@@ -174,7 +172,9 @@ def read_head_config(folder: Path) -> dict[str, int]:
     for key in CONFIG_KEYS:
         value = raw[key]
         if not isinstance(value, int) or isinstance(value, bool) or value < (0 if "layers" in key else 1):
-            raise HeadConfigError(f"{path}: {key} must be a {'non-negative' if 'layers' in key else 'positive'} integer")
+            raise HeadConfigError(
+                f"{path}: {key} must be a {'non-negative' if 'layers' in key else 'positive'} integer"
+            )
         config[key] = value
     if config["width"] % config["heads"]:
         raise HeadConfigError(f"{path}: width {config['width']} is not a multiple of heads {config['heads']}")

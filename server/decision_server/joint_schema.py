@@ -132,7 +132,9 @@ class JointSchemaModel(TransformersModel):
         placeholders = segment.count(image_token)
         outside = image_token in prompt[:start] or image_token in prompt[end:]
         if placeholders != len(images) or outside:
-            raise InvalidReadError(read_id, f"the media stretch has {placeholders} image placeholders for {len(images)}")
+            raise InvalidReadError(
+                read_id, f"the media stretch has {placeholders} image placeholders for {len(images)}"
+            )
         text = tokenizer.decode(segment, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         if tokenizer(text, add_special_tokens=False)["input_ids"] != segment:
             raise InvalidReadError(read_id, "the media stretch does not decode to text that encodes back to it")

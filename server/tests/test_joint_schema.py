@@ -38,7 +38,9 @@ def layer_norm(x: torch.Tensor, w: dict[str, torch.Tensor], name: str) -> torch.
     return (x - mean) / torch.sqrt(var + 1e-5) * w[f"{name}.weight"] + w[f"{name}.bias"]
 
 
-def attention(queries: torch.Tensor, keys: torch.Tensor, w: dict[str, torch.Tensor], name: str, heads: int) -> torch.Tensor:
+def attention(
+    queries: torch.Tensor, keys: torch.Tensor, w: dict[str, torch.Tensor], name: str, heads: int
+) -> torch.Tensor:
     """Multi-head attention of `queries` [n, d] over `keys` (= values) [m, d], from packed in-projections."""
     width = queries.shape[-1]
     wq, wk, wv = w[f"{name}.in_proj_weight"].split(width)
@@ -101,7 +103,11 @@ def reference_head(
     for layer in range(config["routing_layers"]):
         p = f"evidence_layers.{layer}"
         flat = flat + attention(
-            layer_norm(flat, w, f"{p}.query_norm"), layer_norm(memory, w, f"{p}.memory_norm"), w, f"{p}.attention", heads
+            layer_norm(flat, w, f"{p}.query_norm"),
+            layer_norm(memory, w, f"{p}.memory_norm"),
+            w,
+            f"{p}.attention",
+            heads,
         )
         inner = gelu(linear(layer_norm(flat, w, f"{p}.feedforward_norm"), w, f"{p}.feedforward.0"))
         flat = flat + linear(inner, w, f"{p}.feedforward.3")
@@ -239,8 +245,12 @@ def test_the_head_equals_the_reference_on_random_weights(clef: tuple[str, Loaded
     head64 = copy.deepcopy(head).double()
     got64 = head64(hidden, torch.tensor(token_ids), lm_head.double(), questions)
     got32 = head(hidden.float(), torch.tensor(token_ids), lm_head, questions)
-    worst64 = max(abs(a - b) for row, exp in zip(got64, expected, strict=True) for a, b in zip(row.tolist(), exp))
-    worst32 = max(abs(a - b) for row, exp in zip(got32, expected, strict=True) for a, b in zip(row.tolist(), exp))
+    worst64 = max(
+        abs(a - b) for row, exp in zip(got64, expected, strict=True) for a, b in zip(row.tolist(), exp, strict=True)
+    )
+    worst32 = max(
+        abs(a - b) for row, exp in zip(got32, expected, strict=True) for a, b in zip(row.tolist(), exp, strict=True)
+    )
     assert worst64 < 1e-6, worst64
     assert worst32 < 1e-4, worst32
     # The random weights exercise every term: logits are far from constant.
@@ -258,7 +268,9 @@ def test_a_pooled_read_equals_transformers_then_the_reference(clef: tuple[str, L
     hidden, lm_head = transformers_hidden(folder, ids)
     weights, config = head_weights(folder)
     expected = reference_head(weights, config, hidden, ids, lm_head, absolute(len(ids), questions))
-    worst = max(abs(a - b) for row, exp in zip(outcome.logits, expected, strict=True) for a, b in zip(row, exp))
+    worst = max(
+        abs(a - b) for row, exp in zip(outcome.logits, expected, strict=True) for a, b in zip(row, exp, strict=True)
+    )
     assert worst < 1e-5, worst
     assert [len(r) for r in outcome.logits] == [2, 2, 3]
     assert outcome.tokens_computed == len(ids)
@@ -293,9 +305,11 @@ def test_an_image_read_equals_transformers_with_the_processor(clef: tuple[str, L
     item = MediaItem("image", data, hashlib.sha256(data).hexdigest(), "images.0")
     media = model.prepare_pooled_media(9, prompt, (len(head_ids), len(head_ids) + len(media_ids)), (item,))  # type: ignore[attr-defined]
     assert media.media_tokens > 0
-    outcome = make_engine("auto", model).run(
-        [PooledSpec(id=9, prompt=tuple(prompt), questions=tuple(questions), media=(item,), media_prompt=media)]
-    ).outcomes[0]
+    outcome = (
+        make_engine("auto", model)
+        .run([PooledSpec(id=9, prompt=tuple(prompt), questions=tuple(questions), media=(item,), media_prompt=media)])
+        .outcomes[0]
+    )
     # The reference: the processor on the placeholder text alone, spliced in as the reference servers do.
     image = Image.open(io.BytesIO(data)).convert("RGB")
     kwargs: dict[str, Any] = {}
@@ -314,7 +328,9 @@ def test_an_image_read_equals_transformers_with_the_processor(clef: tuple[str, L
     hidden, lm_head = transformers_hidden(folder, expanded, tensors)
     weights, config = head_weights(folder)
     expected = reference_head(weights, config, hidden, expanded, lm_head, absolute(len(expanded), questions))
-    worst = max(abs(a - b) for row, exp in zip(outcome.logits, expected, strict=True) for a, b in zip(row, exp))
+    worst = max(
+        abs(a - b) for row, exp in zip(outcome.logits, expected, strict=True) for a, b in zip(row, exp, strict=True)
+    )
     assert worst < 1e-5, worst
     assert outcome.media_tokens == media.media_tokens
     # The image changes the answer: media are read, not ignored.
@@ -348,8 +364,12 @@ def test_the_shard_batches_pooled_reads_and_refuses_other_kinds(clef: tuple[str,
         info = stub.Info(decision_pb2.InfoRequest())
         assert (info.engine, info.implementation) == ("pooled", "transformers")
         assert list(info.modalities) == [decision_pb2.IMAGE]
-        alone = [stub.Read(decision_pb2.ReadRequest(reads=[pooled_read(i, p, questions)])) for i, p in ((0, ids), (1, other))]
-        both = stub.Read(decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions), pooled_read(1, other, questions)]))
+        alone = [
+            stub.Read(decision_pb2.ReadRequest(reads=[pooled_read(i, p, questions)])) for i, p in ((0, ids), (1, other))
+        ]
+        both = stub.Read(
+            decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions), pooled_read(1, other, questions)])
+        )
         assert both.head_micros > 0 and both.forward_micros > both.head_micros
         for single, batched in zip(alone, both.results, strict=True):
             a = [list(q.option_logits) for q in single.results[0].pooled.questions]
@@ -360,7 +380,9 @@ def test_the_shard_batches_pooled_reads_and_refuses_other_kinds(clef: tuple[str,
         with pytest.raises(grpc.RpcError) as err:
             stub.Read(decision_pb2.ReadRequest(reads=[next_token]))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "read kind next_token is not computed by this shard (it computes pooled reads)" in (err.value.details() or "")
+        assert "read kind next_token is not computed by this shard (it computes pooled reads)" in (
+            err.value.details() or ""
+        )
         bad = [(1, (-3, -3), ((-2, -1),))]
         with pytest.raises(grpc.RpcError) as err:
             stub.Read(decision_pb2.ReadRequest(reads=[pooled_read(6, ids, bad)]))
@@ -388,7 +410,9 @@ def test_a_head_config_that_does_not_match_its_weights_is_refused_naming_the_ten
     folder = _folder("tiny-clef-flash")
     _, config = head_weights(folder)
     wider = _copy_with_head(folder, tmp_path, {**config, "feedforward": config["feedforward"] * 2})
-    with pytest.raises(HeadConfigError, match=r"tensor 'evidence_layers\.0\.feedforward\.0\.weight' has shape \[128, 64\]"):
+    with pytest.raises(
+        HeadConfigError, match=r"tensor 'evidence_layers\.0\.feedforward\.0\.weight' has shape \[128, 64\]"
+    ):
         load_model(wider, dtype="float32")
     (tmp_path / "deeper").mkdir()
     deeper = _copy_with_head(folder, tmp_path / "deeper", {**config, "layers": config["layers"] + 1})
