@@ -46,7 +46,7 @@ QUESTIONS: list[tuple[str, dict[str, Any]]] = [
     ),
     ("team", {"type": "choice", "criteria": {"tech": "broken things", "billing": None}}),
     ("urgent", {"type": "noul", "instructions": "Needs a reply within the hour?", "criteria": {"true": "money"}}),
-    ("polite", {"type": "noul"}),
+    ("polite", {"type": "noul", "instructions": "polite"}),
     ("tone", {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "furious"]}),
     ("stars", {"type": "score", "criteria": ["1", "2", "3", "4", "5"]}),
 ]
@@ -63,12 +63,12 @@ def png(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def build_requests(seed: int, count: int, images: int) -> list[dict[str, Any]]:
+def build_requests(seed: int, count: int, images: int, model: str) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     requests = []
     for n in range(count + images):
         picked = rng.sample(QUESTIONS, 3)
-        body: dict[str, Any] = {"model": "clef", "state": STATES[n % len(STATES)], "questions": dict(picked)}
+        body: dict[str, Any] = {"model": model, "state": STATES[n % len(STATES)], "questions": dict(picked)}
         if n >= count:
             body["images"] = [png(seed + n)]
         requests.append(body)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             s.start()
         wait_healthy(servers, args.startup_timeout)
         report["startup_s"] = {s.name: s.ready_s for s in servers}
-        for n, body in enumerate(build_requests(args.seed, args.requests, args.images)):
+        for n, body in enumerate(build_requests(args.seed, args.requests, args.images, str(fixture))):
             (v_status, v_body, _), (o_status, o_body, _) = (post(s, "/v1/systemone", body, 300) for s in servers)
             if v_status != 200 or o_status != 200:
                 print(f"{n:>3} status vllm {v_status} ours {o_status}: {str(v_body)[:200]} | {str(o_body)[:200]}")

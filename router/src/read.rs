@@ -367,7 +367,9 @@ fn check_pooled(
                 ));
             }
             if let Some(bad) = got.option_logits.iter().find(|v| !v.is_finite()) {
-                return Err(format!("pooled question {i}: option logit {bad} is not finite"));
+                return Err(format!(
+                    "pooled question {i}: option logit {bad} is not finite"
+                ));
             }
             Ok(got.option_logits)
         })

@@ -55,7 +55,8 @@ class EvidenceRouting(nn.Module):
         normed = self.memory_norm(memory)
         routed, _ = self.attention(self.query_norm(options), normed, normed, need_weights=False)
         options = options + routed
-        return options + self.feedforward(self.feedforward_norm(options))
+        out: torch.Tensor = options + self.feedforward(self.feedforward_norm(options))
+        return out
 
 
 class JointSchemaHead(nn.Module):

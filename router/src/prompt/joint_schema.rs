@@ -312,7 +312,11 @@ fn sorted(value: &Value) -> Value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
             keys.sort();
-            Value::Object(keys.into_iter().map(|k| (k.clone(), sorted(&map[k]))).collect())
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&map[k])))
+                    .collect(),
+            )
         }
         Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
         other => other.clone(),
@@ -349,7 +353,11 @@ impl ReadStrategy for JointSchemaStrategy {
         request: &DecisionRequest,
         max_input_tokens: usize,
     ) -> Result<Vec<PreparedRead>, DecisionError> {
-        if request.instructions.as_deref().is_some_and(|i| !i.is_empty()) {
+        if request
+            .instructions
+            .as_deref()
+            .is_some_and(|i| !i.is_empty())
+        {
             return Err(DecisionError::BadRequest {
                 param: Some("instructions".into()),
                 message: format!(
@@ -515,7 +523,9 @@ mod tests {
     fn truncation_and_refusals() {
         let s = strategy(Clef::Flash, vec![]);
         let long = "word ".repeat(400);
-        let whole = s.prepare(&request(json!(long.clone())), usize::MAX).unwrap();
+        let whole = s
+            .prepare(&request(json!(long.clone())), usize::MAX)
+            .unwrap();
         let full_len = whole[0].token_ids.len();
         let state_len = s.tokens(&long).unwrap().len();
         let fixed = full_len - state_len;
@@ -537,7 +547,10 @@ mod tests {
         match s.prepare(&request(json!("x")), fixed - 1) {
             Err(DecisionError::BadRequest { param, message }) => {
                 assert_eq!(param.as_deref(), Some("questions"));
-                assert!(message.contains(&format!("more than the {}", fixed - 1)), "{message}");
+                assert!(
+                    message.contains(&format!("more than the {}", fixed - 1)),
+                    "{message}"
+                );
             }
             other => panic!("expected a 400, got {other:?}"),
         }
@@ -603,7 +616,10 @@ mod tests {
             let stretch = decode(&s, &read.token_ids[media.0 as usize..media.1 as usize]);
             assert_eq!(stretch, format!("{IMAGE}\n"), "{clef:?}");
             let text = decode(&s, &read.token_ids);
-            assert!(text.contains(&format!("STATE:\n{IMAGE}\nS\n\nSCHEMA")), "{text}");
+            assert!(
+                text.contains(&format!("STATE:\n{IMAGE}\nS\n\nSCHEMA")),
+                "{text}"
+            );
         }
     }
 
@@ -611,7 +627,10 @@ mod tests {
     #[test]
     fn answers_map_sorted_choices_back() {
         let s = strategy(Clef::Flash, vec![]);
-        let read = s.prepare(&request(json!("x")), usize::MAX).unwrap().remove(0);
+        let read = s
+            .prepare(&request(json!("x")), usize::MAX)
+            .unwrap()
+            .remove(0);
         let outcome = ReadOutcome {
             rows: vec![],
             option_logits: vec![vec![2.0, 0.0], vec![0.0, 0.0], vec![0.0, 1.0]],

@@ -294,7 +294,12 @@ mod tests {
         let plain = copy_of("tiny-qwen3", None);
         let s = strategy_for("Qwen3_5ForConditionalGeneration", plain.path(), &OPTIONS).unwrap();
         assert_eq!(s.name(), "next_token");
-        assert!(strategy_for("Qwen3OmniMoeForConditionalGeneration", plain.path(), &OPTIONS).is_err());
+        assert!(strategy_for(
+            "Qwen3OmniMoeForConditionalGeneration",
+            plain.path(),
+            &OPTIONS
+        )
+        .is_err());
     }
 
     #[test]
