@@ -1,6 +1,7 @@
-"""Images on the whole stack: `images` on `/v1/systemone` as data URLs and as http URLs the operator allows, read by
-each image-capable fixture exactly as transformers reads the processor's own outputs, and every refusal a 4xx naming
-the field and position while the server stays up. Fetching is checked against a local HTTP listener started here."""
+"""Images and videos on the whole stack: `images` / `videos` on `/v1/systemone` as data URLs and as http URLs the
+operator allows, read by each media-capable fixture exactly as transformers reads the processor's own outputs (videos
+at 2 fps), and every refusal a 4xx naming the field, position and limit while the server stays up. Fetching is
+checked against a local HTTP listener started here."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 import transformers
 from conftest import HEALTH_TIMEOUT_S
+from decision_server.media_samples import video_bytes
 from launchers import Launcher, cache_dir
 from PIL import Image
 from reference import messages_for, question_body
@@ -27,9 +29,9 @@ from test_architectures import REQUEST, answer_probabilities, liquid_content
 pytestmark = pytest.mark.local_only
 
 MEDIA_FIXTURES = {
-    # fixture: (architecture, strategy)
-    "tiny-lfm2-vl": ("Lfm2VlForConditionalGeneration", "liquid"),
-    "tiny-qwen3.5": ("Qwen3_5ForConditionalGeneration", "next_token"),
+    # fixture: (architecture, strategy, the media /info lists)
+    "tiny-lfm2-vl": ("Lfm2VlForConditionalGeneration", "liquid", ["images"]),
+    "tiny-qwen3.5": ("Qwen3_5ForConditionalGeneration", "next_token", ["images", "videos"]),
 }
 TOL = 1e-5
 
@@ -56,7 +58,9 @@ class MediaReference:
         self.liquid = architecture.startswith("Lfm2Vl")
 
     @torch.inference_mode()
-    def read(self, request: dict[str, Any], question: dict[str, Any], images: list[bytes]) -> tuple[list[float], float]:
+    def read(
+        self, request: dict[str, Any], question: dict[str, Any], images: list[bytes], videos: list[bytes] = []  # noqa: B006
+    ) -> tuple[list[float], float]:
         tokenizer = self.processor.tokenizer
         if self.liquid:
             content, forms = liquid_content(request, question)
@@ -66,10 +70,19 @@ class MediaReference:
             _body, labels = question_body(question)
             forms = [[label] for label in labels]
         user = messages[-1]
-        user["content"] = [*({"type": "image"} for _ in images), {"type": "text", "text": user["content"]}]
+        parts = [*({"type": "image"} for _ in images), *({"type": "video"} for _ in videos)]
+        user["content"] = [*parts, {"type": "text", "text": user["content"]}]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=False)
         pil = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
-        inputs = self.processor(images=pil, text=[text], return_tensors="pt", add_special_tokens=False, return_mm_token_type_ids=not self.liquid)
+        kwargs: dict[str, Any] = {}
+        if videos:
+            # Every frame, decoded by transformers' own PyAV loader; the processor picks 2 fps by its own rule.
+            frames, metadata = zip(*(self._video(data) for data in videos), strict=True)
+            kwargs = {"videos": list(frames), "video_metadata": list(metadata), "do_sample_frames": True, "fps": 2}
+        inputs = self.processor(
+            images=pil or None, text=[text], return_tensors="pt", add_special_tokens=False,
+            return_mm_token_type_ids=not self.liquid, **kwargs,
+        )
         logprobs = torch.log_softmax(self.model(**inputs).logits[0, -1].to(torch.float64), dim=-1)
         groups = []
         for spellings in forms:
@@ -82,6 +95,18 @@ class MediaReference:
         best = torch.stack([logprobs[ids].max() for ids in groups])
         mass = float(sum(torch.exp(logprobs[ids]).sum() for ids in groups))
         return torch.softmax(best, dim=-1).tolist(), mass
+
+
+    @staticmethod
+    def _video(data: bytes) -> tuple[Any, Any]:
+        import tempfile
+
+        from transformers.video_utils import load_video
+
+        with tempfile.NamedTemporaryFile(suffix=".mp4") as file:
+            file.write(data)
+            file.flush()
+            return load_video(file.name, backend="pyav")
 
 
 class Files(http.server.BaseHTTPRequestHandler):
@@ -139,6 +164,7 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             # Loopback is reachable only because it is named; `*` alone would not reach it.
             "--media-allow-hosts", "127.0.0.1", "--media-fetch-timeout-secs", "1",
             "--max-image-items", "3", "--max-media-bytes", "200000",
+            "--max-video-seconds", "6", "--max-video-frames", "8",
         ],
         name=f"media_{name.replace('.', '_')}",
     )
@@ -158,9 +184,9 @@ def systemone(launcher: Launcher, body: dict[str, Any]) -> httpx2.Response:
 
 def test_images_equal_an_independent_processor_forward(served: tuple[str, Launcher]) -> None:
     name, launcher = served
-    architecture, strategy = MEDIA_FIXTURES[name]
+    architecture, strategy, modalities = MEDIA_FIXTURES[name]
     info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
-    assert info["modalities"] == ["images"] and info["read_strategy"] == strategy, info
+    assert info["modalities"] == modalities and info["read_strategy"] == strategy, info
     images = [png(1), png(2, 40, 120)]
     r = systemone(launcher, {**REQUEST, "images": [data_url(data) for data in images]})
     assert r.status_code == 200, r.text
@@ -176,6 +202,33 @@ def test_images_equal_an_independent_processor_forward(served: tuple[str, Launch
     text_only = systemone(launcher, REQUEST).json()
     assert body["usage"]["input_tokens"] > text_only["usage"]["input_tokens"]
     assert body["answers"]["team"]["probabilities"] != text_only["answers"]["team"]["probabilities"]
+
+
+def test_videos_equal_an_independent_processor_forward(served: tuple[str, Launcher]) -> None:
+    """An image and a video (3 s at 4 fps: 6 frames at 2 fps) before the state, every question equal to the folder's
+    processor choosing the frames itself; within the operator's limits, and each limit a 400 naming it."""
+    name, launcher = served
+    architecture, _strategy, modalities = MEDIA_FIXTURES[name]
+    image, video = png(1), video_bytes(12, 4, seed=1)
+    if "videos" not in modalities:
+        # A model that reads no video refuses one, naming the field (never reads the request without it).
+        status, text = refusal(launcher, videos=[data_url(video, "video/mp4")])
+        assert status == 400 and "videos" in text, (status, text)
+        return
+    r = systemone(launcher, {**REQUEST, "images": [data_url(image)], "videos": [data_url(video, "video/mp4")]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    if name not in _references:
+        _references[name] = MediaReference(cache_dir() / "models" / name, architecture)
+    for qid, question in REQUEST["questions"].items():
+        expected, _mass = _references[name].read(REQUEST, question, [image], [video])
+        got = answer_probabilities(body["answers"][qid], question)
+        assert max(abs(a - b) for a, b in zip(got, expected)) < TOL, (qid, got, expected)
+    image_only = systemone(launcher, {**REQUEST, "images": [data_url(image)]}).json()
+    assert body["usage"]["input_tokens"] > image_only["usage"]["input_tokens"]
+    for video, limit in [(video_bytes(20, 4), "max_video_frames"), (video_bytes(28, 4), "max_video_seconds")]:
+        status, text = refusal(launcher, videos=[data_url(video, "video/mp4")])
+        assert status == 400 and "videos.0" in text and limit in text, (limit, status, text)
 
 
 def test_an_allowed_url_reads_like_its_data_url(served: tuple[str, Launcher], files: str) -> None:
@@ -205,6 +258,7 @@ def test_openai_input_image_parts_read_like_system_one_images(served: tuple[str,
 
 
 def refusal(launcher: Launcher, images: list[str] | None = None, **fields: Any) -> tuple[int, str]:
+    """The status and body of REQUEST with `fields` (media lists) set; never slower than 10 s."""
     body = {**REQUEST, **fields}
     if images is not None:
         body["images"] = images

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import base64
 import json
 import os
 import random
@@ -34,6 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,30 @@ EDGE_REQUESTS: list[dict[str, Any]] = [
         },
     },
 ]
+
+
+def png_data_url(seed: int, width: int, height: int) -> str:
+    """A seeded random RGB PNG as a data URL (stdlib only: zlib and the PNG chunk layout)."""
+    rng = random.Random(seed)
+    rows = b"".join(b"\x00" + bytes(rng.randrange(256) for _ in range(3 * width)) for _ in range(height))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return len(data).to_bytes(4, "big") + body + zlib.crc32(body).to_bytes(4, "big")
+
+    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def with_images(requests: list[dict[str, Any]], per_request: int, seed: int) -> list[dict[str, Any]]:
+    """Each request with `per_request` seeded images of varied sizes (and aspect ratios) before its state."""
+    sizes = [(96, 64), (40, 120), (224, 224), (300, 180)]
+    for i, body in enumerate(requests):
+        body["images"] = [
+            png_data_url(seed + 31 * i + k, *sizes[(i + k) % len(sizes)]) for k in range(per_request)
+        ]
+    return requests
 
 
 def build_requests(seed: int, count: int) -> list[dict[str, Any]]:
@@ -472,10 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache-gb", default="1", help="VLLM_CPU_KVCACHE_SPACE (default 1)")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument(
+        "--images",
+        type=int,
+        default=0,
+        help="seeded PNG images sent with every request (data URLs, before the state; default 0: text only)",
+    )
+    ap.add_argument(
         "--mm-limit",
-        default='{"image":0,"video":0}',
-        help="vLLM --limit-mm-per-prompt; the set is text only, so the default "
-        "turns multimodal profiling off (pass '' to omit the flag)",
+        default=None,
+        help="vLLM --limit-mm-per-prompt (default {\"image\":N,\"video\":0} for --images N; 0 turns "
+        "multimodal profiling off; pass '' to omit the flag)",
     )
     ap.add_argument(
         "--vllm-arg", action="append", default=[], help="extra argument for vLLM's api_server (repeatable; shell-split)"
@@ -536,8 +568,9 @@ def main(argv: list[str] | None = None) -> int:
         "--port",
         str(v_port),
     ]
-    if args.mm_limit:
-        v_argv += ["--limit-mm-per-prompt", args.mm_limit]
+    mm_limit = json.dumps({"image": args.images, "video": 0}) if args.mm_limit is None else args.mm_limit
+    if mm_limit:
+        v_argv += ["--limit-mm-per-prompt", mm_limit]
     for extra in args.vllm_arg:
         v_argv += shlex.split(extra)
     uds = f"/tmp/parity-{os.getpid()}-uds"
@@ -584,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, on_signal)
 
     requests = build_requests(args.seed, args.requests)
+    if args.images:
+        requests = with_images(requests, args.images, args.seed)
     report: dict[str, Any] = {
         "fixture": str(fixture),
         "dtype": args.dtype,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::error::DecisionError;
-use crate::ir::{Decision, DecisionRequest, Usage};
+use crate::ir::{Decision, DecisionRequest, Modality, Usage};
 use crate::limits::Limits;
 use crate::media::{self, Fetcher, MediaBlob, MediaPolicy};
 use crate::prompt::wording::PromptFormat;
@@ -65,7 +65,7 @@ impl Decider {
         let fetched: Arc<[ReadMedia]> = media::resolve(&request.media, &self.media, &self.fetcher)
             .await?
             .into_iter()
-            .map(read_media)
+            .map(|blob| read_media(blob, &self.media))
             .collect();
         let strategy_ref = strategy.clone();
         // From here until its reads are queued, a forming batch may wait for this request.
@@ -147,12 +147,19 @@ impl Decider {
     }
 }
 
-fn read_media(blob: MediaBlob) -> ReadMedia {
+fn read_media(blob: MediaBlob, policy: &MediaPolicy) -> ReadMedia {
+    let (max_seconds, max_frames) = match blob.modality {
+        Modality::Image => (0.0, 0),
+        Modality::Video => (policy.max_video_seconds, policy.max_video_frames),
+        Modality::Audio => (policy.max_audio_seconds, 0),
+    };
     ReadMedia {
         modality: blob.modality,
         name: format!("{}.{}", blob.modality.field(), blob.index),
         data: Arc::from(blob.bytes.as_ref()),
         sha256: blob.sha256.iter().map(|b| format!("{b:02x}")).collect(),
+        max_seconds,
+        max_frames,
     }
 }
 

@@ -412,6 +412,8 @@ mod tests {
             name: "images.0".into(),
             data: Arc::from(&b"png?"[..]),
             sha256: String::new(),
+            max_seconds: 0.0,
+            max_frames: 0,
         }]);
         let bad = queue.read(bad_reads, 3, String::new(), late).await;
         match bad {

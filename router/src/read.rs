@@ -9,7 +9,7 @@ use crate::error::DecisionError;
 use crate::ir::Modality;
 
 /// One media input as fetched, ready for the shard's processor.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ReadMedia {
     pub modality: Modality,
     /// The request field and position (`images.0`): shard errors about it name it.
@@ -17,6 +17,10 @@ pub struct ReadMedia {
     pub data: Arc<[u8]>,
     /// Hex sha256 of `data`.
     pub sha256: String,
+    /// Video and audio: the longest duration accepted, and for video the most frames sampled at 2 fps
+    /// (the operator's `--max-video-*` / `--max-audio-seconds`); the shard's decoder checks them. 0: none.
+    pub max_seconds: f64,
+    pub max_frames: u32,
 }
 
 /// A medium the shard could not take (`images.1: cannot decode …`): the client's error, a 400 naming the
@@ -94,7 +98,7 @@ pub enum ReadKind {
 
 /// One read ready for the shard: its whole prompt, what is read after it, and the media its
 /// placeholder tokens stand for (shared by every read of a request).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PreparedRead {
     /// The prompt (for a canvas read: the encoder's input, thought block included).
     pub token_ids: Vec<u32>,
@@ -189,6 +193,8 @@ impl PreparedRead {
                 data: m.data.to_vec(),
                 sha256: m.sha256.clone(),
                 name: m.name.clone(),
+                max_seconds: m.max_seconds,
+                max_frames: m.max_frames,
             })
             .collect();
         pb::Read {

@@ -65,7 +65,7 @@ class Architecture:
     model_class: str | None = None
     # Called before every forward: resets state a module keeps between calls.
     prepare_forward: Callable[[Any], None] | None = None
-    # The media its reads take, when the folder ships the model's processor (the reference reads images only).
+    # The media its reads take, when the folder ships the model's processor for them.
     media: frozenset[str] = frozenset()
     # Images larger than this many pixels are shrunk (by area, bicubic) before the processor (Liquid d1's rule).
     image_area_cap: int | None = None
@@ -80,6 +80,8 @@ class Architecture:
 
 
 IMAGES = frozenset({"image"})
+# Qwen3.5 reads videos too (the seed's "T + I + V"; vLLM 0.33's next-token reads stop at images).
+IMAGES_AND_VIDEOS = frozenset({"image", "video"})
 
 ARCHITECTURES: dict[str, Architecture] = {
     entry.name: entry
@@ -90,14 +92,14 @@ ARCHITECTURES: dict[str, Architecture] = {
             "Qwen3_5ForConditionalGeneration",
             TRANSFORMERS,
             prepare_forward=reset_rope_deltas,
-            media=IMAGES,
+            media=IMAGES_AND_VIDEOS,
             mm_token_type_ids=True,
         ),
         Architecture(
             "Qwen3_5MoeForConditionalGeneration",
             TRANSFORMERS,
             prepare_forward=reset_rope_deltas,
-            media=IMAGES,
+            media=IMAGES_AND_VIDEOS,
             mm_token_type_ids=True,
         ),
         Architecture("Gemma4ForCausalLM", TRANSFORMERS),
@@ -132,7 +134,7 @@ JOINT_SCHEMA_FAMILIES: dict[str, JointSchemaFamily] = {
             "Clef-Flash",
             "Qwen3_5ForConditionalGeneration",
             "Qwen3_5ForConditionalGeneration",
-            media=IMAGES,
+            media=IMAGES_AND_VIDEOS,
             mm_token_type_ids=True,
             prepare_forward=reset_rope_deltas,
         ),
@@ -140,7 +142,7 @@ JOINT_SCHEMA_FAMILIES: dict[str, JointSchemaFamily] = {
             "Clef-Omni",
             "Qwen3OmniMoeForConditionalGeneration",
             "Qwen3OmniMoeForConditionalGeneration",
-            media=IMAGES,
+            media=frozenset({"image", "audio", "video"}),
             omni=True,
             processor_kwargs={"images_kwargs": {"size": {"shortest_edge": 65_536, "longest_edge": 1_048_576}}},
         ),

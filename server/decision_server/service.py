@@ -70,7 +70,16 @@ def read_spec(read: decision_pb2.Read) -> ReadSpec:
     for index, item in enumerate(read.media):
         if item.modality not in MODALITIES:
             raise InvalidReadError(read.id, f"media item {index} has no modality")
-        media.append(MediaItem(MODALITIES[item.modality], item.data, item.sha256, item.name or f"media.{index}"))
+        media.append(
+            MediaItem(
+                MODALITIES[item.modality],
+                item.data,
+                item.sha256,
+                item.name or f"media.{index}",
+                max_seconds=item.max_seconds,
+                max_frames=item.max_frames,
+            )
+        )
     return ReadSpec(
         id=read.id,
         prompt=tuple(next_token.token_ids),
@@ -125,7 +134,16 @@ def _media_items(read: decision_pb2.Read) -> tuple[MediaItem, ...]:
     for index, item in enumerate(read.media):
         if item.modality not in MODALITIES:
             raise InvalidReadError(read.id, f"media item {index} has no modality")
-        items.append(MediaItem(MODALITIES[item.modality], item.data, item.sha256, item.name or f"media.{index}"))
+        items.append(
+            MediaItem(
+                MODALITIES[item.modality],
+                item.data,
+                item.sha256,
+                item.name or f"media.{index}",
+                max_seconds=item.max_seconds,
+                max_frames=item.max_frames,
+            )
+        )
     return tuple(items)
 
 

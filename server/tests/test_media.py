@@ -1,7 +1,8 @@
-"""Image reads through the gRPC service on the processor-carrying fixtures (LFM2-VL, Qwen3.5 dense and MoE): equal to
-an independent transformers forward over the processor's own outputs, media-aware (different images never share a
-result, the same image gives the same one), no state leaking into the next text read, and every bad medium refused
-as FAILED_PRECONDITION naming its request position."""
+"""Image and video reads through the gRPC service on the processor-carrying fixtures (LFM2-VL images; Qwen3.5 dense
+and MoE images and videos): equal to an independent transformers forward over the processor's own outputs,
+media-aware (different images never share a result, the same image gives the same one), no state leaking into the
+next text read, every bad medium refused naming its request position; and the decoders' rules (area cap, 2 fps
+frame choice, duration and frame limits, audio resampling) as goldens."""
 
 from __future__ import annotations
 
@@ -18,12 +19,25 @@ from conftest import running_shard
 from PIL import Image
 
 from decision_server.fixtures import make_fixture
-from decision_server.media import IMAGE, MediaError, MediaItem, capped_size, decode_image
+from decision_server.media import (
+    AUDIO,
+    IMAGE,
+    VIDEO,
+    MediaError,
+    MediaItem,
+    capped_size,
+    decode_audio,
+    decode_image,
+    decode_video,
+    sample_frame_indices,
+)
+from decision_server.media_samples import audio_bytes, video_bytes
 from decision_server.model import load_model
 from decision_server.paths import models_dir
 from decision_server.pb import decision_pb2
 
 MEDIA_FIXTURES = ("tiny-lfm2-vl", "tiny-qwen3.5", "tiny-qwen3.5-moe")
+VIDEO_FIXTURES = ("tiny-qwen3.5", "tiny-qwen3.5-moe")
 TOL = 1e-5
 
 
@@ -34,9 +48,10 @@ def png(seed: int, width: int = 96, height: int = 64) -> bytes:
     return out.getvalue()
 
 
-def item(data: bytes, name: str = "images.0") -> decision_pb2.MediaItem:
+def item(data: bytes, name: str = "images.0", **limits: Any) -> decision_pb2.MediaItem:
+    modality = {"images": decision_pb2.IMAGE, "videos": decision_pb2.VIDEO, "audio": decision_pb2.AUDIO}
     return decision_pb2.MediaItem(
-        modality=decision_pb2.IMAGE, data=data, sha256=hashlib.sha256(data).hexdigest(), name=name
+        modality=modality[name.split(".")[0]], data=data, sha256=hashlib.sha256(data).hexdigest(), name=name, **limits
     )
 
 
@@ -52,10 +67,12 @@ def fixture(name: str) -> tuple[Path, Any]:
     return _loaded[name]
 
 
-def prompt_ids(model: Any, images: int, text: str) -> list[int]:
-    """The prompt as the router renders it: the checkpoint's template, one image part per image before the text."""
+def prompt_ids(model: Any, images: int, text: str, videos: int = 0) -> list[int]:
+    """The prompt as the router renders it: the checkpoint's template, one image part per image and then one video
+    part per video before the text."""
     tokenizer = model.media.tokenizer
-    content: Any = [*({"type": "image"} for _ in range(images)), {"type": "text", "text": text}] if images else text
+    parts = [*({"type": "image"} for _ in range(images)), *({"type": "video"} for _ in range(videos))]
+    content: Any = [*parts, {"type": "text", "text": text}] if parts else text
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True, enable_thinking=False
     )
@@ -80,23 +97,48 @@ def read(ids: list[int], label_ids: list[list[int]], media: list[decision_pb2.Me
     )
 
 
-def reference(model: Any, folder: Path, ids: list[int], images: list[bytes], label_ids: list[list[int]]) -> list[float]:
-    """An independent forward: the folder's processor on the prompt text and images, transformers' model on its
-    outputs, log-softmax at the answer position (a multi-token label: its chain of next-token log-probs)."""
+def every_frame(data: bytes) -> tuple[np.ndarray, dict[str, Any]]:
+    """All frames of a video, decoded in the plainest way (PyAV, frame by frame), and its metadata."""
+    import av
+
+    with av.open(io.BytesIO(data)) as box:
+        stream = box.streams.video[0]
+        frames = np.stack([frame.to_ndarray(format="rgb24") for frame in box.decode(stream)])
+        fps = float(stream.average_rate)
+    return frames, {"total_num_frames": len(frames), "fps": fps, "duration": len(frames) / fps}
+
+
+def reference(
+    model: Any,
+    folder: Path,
+    ids: list[int],
+    images: list[bytes],
+    label_ids: list[list[int]],
+    videos: list[bytes] = [],  # noqa: B006 (never mutated)
+) -> list[float]:
+    """An independent forward: the folder's processor on the prompt text and media (videos: every frame, the
+    processor choosing 2 fps by its own rule), transformers' model on its outputs, log-softmax at the answer
+    position (a multi-token label: its chain of next-token log-probs)."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor = AutoProcessor.from_pretrained(folder)
     reference_model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     text = processor.tokenizer.decode(ids, skip_special_tokens=False)
     pil = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+    decoded = [every_frame(data) for data in videos]
+    video_kwargs: dict[str, Any] = {}
+    if decoded:
+        video_kwargs = {"video_metadata": [meta for _, meta in decoded], "do_sample_frames": True, "fps": 2}
     values = []
     for label in label_ids:
         inputs = processor(
             images=pil or None,
+            videos=[frames for frames, _ in decoded] or None,
             text=[text + processor.tokenizer.decode(label[:-1])],
             return_tensors="pt",
             add_special_tokens=False,
             return_mm_token_type_ids=True,
+            **video_kwargs,
         )
         if "Lfm2" in type(reference_model).__name__:
             inputs.pop("mm_token_type_ids", None)
@@ -111,13 +153,14 @@ def reference(model: Any, folder: Path, ids: list[int], images: list[bytes], lab
 @pytest.mark.parametrize("name", MEDIA_FIXTURES)
 def test_image_reads_equal_an_independent_processor_forward(name: str) -> None:
     folder, model = fixture(name)
-    assert model.modalities == ("image",)
+    takes_video = name in VIDEO_FIXTURES
+    assert model.modalities == (("image", "video") if takes_video else ("image",))
     ids = prompt_ids(model, 2, '{"ticket": "refund"}\n\nQuestion: Which?\nA: x\nB: y')
     label_ids = labels(model)
     images = [png(1), png(2, 40, 120)]
     with running_shard(model, "auto") as stub:
         info = stub.Info(decision_pb2.InfoRequest())
-        assert list(info.modalities) == [decision_pb2.IMAGE]
+        assert list(info.modalities) == [decision_pb2.IMAGE, *([decision_pb2.VIDEO] if takes_video else [])]
         response = stub.Read(
             decision_pb2.ReadRequest(reads=[read(ids, label_ids, [item(images[0]), item(images[1], "images.1")])])
         )
@@ -126,6 +169,121 @@ def test_image_reads_equal_an_independent_processor_forward(name: str) -> None:
     expected = reference(model, folder, ids, images, label_ids)
     assert max(abs(a - b) for a, b in zip(got, expected, strict=True)) < TOL, (got, expected)
     assert result.media_tokens > 0 and result.tokens_computed >= len(ids) + result.media_tokens
+
+
+@pytest.mark.parametrize("name", VIDEO_FIXTURES)
+def test_video_reads_equal_an_independent_processor_forward(name: str) -> None:
+    """An image and two videos (mpeg4 in mp4, vp9 in webm) in one prompt, sampled at 2 fps: equal to the processor
+    choosing the frames itself from every decoded frame; a different video changes the answer, the same one twice
+    does not."""
+    folder, model = fixture(name)
+    ids = prompt_ids(model, 1, '{"clip": "parcel"}\n\nQuestion: Which?\nA: x\nB: y', videos=2)
+    label_ids = labels(model)
+    image = png(5)
+    videos = [video_bytes(12, 4, seed=1), video_bytes(7, 3, 56, 40, seed=2, codec="libvpx-vp9", container="webm")]
+    other = video_bytes(12, 4, seed=3)
+
+    def media(first: bytes) -> list[decision_pb2.MediaItem]:
+        return [item(image), item(first, "videos.0", max_seconds=60, max_frames=240), item(videos[1], "videos.1")]
+
+    with running_shard(model, "auto") as stub:
+        results = stub.Read(
+            decision_pb2.ReadRequest(
+                reads=[read(ids, label_ids, media(videos[0]), 0), read(ids, label_ids, media(other), 1)]
+                + [read(ids, label_ids, media(videos[0]), 2)]
+            )
+        ).results
+        image_only = stub.Read(
+            decision_pb2.ReadRequest(reads=[read(prompt_ids(model, 1, "x"), label_ids, [item(image)])])
+        ).results[0]
+    assert [r.media_error for r in results] == ["", "", ""]
+    got = [[group.variant_logprobs[0] for group in r.next_token.labels] for r in results]
+    expected = reference(model, folder, ids, [image], label_ids, videos)
+    assert max(abs(a - b) for a, b in zip(got[0], expected, strict=True)) < TOL, (got[0], expected)
+    assert got[0] != got[1] and got[0] == got[2]
+    assert results[0].media_tokens > image_only.media_tokens > 0
+
+
+def test_bad_videos_fail_only_their_own_read_naming_the_limit() -> None:
+    _folder, model = fixture("tiny-qwen3.5")
+    ids = prompt_ids(model, 0, "state", videos=1)
+    label_ids = labels(model)
+    good = video_bytes(12, 4)  # 3 s: 6 frames at 2 fps
+    with running_shard(model, "auto") as stub:
+        for media, words in [
+            (item(good, "videos.0", max_seconds=2.5), "videos.0: 3.00 s long, over the limit of 2.5 s (max_video_seconds)"),
+            (item(good, "videos.0", max_frames=5), "videos.0: 6 frames at 2 fps, over the limit of 5 (max_video_frames)"),
+            (item(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64, "videos.0"), "videos.0: not a video"),
+            (item(good[: len(good) // 2], "videos.0"), "videos.0: not a video"),
+            (item(audio_bytes(1.0), "videos.0"), "videos.0: has no video stream"),
+            # PyAV opens a still image as a one-frame video; the model patches frames in pairs.
+            (item(png(1), "videos.0"), "videos.0: 1 frame(s); this model reads videos of 2 or more"),
+        ]:
+            results = stub.Read(
+                decision_pb2.ReadRequest(
+                    reads=[read(ids, label_ids, [item(good, "videos.0")], 0), read(ids, label_ids, [media], 1)]
+                )
+            ).results
+            assert words in results[1].media_error and results[1].WhichOneof("kind") is None, (words, results[1])
+            assert results[0].media_error == "" and results[0].WhichOneof("kind") == "next_token"
+
+
+def test_frame_choice_goldens_and_the_processor_rule() -> None:
+    """2 fps over the duration, at least 4 and at most 768 frames, never more than the video has; an unknown rate is
+    24 fps. Values by hand, then the same rule as transformers' own Qwen3-VL sampler over a grid."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    assert sample_frame_indices(12, 4.0) == [0, 2, 4, 7, 9, 11]  # 3 s: linspace(0, 11, 6) rounded
+    assert sample_frame_indices(7, 3.0) == [0, 2, 4, 6]  # 2.33 s: 4 frames (int), the minimum
+    assert sample_frame_indices(3, 30.0) == [0, 1, 2]  # fewer frames than the minimum: all of them
+    assert sample_frame_indices(10, 0.0) == [0, 3, 6, 9]  # unknown rate: 24 fps, so the minimum of 4
+    assert sample_frame_indices(300, 30.0)[:6] == [0, 16, 31, 47, 63, 79] and len(sample_frame_indices(300, 30.0)) == 20
+    assert len(sample_frame_indices(100_000, 30.0)) == 768  # 3,333 s would be 6,666 frames
+    assert sample_frame_indices(0, 30.0) == []
+    sampler = Qwen3VLVideoProcessor()
+    for total, fps in [(12, 4.0), (7, 3.0), (3, 30.0), (300, 30.0), (1001, 29.97), (61, 25.0), (100_000, 30.0)]:
+        theirs = sampler.sample_frames(VideoMetadata(total_num_frames=total, fps=fps), fps=2)
+        assert sample_frame_indices(total, fps) == [int(i) for i in theirs], (total, fps)
+
+
+def test_decode_video_keeps_the_chosen_frames() -> None:
+    data = video_bytes(12, 4, seed=7)
+    video = decode_video(MediaItem(VIDEO, data, "", "videos.0"))
+    frames, _ = every_frame(data)
+    assert video.indices == (0, 2, 4, 7, 9, 11) and video.fps == 4.0 and video.total_frames == 12
+    assert np.array_equal(video.frames, frames[list(video.indices)])
+    assert video.metadata()["frames_indices"] == [0, 2, 4, 7, 9, 11] and video.metadata()["duration"] == 3.0
+
+
+def test_decode_audio_resamples_to_the_rate_and_averages_channels() -> None:
+    def spectrum_peak(samples: np.ndarray, rate: int) -> float:
+        return float(np.abs(np.fft.rfft(samples)).argmax() * rate / len(samples))
+
+    mono = decode_audio(MediaItem(AUDIO, audio_bytes(2.0, 44100, 440.0), "", "audio.0"), 16000)
+    assert mono.dtype == np.float32 and abs(len(mono) - 32000) <= 32
+    assert abs(spectrum_peak(mono, 16000) - 440.0) < 1.0 and abs(float(np.abs(mono).max()) - 0.5) < 0.01
+    stereo = decode_audio(MediaItem(AUDIO, audio_bytes(2.0, 44100, 440.0, channels=2), "", "audio.0"), 16000)
+    assert len(stereo) == len(mono) and float(np.abs(stereo - mono).max()) < 1e-3
+    cancelled = audio_bytes(2.0, 44100, 440.0, channels=2, opposite=True)
+    assert float(np.abs(decode_audio(MediaItem(AUDIO, cancelled, "", "audio.0"), 16000)).max()) < 1e-3
+    with pytest.raises(MediaError, match=r"audio\.1: over 1\.\d+ s long, over the limit of 1\.5 s \(max_audio_seconds\)"):
+        decode_audio(MediaItem(AUDIO, audio_bytes(2.0), "", "audio.1", max_seconds=1.5), 16000)
+    with pytest.raises(MediaError, match=r"audio\.0: not audio"):
+        decode_audio(MediaItem(AUDIO, b"RIFF-but-not-really", "", "audio.0"), 16000)
+
+
+def test_a_video_soundtrack_decodes_as_audio() -> None:
+    from decision_server.media import has_audio
+
+    with_sound = MediaItem(VIDEO, video_bytes(12, 4, soundtrack_hertz=300.0), "", "videos.0")
+    assert has_audio(with_sound) and not has_audio(MediaItem(VIDEO, video_bytes(12, 4), "", "videos.1"))
+    track = decode_audio(with_sound, 16000)
+    assert abs(len(track) - 48000) <= 2048  # 3 s; AAC adds its priming and padding
+    peak = float(np.abs(np.fft.rfft(track)).argmax() * 16000 / len(track))
+    assert abs(peak - 300.0) < 1.0
+    with pytest.raises(MediaError, match=r"videos\.1: has no audio stream"):
+        decode_audio(MediaItem(VIDEO, video_bytes(12, 4), "", "videos.1"), 16000)
 
 
 @pytest.mark.parametrize("name", MEDIA_FIXTURES)
@@ -175,7 +333,7 @@ def test_bad_media_fail_only_their_own_read_naming_their_position() -> None:
         alone = stub.Read(decision_pb2.ReadRequest(reads=[read(ids, label_ids, [item(good)])])).results[0]
         for media, words in [
             ([item(b"this is not an image")], "images.0: not an image"),
-            ([item(good), item(truncated, "images.1")], "images.1: cannot decode"),
+            ([item(good), item(truncated, "images.1")], "images.1: cannot decode"),  # (two placeholders below)
             ([wrong_hash], "images.0: its sha256"),
             ([video], "videos.0: this model does not take video"),
         ]:
@@ -184,7 +342,7 @@ def test_bad_media_fail_only_their_own_read_naming_their_position() -> None:
                 decision_pb2.ReadRequest(
                     reads=[
                         read(ids, label_ids, [item(good)], 0),
-                        read(ids, label_ids, media, 1),
+                        read(prompt_ids(model, len(media), "state"), label_ids, media, 1),
                         read(ids, label_ids, [item(good)], 2),
                     ]
                 )
@@ -231,3 +389,49 @@ def test_decode_image_caps_with_bicubic_and_refuses_non_images() -> None:
     assert decode_image(MediaItem(IMAGE, data, "", "images.0")).size == (2048, 1024)
     with pytest.raises(MediaError, match=r"images\.3: not an image"):
         decode_image(MediaItem(IMAGE, b"GIF89a-not-really", "", "images.3"))
+
+
+@pytest.mark.parametrize("name", MEDIA_FIXTURES)
+def test_the_processor_runs_once_per_media_block_and_splices_exactly(name: str) -> None:
+    """The questions of a request share their media block (placeholders before the state): the processor runs once
+    for it, and every other prompt with that block gets the same expansion spliced in — equal, id for id and tensor
+    for tensor, to running the processor on that prompt. Other media (or the same media in another order) run it
+    again."""
+    _folder, model = fixture(name)
+    processor = model.media
+    videos = 1 if name in VIDEO_FIXTURES else 0
+    media = [MediaItem(IMAGE, png(11), hashlib.sha256(png(11)).hexdigest(), "images.0")]
+    media.append(MediaItem(IMAGE, png(12, 50, 70), hashlib.sha256(png(12, 50, 70)).hexdigest(), "images.1"))
+    if videos:
+        clip = video_bytes(12, 4, seed=4)
+        media.append(MediaItem(VIDEO, clip, hashlib.sha256(clip).hexdigest(), "videos.0", 60.0, 240))
+    calls = 0
+    original = processor.processor
+
+    class Counting:
+        def __getattr__(self, attribute: str) -> Any:
+            return getattr(original, attribute)
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return original(*args, **kwargs)
+
+    processor.processor = Counting()
+    try:
+        texts = ['{"a": 1}\n\nQuestion: Which?\nA: x\nB: y', "short", "Is it late?\nReply with yes or no. " * 20]
+        prompts = [prompt_ids(model, 2, text, videos=videos) for text in texts]
+        spliced = [processor.prepare(index, ids, media) for index, ids in enumerate(prompts)]
+        assert calls == 1
+        for ids, got in zip(prompts, spliced, strict=True):
+            text = processor.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            fresh = processor._process(ids, text, media)
+            assert got.input_ids == fresh.input_ids and got.media_tokens == fresh.media_tokens > 0
+            assert sorted(got.tensors) == sorted(fresh.tensors)
+            for key, value in fresh.tensors.items():
+                assert torch.equal(got.tensors[key], value), key
+        calls_before = calls
+        processor.prepare(9, prompts[0], [media[1], media[0], *media[2:]])
+        assert calls == calls_before + 1
+    finally:
+        processor.processor = original

@@ -96,14 +96,9 @@ impl JointSchemaStrategy {
                 ));
             }
         }
-        // Media this build reads for Clef: images (Flash and Omni). Video and audio come with the
-        // shard's video/audio decoding.
-        let modalities = options
-            .modalities
-            .iter()
-            .copied()
-            .filter(|m| *m == Modality::Image)
-            .collect();
+        // The registry narrowed these to the checkpoint's (Flash: images and videos; Omni: images,
+        // audio and videos) and what the shard's processor takes.
+        let modalities = options.modalities.clone();
         Ok(JointSchemaStrategy {
             clef,
             prefix,
@@ -600,7 +595,7 @@ mod tests {
         );
         assert_eq!(Clef::Omni.media_text(&Media::default()), "");
         for clef in [Clef::Flash, Clef::Omni] {
-            let s = strategy(clef, Modality::ALL.to_vec());
+            let s = strategy(clef, vec![Modality::Image]);
             assert_eq!(s.modalities(), &[Modality::Image], "{clef:?}");
             let r = DecisionRequest {
                 media: Media {

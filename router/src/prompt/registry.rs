@@ -51,13 +51,18 @@ const REGISTRY: &[Entry] = &[
         media: &[Modality::Image],
         load: LiquidStrategy::boxed,
     },
-    // Image-text models read images as the reference's next-token reads do (images only, no video).
+    // Qwen3.5 reads images and videos (the seed's "T + I + V"; vLLM 0.33's next-token reads stop at images).
     Entry {
         architectures: &[
             "Qwen3_5ForConditionalGeneration",
             "Qwen3_5MoeForConditionalGeneration",
-            "Gemma4ForConditionalGeneration",
         ],
+        marker: None,
+        media: &[Modality::Image, Modality::Video],
+        load: NextTokenStrategy::boxed,
+    },
+    Entry {
+        architectures: &["Gemma4ForConditionalGeneration"],
         marker: None,
         media: &[Modality::Image],
         load: NextTokenStrategy::boxed,
@@ -220,13 +225,19 @@ mod tests {
                 .modalities()
                 .to_vec()
         };
-        for arch in [
-            "Qwen3_5ForConditionalGeneration",
-            "Qwen3_5MoeForConditionalGeneration",
-            "Gemma4ForConditionalGeneration",
-            "Lfm2VlForConditionalGeneration",
+        for (arch, media) in [
+            (
+                "Qwen3_5ForConditionalGeneration",
+                &[Modality::Image, Modality::Video][..],
+            ),
+            (
+                "Qwen3_5MoeForConditionalGeneration",
+                &[Modality::Image, Modality::Video],
+            ),
+            ("Gemma4ForConditionalGeneration", &[Modality::Image]),
+            ("Lfm2VlForConditionalGeneration", &[Modality::Image]),
         ] {
-            assert_eq!(taken(arch, &all), vec![Modality::Image], "{arch}");
+            assert_eq!(taken(arch, &all), media, "{arch}");
             // A folder without a processor: the shard reports none, so nothing is read.
             assert!(taken(arch, &OPTIONS).is_empty(), "{arch}");
         }
@@ -281,14 +292,22 @@ mod tests {
             modalities: Modality::ALL.to_vec(),
             ..OPTIONS
         };
-        for (arch, name) in [
-            ("Qwen3_5ForConditionalGeneration", "clef_flash"),
-            ("Qwen3OmniMoeForConditionalGeneration", "clef_omni"),
+        for (arch, name, media) in [
+            (
+                "Qwen3_5ForConditionalGeneration",
+                "clef_flash",
+                &[Modality::Image, Modality::Video][..],
+            ),
+            (
+                "Qwen3OmniMoeForConditionalGeneration",
+                "clef_omni",
+                &[Modality::Image, Modality::Audio, Modality::Video],
+            ),
         ] {
             let s = strategy_for(arch, clef.path(), &all).unwrap_or_else(|e| panic!("{arch}: {e}"));
             assert_eq!(s.name(), name);
             assert_eq!(s.prompt_format().name, "joint_schema");
-            assert_eq!(s.modalities(), &[Modality::Image], "{arch}");
+            assert_eq!(s.modalities(), media, "{arch}");
         }
         // Without the marker the same architecture is a plain next-token model; Omni has no plain entry.
         let plain = copy_of("tiny-qwen3", None);
