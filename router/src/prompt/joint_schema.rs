@@ -142,7 +142,7 @@ impl JointSchemaStrategy {
         max_input_tokens: usize,
     ) -> Result<(Vec<u32>, Vec<PooledQuestion>, (u32, u32)), DecisionError> {
         let mut schema = self.tokens("\n\nSCHEMA FIELDS:\n")?;
-        let mut spans: Vec<((usize, usize), Vec<(usize, usize)>, u32, Vec<usize>)> = Vec::new();
+        let mut spans: Vec<SchemaSpans> = Vec::new();
         for (n, question) in request.questions.iter().enumerate() {
             schema.extend(self.tokens(&format!(
                 "\nFIELD {}\nID: {}\nTYPE: {}\nINSTRUCTION: ",
@@ -168,12 +168,12 @@ impl JointSchemaStrategy {
                 schema.extend(self.tokens("\n")?);
             }
             schema.extend(self.tokens("END FIELD\n")?);
-            spans.push((
-                instruction_span,
-                option_spans,
-                type_id(&question.kind),
-                options.iter().map(|o| o.index).collect(),
-            ));
+            spans.push(SchemaSpans {
+                instructions: instruction_span,
+                options: option_spans,
+                type_id: type_id(&question.kind),
+                order: options.iter().map(|o| o.index).collect(),
+            });
         }
         let media = self.tokens(&self.clef.media_text(&request.media))?;
         let limit = self.max_length.min(max_input_tokens);
@@ -196,11 +196,11 @@ impl JointSchemaStrategy {
         };
         let questions = spans
             .into_iter()
-            .map(|(instructions, options, type_id, order)| PooledQuestion {
-                type_id,
-                instructions: from_end(instructions),
-                options: options.into_iter().map(from_end).collect(),
-                order,
+            .map(|q| PooledQuestion {
+                type_id: q.type_id,
+                instructions: from_end(q.instructions),
+                options: q.options.into_iter().map(from_end).collect(),
+                order: q.order,
             })
             .collect();
         let media_range = (
@@ -215,6 +215,14 @@ impl JointSchemaStrategy {
         prompt.extend_from_slice(&self.suffix);
         Ok((prompt, questions, media_range))
     }
+}
+
+/// One question's spans within the schema tokens (before they are counted from the prompt's end).
+struct SchemaSpans {
+    instructions: (usize, usize),
+    options: Vec<(usize, usize)>,
+    type_id: u32,
+    order: Vec<usize>,
 }
 
 /// One option as the prompt lists it: its request index, id and description.
