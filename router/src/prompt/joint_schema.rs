@@ -134,13 +134,13 @@ impl JointSchemaStrategy {
             .map_err(|e| DecisionError::Internal(format!("tokenizer: {e}")))
     }
 
-    /// The prompt of one request and its questions' spans. `max_input_tokens` (the server's limit) caps
-    /// the prompt too, so a long state is truncated rather than refused.
+    /// The pooled read of one request: its prompt and its questions' spans. `max_input_tokens` (the
+    /// server's limit) caps the prompt too, so a long state is truncated rather than refused.
     pub fn encode(
         &self,
         request: &DecisionRequest,
         max_input_tokens: usize,
-    ) -> Result<(Vec<u32>, Vec<PooledQuestion>, (u32, u32)), DecisionError> {
+    ) -> Result<PreparedRead, DecisionError> {
         let mut schema = self.tokens("\n\nSCHEMA FIELDS:\n")?;
         let mut spans: Vec<SchemaSpans> = Vec::new();
         for (n, question) in request.questions.iter().enumerate() {
@@ -213,7 +213,7 @@ impl JointSchemaStrategy {
         prompt.extend(state);
         prompt.extend(schema);
         prompt.extend_from_slice(&self.suffix);
-        Ok((prompt, questions, media_range))
+        Ok(PreparedRead::pooled(prompt, questions, media_range))
     }
 }
 
@@ -370,8 +370,7 @@ impl ReadStrategy for JointSchemaStrategy {
             });
         }
         // chat_template_kwargs have no effect: the prompt is the checkpoint's, not a chat template's.
-        let (prompt, questions, media) = self.encode(request, max_input_tokens)?;
-        Ok(vec![PreparedRead::pooled(prompt, questions, media)])
+        Ok(vec![self.encode(request, max_input_tokens)?])
     }
 
     fn answers(&self, read: &PreparedRead, outcome: &ReadOutcome, temperature: f64) -> Vec<Answer> {
@@ -471,7 +470,7 @@ mod tests {
         s.tokenizer.decode(ids, false).expect("decodes")
     }
 
-    fn span<'a>(prompt: &'a [u32], span: SpanFromEnd) -> &'a [u32] {
+    fn span(prompt: &[u32], span: SpanFromEnd) -> &[u32] {
         let n = prompt.len() as i32;
         &prompt[(n + span.start) as usize..(n + span.end) as usize]
     }
