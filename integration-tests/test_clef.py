@@ -16,7 +16,6 @@ import httpx2
 import pytest
 import torch
 import transformers
-
 from conftest import HEALTH_TIMEOUT_S
 from launchers import Launcher, cache_dir
 
@@ -277,3 +276,31 @@ def test_an_image_is_read_and_counted(served: tuple[str, Launcher]) -> None:
     body = r.json()
     assert body["answers"]["team"]["probabilities"] != text["answers"]["team"]["probabilities"]
     assert body["usage"]["input_tokens"] > text["usage"]["input_tokens"]
+
+
+def _data_url(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def test_videos_and_audio_as_the_seeds_say(served: tuple[str, Launcher]) -> None:
+    """Flash: videos read (soundtracks ignored), audio a 400; Omni: audio read, and audio clips together with
+    videos that all have soundtracks a 400 naming the clip."""
+    from decision_server.media_samples import audio_bytes, video_bytes
+
+    name, launcher = served
+    url = f"{launcher.url}/v1/systemone"
+    text = httpx2.post(url, json=REQUEST, timeout=120).json()
+    video = _data_url("video/mp4", video_bytes(8, 4, soundtrack_hertz=440.0))
+    clip = _data_url("audio/wav", audio_bytes(1.0))
+    r = httpx2.post(url, json={**REQUEST, "videos": [video]}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] > text["usage"]["input_tokens"]
+    r = httpx2.post(url, json={**REQUEST, "audio": [clip]}, timeout=300)
+    if name == "tiny-clef-flash":
+        assert r.status_code == 400 and "audio" in r.text, r.text
+        return
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] > text["usage"]["input_tokens"]
+    r = httpx2.post(url, json={**REQUEST, "audio": [clip], "videos": [video]}, timeout=300)
+    assert r.status_code == 400, r.text
+    assert "audio.0: audio clips cannot be read with videos that have soundtracks" in r.text
