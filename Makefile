@@ -72,10 +72,12 @@ HYBRID_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl tiny-gemma4 tiny-g
 PROCESSOR_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl
 # Block diffusion (DiffusionGemma canvas reads): MoE text layers, a Gemma-style synthetic tokenizer and template.
 DIFFUSION_FIXTURES := tiny-diffusiongemma
+# Joint-schema (Clef-Flash, Clef-Omni): tiny Qwen3.5 / Qwen3-Omni thinker backbones with a random head of a small config.
+CLEF_FIXTURES := tiny-clef-flash tiny-clef-omni
 fixtures: venv
 	@$(VENV)/bin/decision-server export-default --out $(CACHE_DIR)/models/SmolLM2-135M-Instruct
 	@# Folders are published atomically, so one with a config.json is complete (skips a 10 s torch import each).
-	@for name in tiny-qwen3 $(HYBRID_FIXTURES) $(DIFFUSION_FIXTURES); do test -f $(CACHE_DIR)/models/$$name/config.json && \
+	@for name in tiny-qwen3 $(HYBRID_FIXTURES) $(DIFFUSION_FIXTURES) $(CLEF_FIXTURES); do test -f $(CACHE_DIR)/models/$$name/config.json && \
 		{ [[ " $(PROCESSOR_FIXTURES) " != *" $$name "* ]] || test -f $(CACHE_DIR)/models/$$name/processor_config.json; } || \
 		$(VENV)/bin/decision-server make-fixture $$name --out $(CACHE_DIR)/models/$$name || exit 1; done
 

@@ -18,6 +18,8 @@ _BATCH_SUMMARIES = {
     "decision_batch_requests": "requests_per_batch",
     "decision_batch_duration_seconds": "batch_seconds",
     "decision_shard_forward_seconds": "forward_seconds",
+    # Joint-schema (Clef) shards: the head's part of forward_seconds (the rest is the backbone).
+    "decision_shard_head_seconds": "head_seconds",
 }
 
 
@@ -68,6 +70,10 @@ def summarize(grown: Mapping[Sample, float], wall_seconds: float) -> dict[str, o
         if forward and wall_seconds > 0:
             # Share of the measured wall time the shard spent in forward passes: the rest is queueing, HTTP, tokenizing.
             report["forward_busy_fraction"] = round(forward / wall_seconds, 4)
+        head = grown.get(("decision_shard_head_seconds_sum", ""), 0.0)
+        if forward and head:
+            # Pooled (Clef) reads: the joint-schema head's share of the shard's forward time; the rest is the backbone.
+            report["head_share_of_forward"] = round(head / forward, 4)
     # vLLM's own counters (labels vary by model name): prompt tokens it computed vs took from its prefix cache.
     for key, label in (
         ("vllm:prompt_tokens_total", "prompt_tokens"),

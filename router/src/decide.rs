@@ -135,6 +135,7 @@ impl Decider {
             input_tokens: input_tokens as u64 + media_tokens,
             cached_tokens,
             per_question_prompt_tokens: per_question_prompt_tokens + per_question_media,
+            pooled: !answers.is_empty() && answers.iter().all(|a| a.pooled),
         };
         Ok(Decided {
             request,

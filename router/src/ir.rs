@@ -125,8 +125,12 @@ pub struct Answer {
     pub label_mass: f64,
     /// Whether the model's greedy next token is one of the labels.
     pub argmax_is_label: bool,
-    /// Full-vocabulary log-probabilities of the labels, as read.
+    /// Full-vocabulary log-probabilities of the labels, as read (a pooled answer: the log of each
+    /// option's probability).
     pub label_logprobs: Vec<f64>,
+    /// Scored by a joint-schema head (Clef): no labels, so the label mass is 1 and every profile's
+    /// confidence is the chosen option's probability.
+    pub pooled: bool,
 }
 
 /// The answers of one request, in question order, and its honest token usage.
@@ -144,4 +148,7 @@ pub struct Usage {
     pub cached_tokens: u64,
     /// Sum of every question's full prompt, as a per-question prefill server would count.
     pub per_question_prompt_tokens: u64,
+    /// Every question was read in one pooled read (Clef): every profile counts the prompt once and no
+    /// output tokens.
+    pub pooled: bool,
 }

@@ -30,6 +30,19 @@ pub fn answer(
         label_mass,
         argmax_is_label,
         label_logprobs,
+        pooled: false,
+    }
+}
+
+/// A joint-schema head's answer: `softmax(logit / T)` over the question's options, label mass 1.
+pub fn pooled_answer(option_logits: &[f64], temperature: f64) -> Answer {
+    let probabilities = softmax(option_logits, temperature);
+    Answer {
+        label_logprobs: probabilities.iter().map(|p| p.ln()).collect(),
+        probabilities,
+        label_mass: 1.0,
+        argmax_is_label: true,
+        pooled: true,
     }
 }
 

@@ -117,6 +117,14 @@ impl Compat {
     /// Usage as the profile counts it: tokens actually needed (default), or Σ per-question prompts
     /// with one output token per question (vLLM) or none (SGLang).
     pub fn usage(&self, usage: &Usage, questions: usize) -> CountedUsage {
+        if usage.pooled {
+            // One read holds every question (Clef): the prompt counts once, nothing is generated.
+            return CountedUsage {
+                input_tokens: usage.input_tokens,
+                cached_tokens: usage.cached_tokens,
+                output_tokens: 0,
+            };
+        }
         match self {
             Compat::Typesafe => CountedUsage {
                 input_tokens: usage.input_tokens,
@@ -139,6 +147,10 @@ impl Compat {
     /// Confidence of an answer; `None` where the profile reports none (yes/no outside vLLM).
     pub fn confidence(&self, kind: &QuestionKind, answer: &Answer) -> Option<f64> {
         let p = &answer.probabilities;
+        if answer.pooled {
+            // The head has no labels: the chosen option's probability, in every profile (the seeds).
+            return Some(p[probability::argmax(p)]);
+        }
         match (self, kind) {
             // vLLM: the chosen label's full-vocabulary probability (its share times the label mass).
             (Compat::Vllm, _) => Some(p[probability::argmax(p)] * answer.label_mass),
@@ -159,6 +171,7 @@ mod tests {
             probabilities: p,
             label_mass: mass,
             argmax_is_label: true,
+            pooled: false,
         }
     }
 
@@ -227,6 +240,7 @@ mod tests {
             input_tokens: 100,
             cached_tokens: 40,
             per_question_prompt_tokens: 250,
+            pooled: false,
         };
         assert_eq!(
             Compat::Typesafe.usage(&u, 3),

@@ -242,6 +242,11 @@ async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &Atom
         Ok(response) => {
             metrics::histogram!("decision_shard_forward_seconds")
                 .record(response.forward_micros as f64 / 1e6);
+            if response.head_micros > 0 {
+                // Pooled reads: the part of the forward time the joint-schema head took.
+                metrics::histogram!("decision_shard_head_seconds")
+                    .record(response.head_micros as f64 / 1e6);
+            }
             let mut results: Vec<Option<pb::ReadResult>> = vec![None; n];
             for r in response.results {
                 if let Some(slot) = results.get_mut(r.id as usize) {

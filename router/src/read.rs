@@ -58,6 +58,25 @@ pub struct CanvasRow {
     pub labels: Vec<LabelGroup>,
 }
 
+/// A `[start, end)` stretch of a pooled prompt, counted from its end (`start < end <= 0`), so that it holds
+/// after the media placeholders (which come before it) expand on the shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpanFromEnd {
+    pub start: i32,
+    pub end: i32,
+}
+
+/// One question of a pooled read: its type id (noul 0, choice 1, score 2), the span of its instructions and
+/// one span per option in the prompt's option order; `order[k]` is the request's index of prompt option `k`
+/// (choices are sorted by name in the prompt).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PooledQuestion {
+    pub type_id: u32,
+    pub instructions: SpanFromEnd,
+    pub options: Vec<SpanFromEnd>,
+    pub order: Vec<usize>,
+}
+
 /// What a read asks the shard to compute.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReadKind {
@@ -68,6 +87,12 @@ pub enum ReadKind {
     Canvas {
         canvas: Vec<u32>,
         rows: Vec<CanvasRow>,
+    },
+    /// One backbone pass over the prompt, every question's options scored by the model's joint-schema
+    /// head; `media` is the stretch of prompt tokens that are the media placeholders.
+    Pooled {
+        questions: Vec<PooledQuestion>,
+        media: (u32, u32),
     },
 }
 
@@ -98,12 +123,21 @@ impl PreparedRead {
         }
     }
 
+    pub fn pooled(token_ids: Vec<u32>, questions: Vec<PooledQuestion>, media: (u32, u32)) -> Self {
+        PreparedRead {
+            token_ids,
+            kind: ReadKind::Pooled { questions, media },
+            media: Arc::default(),
+        }
+    }
+
     /// The label groups of each question this read answers, in question order (one for a next-token
-    /// read, one per row for a canvas).
+    /// read, one per row for a canvas; none for a pooled read, whose head scores options directly).
     pub fn question_labels(&self) -> Vec<&[LabelGroup]> {
         match &self.kind {
             ReadKind::NextToken { labels } => vec![labels.as_slice()],
             ReadKind::Canvas { rows, .. } => rows.iter().map(|r| r.labels.as_slice()).collect(),
+            ReadKind::Pooled { questions, .. } => questions.iter().map(|_| &[][..]).collect(),
         }
     }
 
@@ -112,6 +146,7 @@ impl PreparedRead {
         match &self.kind {
             ReadKind::NextToken { .. } => 1,
             ReadKind::Canvas { rows, .. } => rows.len(),
+            ReadKind::Pooled { questions, .. } => questions.len(),
         }
     }
 
@@ -131,6 +166,19 @@ impl PreparedRead {
                         labels: groups_to_pb(&row.labels),
                     })
                     .collect(),
+            }),
+            ReadKind::Pooled { questions, media } => pb::read::Kind::Pooled(pb::PooledRead {
+                token_ids: self.token_ids.clone(),
+                questions: questions
+                    .iter()
+                    .map(|q| pb::PooledQuestion {
+                        type_id: q.type_id,
+                        instructions: Some(span_to_pb(q.instructions)),
+                        options: q.options.iter().copied().map(span_to_pb).collect(),
+                    })
+                    .collect(),
+                media_start: media.0,
+                media_end: media.1,
             }),
         };
         let media = self
@@ -155,6 +203,13 @@ impl PreparedRead {
             media,
             kind: Some(kind),
         }
+    }
+}
+
+fn span_to_pb(span: SpanFromEnd) -> pb::PooledSpan {
+    pb::PooledSpan {
+        start: span.start,
+        end: span.end,
     }
 }
 
@@ -213,6 +268,9 @@ impl RowOutcome {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReadOutcome {
     pub rows: Vec<RowOutcome>,
+    /// A pooled read's option logits, per question in the read's order, per option in the prompt's
+    /// option order (empty for other kinds).
+    pub option_logits: Vec<Vec<f64>>,
     pub tokens_computed: u32,
     pub tokens_cached: u32,
     /// Tokens the read's media expanded into (part of `tokens_computed`).
@@ -231,9 +289,14 @@ impl ReadOutcome {
                 result.media_tokens
             ));
         }
+        let mut option_logits = Vec::new();
         let rows = match (&read.kind, result.kind) {
             (ReadKind::NextToken { labels }, Some(pb::read_result::Kind::NextToken(r))) => {
                 vec![check_row(labels, r.labels, r.greedy_token_id, "")?]
+            }
+            (ReadKind::Pooled { questions, .. }, Some(pb::read_result::Kind::Pooled(r))) => {
+                option_logits = check_pooled(questions, r)?;
+                Vec::new()
             }
             (ReadKind::Canvas { rows, .. }, Some(pb::read_result::Kind::Canvas(r))) => {
                 if r.rows.len() != rows.len() {
@@ -260,6 +323,7 @@ impl ReadOutcome {
                 let expected = match kind {
                     ReadKind::NextToken { .. } => "next_token",
                     ReadKind::Canvas { .. } => "canvas",
+                    ReadKind::Pooled { .. } => "pooled",
                 };
                 return Err(match got {
                     None => format!("the shard's result has no kind (expected {expected})"),
@@ -271,6 +335,7 @@ impl ReadOutcome {
         };
         Ok(ReadOutcome {
             rows,
+            option_logits,
             tokens_computed: result.tokens_computed,
             tokens_cached: result.tokens_cached,
             media_tokens: result.media_tokens,
@@ -281,6 +346,40 @@ impl ReadOutcome {
     pub fn row(&self) -> &RowOutcome {
         &self.rows[0]
     }
+}
+
+/// One logit per option of every question, each finite.
+fn check_pooled(
+    questions: &[PooledQuestion],
+    got: pb::PooledResult,
+) -> Result<Vec<Vec<f64>>, String> {
+    if got.questions.len() != questions.len() {
+        return Err(format!(
+            "the shard returned {} pooled questions for a read of {}",
+            got.questions.len(),
+            questions.len()
+        ));
+    }
+    questions
+        .iter()
+        .zip(got.questions)
+        .enumerate()
+        .map(|(i, (question, got))| {
+            if got.option_logits.len() != question.options.len() {
+                return Err(format!(
+                    "pooled question {i}: the shard returned {} option logits for {} options",
+                    got.option_logits.len(),
+                    question.options.len()
+                ));
+            }
+            if let Some(bad) = got.option_logits.iter().find(|v| !v.is_finite()) {
+                return Err(format!(
+                    "pooled question {i}: option logit {bad} is not finite"
+                ));
+            }
+            Ok(got.option_logits)
+        })
+        .collect()
 }
 
 fn check_row(

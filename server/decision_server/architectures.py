@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 DECODER = "decoder"
@@ -18,8 +19,14 @@ READ_MODES = ("auto", *ENGINE_NAMES)
 # Reads of block-diffusion models: an encoder pass per prompt, then one bidirectional step per canvas. Not a
 # `--read-mode`: the architecture decides it (auto), and the next-token engines cannot read these models.
 CANVAS_ENGINE = "canvas"
+# Reads of joint-schema models (Clef): one backbone pass per prompt, scored by the checkpoint's head. Like canvas,
+# chosen by the folder (its architecture plus `joint_head_config.json`), never by `--read-mode`.
+POOLED_ENGINE = "pooled"
 NEXT_TOKEN = "next_token"
 CANVAS = "canvas"
+POOLED = "pooled"
+# The file beside config.json that makes a Qwen3.5 / Qwen3-Omni folder a joint-schema (Clef) checkpoint.
+JOINT_HEAD_MARKER = "joint_head_config.json"
 
 # Layer kinds a tree mask computes exactly: attention that applies any mask it is given (sliding layers get a
 # windowed one). Other attention kinds (chunked, compressed, ...) would need masks the tree engine does not build.
@@ -103,6 +110,54 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
+@dataclass(frozen=True)
+class JointSchemaFamily:
+    """A joint-schema checkpoint family: which transformers class holds its backbone, and how its media are
+    processed (the reference's processor arguments)."""
+
+    name: str
+    architecture: str
+    model_class: str
+    media: frozenset[str]
+    # The backbone's hidden states come from `module.thinker.model` (Qwen3-Omni) rather than `module.model`.
+    omni: bool = False
+    mm_token_type_ids: bool = False
+    prepare_forward: Callable[[Any], None] | None = None
+    # Passed to the processor with every medium (Clef-Omni caps image pixels at 65,536..1,048,576).
+    processor_kwargs: dict[str, Any] | None = None
+
+
+JOINT_SCHEMA_FAMILIES: dict[str, JointSchemaFamily] = {
+    family.architecture: family
+    for family in (
+        JointSchemaFamily(
+            "Clef-Flash",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5ForConditionalGeneration",
+            media=IMAGES_AND_VIDEOS,
+            mm_token_type_ids=True,
+            prepare_forward=reset_rope_deltas,
+        ),
+        JointSchemaFamily(
+            "Clef-Omni",
+            "Qwen3OmniMoeForConditionalGeneration",
+            "Qwen3OmniMoeForConditionalGeneration",
+            media=frozenset({"image", "audio", "video"}),
+            omni=True,
+            processor_kwargs={"images_kwargs": {"size": {"shortest_edge": 65_536, "longest_edge": 1_048_576}}},
+        ),
+    )
+}
+
+
+def joint_schema_family(architecture: str, folder: Path | None) -> JointSchemaFamily | None:
+    """The Clef family of a folder: its architecture has one and `joint_head_config.json` sits beside config.json."""
+    family = JOINT_SCHEMA_FAMILIES.get(architecture)
+    if family is None or folder is None or not (folder / JOINT_HEAD_MARKER).is_file():
+        return None
+    return family
+
+
 def lookup(architecture: str) -> Architecture:
     """The registry entry, or transformers' AutoModelForCausalLM for an architecture it does not list."""
     return ARCHITECTURES.get(architecture) or Architecture(architecture, TRANSFORMERS, AUTO_CAUSAL_LM)
@@ -158,10 +213,19 @@ def default_engine(text_config: Any) -> str:
     return "tree" if tree_refusal(text_config) is None else "fork"
 
 
-def choose_engine(requested: str, architecture: str, text_config: Any) -> str:
-    """The engine `--read-mode requested` runs for this model; refuses tree where it would be silently wrong."""
+def choose_engine(requested: str, architecture: str, text_config: Any, folder: Path | None = None) -> str:
+    """The engine `--read-mode requested` runs for this model (in `folder`, whose marker files can make it a
+    joint-schema model); refuses tree where it would be silently wrong."""
     if requested not in READ_MODES:
         raise ValueError(f"unknown read mode {requested!r}; choose {', '.join(READ_MODES)}")
+    family = joint_schema_family(architecture, folder)
+    if family is not None:
+        if requested != "auto":
+            raise EngineRefusedError(
+                f"--read-mode {requested} cannot serve {family.name}: its joint-schema head scores every question "
+                "in one pooled read (one backbone pass per prompt). Use --read-mode auto."
+            )
+        return POOLED_ENGINE
     if lookup(architecture).reads == CANVAS:
         if requested != "auto":
             raise EngineRefusedError(

@@ -12,6 +12,7 @@ from typing import Any
 
 from decision_server.atomic import build_folder_atomically
 from decision_server.export import write_chat_template
+from decision_server.fixtures_clef import CLEF_FIXTURE_NAMES, make_clef_fixture
 from decision_server.fixtures_diffusion import DIFFUSION_FIXTURE_NAMES, make_diffusion_fixture
 from decision_server.fixtures_hybrid import HYBRID_FIXTURE_NAMES, make_hybrid_fixture
 from decision_server.progress import StepProgress
@@ -72,7 +73,7 @@ FIXTURES: dict[str, tuple[dict[str, Any], str]] = {
 
 
 # Every name `make_fixture` builds: the Qwen3 shapes above, then the hybrid and multimodal families, then diffusion.
-FIXTURE_NAMES: tuple[str, ...] = (*FIXTURES, *HYBRID_FIXTURE_NAMES, *DIFFUSION_FIXTURE_NAMES)
+FIXTURE_NAMES: tuple[str, ...] = (*FIXTURES, *HYBRID_FIXTURE_NAMES, *DIFFUSION_FIXTURE_NAMES, *CLEF_FIXTURE_NAMES)
 
 
 def fixture_config(name: str) -> dict[str, Any]:
@@ -102,6 +103,8 @@ def make_fixture(name: str, out: Path, seed: int = 0) -> bool:
         return make_hybrid_fixture(name, out, seed=seed)
     if name in DIFFUSION_FIXTURE_NAMES:
         return make_diffusion_fixture(name, out, seed=seed)
+    if name in CLEF_FIXTURE_NAMES:
+        return make_clef_fixture(name, out, seed=seed)
     config_kwargs = fixture_config(name)
     _, dtype_name = FIXTURES[name]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from decision_server.architectures import AUTO_CAUSAL_LM, DECODER, architecture_of, lookup
+from decision_server.architectures import AUTO_CAUSAL_LM, DECODER, architecture_of, joint_schema_family, lookup
 from decision_server.decoder_model import load_decoder_model
 from decision_server.distributed import ParallelConfig
 from decision_server.model_base import (
@@ -90,6 +90,32 @@ def load_model(
         # Ranks on one CPU share its cores: each takes its part rather than all of them, which would oversubscribe.
         torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
     torch_dtype = resolve_dtype(dtype, device)
+    family = joint_schema_family(architecture.name, path)
+    if family is not None:
+        if parallel.world_size > 1:
+            raise UnsupportedModelError(
+                f"{path}: cannot serve {family.name} with --world-size {parallel.world_size}: its backbone runs on "
+                "transformers' modeling, which has no tensor-parallel implementation. Serve it with --world-size 1."
+            )
+        from decision_server.joint_schema import load_joint_schema_model
+
+        pooled = load_joint_schema_model(path, torch_dtype, device)
+        logger.info(
+            "model loaded",
+            extra={
+                "fields": {
+                    "path": str(path),
+                    "architecture": pooled.architecture,
+                    "joint_schema": family.name,
+                    "implementation": pooled.implementation,
+                    "dtype": dtype_name(torch_dtype),
+                    "device": pooled.device_name,
+                    "weight_bytes": pooled.weight_bytes(),
+                    "threads": torch.get_num_threads(),
+                }
+            },
+        )
+        return pooled
     requested_matmul = matmul
     matmul = resolve_matmul(matmul, device.type)
     native = architecture.implementation == DECODER

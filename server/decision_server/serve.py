@@ -16,7 +16,15 @@ import grpc
 
 from decision_server.architectures import architecture_of, choose_engine
 from decision_server.distributed import ParallelConfig
-from decision_server.engines import CanvasEngine, CanvasRowSpec, CanvasSpec, Engine, make_engine
+from decision_server.engines import (
+    CanvasEngine,
+    CanvasRowSpec,
+    CanvasSpec,
+    Engine,
+    PooledEngine,
+    PooledSpec,
+    make_engine,
+)
 from decision_server.model import LoadedModel, ScoreRequest, dtype_name, load_config, load_model
 from decision_server.pb import decision_pb2_grpc
 from decision_server.service import DecisionShardService
@@ -67,13 +75,16 @@ def build_server(service: DecisionShardService, uds_path: Path) -> grpc.aio.Serv
     return server
 
 
-def warm_up(model: LoadedModel, engine: Engine | CanvasEngine) -> None:
+def warm_up(model: LoadedModel, engine: Engine | CanvasEngine | PooledEngine) -> None:
     """One tiny forward and a probe, so the first real read does not pay for lazy kernel set-up.
     With tensor parallelism every rank runs it at startup, so it also proves the collectives work."""
     if isinstance(engine, CanvasEngine):
         # A block-diffusion model has no plain causal forward: warm up the encoder and one canvas step.
         row = CanvasRowSpec(position=0, tokens=(0,), group_sizes=(1,))
         engine.run([CanvasSpec(id=0, prompt=(0, 0), canvas=(0,) * 16, rows=(row,))])
+    elif isinstance(engine, PooledEngine):
+        # The backbone and the head once, on a four-token prompt with one two-option question.
+        engine.run([PooledSpec(id=0, prompt=(0, 0, 0, 0), questions=((0, (-4, -3), ((-3, -2), (-2, -1))),))])
     else:
         model.score(ScoreRequest(token_ids=[0, 0], keep=[1], label_rows=[0], label_tokens=[0], greedy_rows=[0]))
     model.probe()
@@ -83,7 +94,9 @@ async def serve(config: ServeConfig) -> None:
     # The engine is chosen from the config before any weight is read: a refusal (tree on a hybrid) is immediate,
     # and the attention kernel depends on it (only tree passes take custom masks).
     hf_config = load_config(config.model_dir)
-    engine_name = choose_engine(config.read_mode, architecture_of(hf_config), hf_config.get_text_config())
+    engine_name = choose_engine(
+        config.read_mode, architecture_of(hf_config), hf_config.get_text_config(), config.model_dir
+    )
     model = load_model(
         config.model_dir,
         dtype=config.dtype,

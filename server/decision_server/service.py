@@ -21,6 +21,9 @@ from decision_server.engines import (
     CanvasSpec,
     Engine,
     InvalidReadError,
+    PooledBatchOutcome,
+    PooledEngine,
+    PooledSpec,
     ReadSpec,
 )
 from decision_server.errors import grpc_status_for, is_fatal
@@ -42,7 +45,7 @@ MODALITIES = {decision_pb2.IMAGE: IMAGE, decision_pb2.AUDIO: AUDIO, decision_pb2
 MEDIA_THREADS = 2
 # Every read kind of the proto's oneof; a shard computes the one its engine reads and refuses the others as
 # INVALID_ARGUMENT (a causal LM has no canvas, a block-diffusion model no plain next-token pass).
-READ_KINDS = ("next_token", "canvas")
+READ_KINDS = ("next_token", "pooled", "canvas")
 
 
 def _checked_kind(read: decision_pb2.Read, computed: str) -> None:
@@ -126,6 +129,78 @@ def canvas_spec(read: decision_pb2.Read) -> CanvasSpec:
     )
 
 
+def _media_items(read: decision_pb2.Read) -> tuple[MediaItem, ...]:
+    items = []
+    for index, item in enumerate(read.media):
+        if item.modality not in MODALITIES:
+            raise InvalidReadError(read.id, f"media item {index} has no modality")
+        items.append(
+            MediaItem(
+                MODALITIES[item.modality],
+                item.data,
+                item.sha256,
+                item.name or f"media.{index}",
+                max_seconds=item.max_seconds,
+                max_frames=item.max_frames,
+            )
+        )
+    return tuple(items)
+
+
+def pooled_spec(read: decision_pb2.Read) -> PooledSpec:
+    """The pooled engine's input for one pooled read: its prompt, and per question its type and spans (counted
+    from the prompt's end, checked by the engine against the prompt it runs)."""
+    _checked_kind(read, "pooled")
+    pooled = read.pooled
+    questions = tuple(
+        (
+            question.type_id,
+            (question.instructions.start, question.instructions.end),
+            tuple((option.start, option.end) for option in question.options),
+        )
+        for question in pooled.questions
+    )
+    media = _media_items(read)
+    if media and not pooled.media_start < pooled.media_end:
+        raise InvalidReadError(read.id, "a pooled read with media needs the stretch of its placeholders")
+    return PooledSpec(
+        id=read.id,
+        prompt=tuple(pooled.token_ids),
+        questions=questions,
+        media_range=(pooled.media_start, pooled.media_end),
+        media=media,
+    )
+
+
+def pooled_response(
+    specs: list[PooledSpec], batch: PooledBatchOutcome, media_errors: dict[int, MediaError] | None = None
+) -> decision_pb2.ReadResponse:
+    media_errors = media_errors or {}
+    outcomes = iter(batch.outcomes)
+    results = []
+    for position in range(len(specs) + len(media_errors)):
+        if position in media_errors:
+            error = media_errors[position]
+            results.append(decision_pb2.ReadResult(id=error.read_id, media_error=str(error)))
+            continue
+        outcome = next(outcomes)
+        results.append(
+            decision_pb2.ReadResult(
+                id=outcome.id,
+                tokens_computed=outcome.tokens_computed,
+                media_tokens=outcome.media_tokens,
+                pooled=decision_pb2.PooledResult(
+                    questions=[decision_pb2.PooledQuestionResult(option_logits=row) for row in outcome.logits]
+                ),
+            )
+        )
+    return decision_pb2.ReadResponse(
+        results=results,
+        forward_micros=round(batch.forward_seconds * 1e6),
+        head_micros=round(batch.head_seconds * 1e6),
+    )
+
+
 def _groups(sizes: Sequence[int], logprobs: list[float], what: str) -> list[decision_pb2.LabelGroupLogprobs]:
     groups = []
     start = 0
@@ -194,7 +269,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
     def __init__(
         self,
         model: LoadedModel,
-        engine: Engine | CanvasEngine,
+        engine: Engine | CanvasEngine | PooledEngine,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._model = model
@@ -251,6 +326,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         engine = self._engine
         if isinstance(engine, CanvasEngine):
             return await loop.run_in_executor(self._model_thread, lambda: self._canvas_reads(engine, request))
+        if isinstance(engine, PooledEngine):
+            return await self._pooled_reads(engine, request)
         specs, media_errors = await self._with_media(read_specs(request))
 
         def work() -> decision_pb2.ReadResponse:
@@ -288,6 +365,48 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             },
         )
         return canvas_response(canvases, canvas_batch)
+
+    async def _pooled_reads(self, engine: PooledEngine, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
+        """Pooled reads: media expanded on the media threads (a read whose media cannot be decoded is answered with
+        its error, the others go on), then every read's backbone pass and head on the model thread."""
+        loop = asyncio.get_running_loop()
+        specs = [pooled_spec(read) for read in request.reads]
+        prepare = getattr(self._model, "prepare_pooled_media", None)
+
+        async def processed(spec: PooledSpec) -> PooledSpec | MediaError:
+            if not spec.media:
+                return spec
+            if prepare is None:
+                raise InvalidReadError(spec.id, "this model folder has no processor: it reads no media")
+            try:
+                prompt = await loop.run_in_executor(
+                    self._media_threads, prepare, spec.id, spec.prompt, spec.media_range, spec.media
+                )
+            except MediaError as error:
+                error.read_id = spec.id
+                return error
+            return replace(spec, media_prompt=prompt)
+
+        done = await asyncio.gather(*(processed(spec) for spec in specs))
+        errors = {position: item for position, item in enumerate(done) if isinstance(item, MediaError)}
+        ready = [item for item in done if not isinstance(item, MediaError)]
+
+        def work() -> decision_pb2.ReadResponse:
+            batch = engine.run(ready)
+            logger.debug(
+                "pooled batch",
+                extra={
+                    "fields": {
+                        "reads": len(batch.outcomes),
+                        "packed_tokens": batch.packed_tokens,
+                        "forward_ms": round(batch.forward_seconds * 1e3, 3),
+                        "head_ms": round(batch.head_seconds * 1e3, 3),
+                    }
+                },
+            )
+            return pooled_response(ready, batch, errors)
+
+        return await loop.run_in_executor(self._model_thread, work)
 
     async def _with_media(self, specs: list[ReadSpec]) -> tuple[list[ReadSpec], dict[int, MediaError]]:
         """Reads with media, processed by the model's processor on the media threads (decoding an image must not

@@ -769,6 +769,7 @@ mod tests {
             probabilities: p,
             label_mass: 1.0,
             argmax_is_label: true,
+            pooled: false,
         };
         let d = Decision {
             answers: vec![a(vec![0.3, 0.7]), a(vec![0.2, 0.8]), a(vec![0.25, 0.75])],
@@ -776,6 +777,7 @@ mod tests {
                 input_tokens: 10,
                 cached_tokens: 4,
                 per_question_prompt_tokens: 30,
+                pooled: false,
             },
         };
         let out = format(&p, &d, "served", Compat::Typesafe);

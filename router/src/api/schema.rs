@@ -134,7 +134,7 @@ pub struct DecisionsRequest {
     pub prompt_cache_key: Option<String>,
     pub temperature: Option<f64>,
     /// SGLang shape: pins the served wording (1 SGLang's version 1 under `--compat sglang`, 101 vLLM's,
-    /// 201 Liquid d1's, 301 DiffusionGemma canvas reads'; `GET /info` names it); another value is a 400.
+    /// 201 Liquid d1's, 301 DiffusionGemma canvas reads', 401 Clef's joint-schema prompt; `GET /info` names it); another value is a 400.
     pub prompt_format_version: Option<u32>,
     pub return_prompt_token_ids: Option<bool>,
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,

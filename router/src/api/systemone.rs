@@ -916,6 +916,7 @@ mod tests {
             probabilities: p,
             label_mass: 0.9,
             argmax_is_label: true,
+            pooled: false,
         };
         let d = Decision {
             answers: vec![
@@ -927,6 +928,7 @@ mod tests {
                 input_tokens: 42,
                 cached_tokens: 0,
                 per_question_prompt_tokens: 100,
+                pooled: false,
             },
         };
         let out = format(&r, &body["questions"], &d, "m", Compat::Typesafe);

@@ -4,6 +4,7 @@
 pub mod canvas;
 pub mod chat;
 pub mod encode;
+pub mod joint_schema;
 pub mod labels;
 pub mod liquid;
 pub mod next_token;

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use super::canvas::DiffusionGemmaCanvasStrategy;
+use super::joint_schema::JointSchemaStrategy;
 use super::liquid::LiquidStrategy;
 use super::next_token::NextTokenStrategy;
 use super::{ReadStrategy, StrategyOptions};
@@ -25,21 +26,18 @@ struct Entry {
 /// its head) never falls through to the plain strategy of its architecture. Architectures recognised
 /// but not served by this build load into a refusal naming what they are, never into a wrong strategy.
 const REGISTRY: &[Entry] = &[
+    // Clef: a Qwen3.5 / Qwen3-Omni folder plus its joint-schema head, one pooled read per request.
     Entry {
         architectures: &["Qwen3_5ForConditionalGeneration"],
         marker: Some("joint_head_config.json"),
-        media: &[],
-        load: |_, _| {
-            Err("a Clef-Flash joint-schema model; its joint-schema head strategy is not in this build".into())
-        },
+        media: &[Modality::Image, Modality::Video],
+        load: JointSchemaStrategy::boxed_flash,
     },
     Entry {
         architectures: &["Qwen3OmniMoeForConditionalGeneration"],
         marker: Some("joint_head_config.json"),
-        media: &[],
-        load: |_, _| {
-            Err("a Clef-Omni joint-schema model; its joint-schema head strategy is not in this build".into())
-        },
+        media: &[Modality::Image, Modality::Audio, Modality::Video],
+        load: JointSchemaStrategy::boxed_omni,
     },
     Entry {
         architectures: &["DiffusionGemmaForBlockDiffusion"],
@@ -228,8 +226,14 @@ mod tests {
                 .to_vec()
         };
         for (arch, media) in [
-            ("Qwen3_5ForConditionalGeneration", &[Modality::Image, Modality::Video][..]),
-            ("Qwen3_5MoeForConditionalGeneration", &[Modality::Image, Modality::Video]),
+            (
+                "Qwen3_5ForConditionalGeneration",
+                &[Modality::Image, Modality::Video][..],
+            ),
+            (
+                "Qwen3_5MoeForConditionalGeneration",
+                &[Modality::Image, Modality::Video],
+            ),
             ("Gemma4ForConditionalGeneration", &[Modality::Image]),
             ("Lfm2VlForConditionalGeneration", &[Modality::Image]),
         ] {
@@ -279,27 +283,42 @@ mod tests {
         }
     }
 
+    /// A Qwen3.5 / Qwen3-Omni folder with `joint_head_config.json` is Clef (its joint-schema strategy,
+    /// which `/info` names), never the plain strategy of its architecture.
     #[test]
     fn a_marker_file_is_never_read_with_the_plain_strategy() {
         let clef = copy_of("tiny-qwen3", Some("joint_head_config.json"));
-        let err = strategy_for("Qwen3_5ForConditionalGeneration", clef.path(), &OPTIONS)
-            .err()
-            .expect("refused");
-        assert!(
-            err.contains("Clef-Flash") && err.contains("joint_head_config.json"),
-            "{err}"
-        );
-        let err = strategy_for(
-            "Qwen3OmniMoeForConditionalGeneration",
-            clef.path(),
-            &OPTIONS,
-        )
-        .err()
-        .expect("refused");
-        assert!(err.contains("Clef-Omni"), "{err}");
-        // Without the marker the same architecture is a plain next-token model.
+        let all = StrategyOptions {
+            modalities: Modality::ALL.to_vec(),
+            ..OPTIONS
+        };
+        for (arch, name, media) in [
+            (
+                "Qwen3_5ForConditionalGeneration",
+                "clef_flash",
+                &[Modality::Image, Modality::Video][..],
+            ),
+            (
+                "Qwen3OmniMoeForConditionalGeneration",
+                "clef_omni",
+                &[Modality::Image, Modality::Audio, Modality::Video],
+            ),
+        ] {
+            let s = strategy_for(arch, clef.path(), &all).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            assert_eq!(s.name(), name);
+            assert_eq!(s.prompt_format().name, "joint_schema");
+            assert_eq!(s.modalities(), media, "{arch}");
+        }
+        // Without the marker the same architecture is a plain next-token model; Omni has no plain entry.
         let plain = copy_of("tiny-qwen3", None);
-        assert!(strategy_for("Qwen3_5ForConditionalGeneration", plain.path(), &OPTIONS).is_ok());
+        let s = strategy_for("Qwen3_5ForConditionalGeneration", plain.path(), &OPTIONS).unwrap();
+        assert_eq!(s.name(), "next_token");
+        assert!(strategy_for(
+            "Qwen3OmniMoeForConditionalGeneration",
+            plain.path(),
+            &OPTIONS
+        )
+        .is_err());
     }
 
     #[test]

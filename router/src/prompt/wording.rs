@@ -43,6 +43,11 @@ impl PromptFormat {
         name: "diffusion_gemma_canvas",
         version: 301,
     };
+    /// Clef's fixed joint-schema prompt (PROMPTS.md §6), whatever the profile.
+    pub const JOINT_SCHEMA: PromptFormat = PromptFormat {
+        name: "joint_schema",
+        version: 401,
+    };
 }
 
 pub const CHOICE_REPLY: &str = "Answer with the letter of one option only.";

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 
-from decision_server.architectures import CANVAS_ENGINE, choose_engine
+from decision_server.architectures import CANVAS_ENGINE, POOLED_ENGINE, choose_engine
 from decision_server.engines.base import Engine, validate_read
 from decision_server.engines.canvas import CanvasEngine, validate_canvas
 from decision_server.engines.fork import ForkEngine
 from decision_server.engines.naive import NaiveEngine
+from decision_server.engines.pooled import PooledBatchOutcome, PooledEngine, PooledModel, PooledOutcome, PooledSpec
 from decision_server.engines.tree import TreeEngine
 from decision_server.engines.types import (
     BatchOutcome,
@@ -31,13 +32,24 @@ ENGINES: dict[str, type[Engine]] = {"tree": TreeEngine, "fork": ForkEngine, "nai
 logger = logging.getLogger(__name__)
 
 
-def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int = 0) -> Engine | CanvasEngine:
+def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int = 0) -> Engine | CanvasEngine | PooledEngine:
     """The engine for --read-mode `mode` (auto, tree, fork, naive); a prefix cache of `prefix_cache_mb` MiB when
     the tree engine can use one. Raises EngineRefusedError for tree on a model it would read wrongly. A
     block-diffusion model gets the canvas engine (its architecture decides; `mode` must be auto, or canvas)."""
     if prefix_cache_mb < 0:
         raise ValueError(f"--prefix-cache-mb must be 0 or more, got {prefix_cache_mb}")
-    name = mode if mode == CANVAS_ENGINE else choose_engine(mode, model.architecture, model.text_config)
+    name = (
+        mode
+        if mode in (CANVAS_ENGINE, POOLED_ENGINE)
+        else choose_engine(mode, model.architecture, model.text_config, model.path)
+    )
+    if name == POOLED_ENGINE:
+        if prefix_cache_mb:
+            logger.warning("prefix cache ignored by the pooled engine", extra={"fields": {"mb": prefix_cache_mb}})
+        if not hasattr(model, "score_pooled"):
+            raise ValueError(f"{model.path}: a joint-schema folder loaded without its head")
+        pooled: PooledModel = model  # type: ignore[assignment]
+        return PooledEngine(pooled)
     if name == CANVAS_ENGINE:
         if prefix_cache_mb:
             logger.warning("prefix cache ignored by the canvas engine", extra={"fields": {"mb": prefix_cache_mb}})
@@ -72,6 +84,10 @@ __all__ = [
     "ForkEngine",
     "InvalidReadError",
     "NaiveEngine",
+    "PooledBatchOutcome",
+    "PooledEngine",
+    "PooledOutcome",
+    "PooledSpec",
     "ReadOutcome",
     "ReadSpec",
     "TreeEngine",

@@ -1,0 +1,122 @@
+"""The pooled engine: joint-schema reads (Clef). Each read is one backbone forward over its whole prompt (media
+expanded) and one pass of the model's head, which returns every question's option logits. Reads of a batch run one
+after another: their prompts differ in length and media, and the head reads each prompt's own hidden states."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from decision_server.engines.types import InvalidReadError
+from decision_server.joint_head import QUESTION_TYPES, PooledQuestion
+from decision_server.media import MediaItem, MediaPrompt
+
+if TYPE_CHECKING:
+    from decision_server.joint_schema import PooledScores
+
+READ_KIND = "pooled"
+
+
+@dataclass(frozen=True)
+class PooledSpec:
+    """One pooled read as the router sent it: spans are counted from the end of the prompt (start < end <= 0)."""
+
+    id: int
+    prompt: tuple[int, ...]
+    # (type id, instructions span, option spans) per question.
+    questions: tuple[tuple[int, tuple[int, int], tuple[tuple[int, int], ...]], ...]
+    media_range: tuple[int, int] = (0, 0)
+    media: tuple[MediaItem, ...] = ()
+    media_prompt: MediaPrompt | None = None
+
+
+@dataclass
+class PooledOutcome:
+    id: int
+    logits: list[list[float]]
+    tokens_computed: int
+    media_tokens: int = 0
+
+
+@dataclass
+class PooledBatchOutcome:
+    outcomes: list[PooledOutcome]
+    forward_seconds: float = 0.0
+    head_seconds: float = 0.0
+    forward_passes: int = 0
+    packed_tokens: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class PooledModel(Protocol):
+    max_position_embeddings: int
+    token_limit: int
+
+    def score_pooled(
+        self, input_ids: Sequence[int], questions: Sequence[PooledQuestion], media: MediaPrompt | None = None
+    ) -> PooledScores: ...
+
+
+def absolute_questions(read: PooledSpec, length: int) -> list[PooledQuestion]:
+    """The read's spans as positions of a prompt of `length` tokens, each checked to be a non-empty stretch of it."""
+    if not read.questions:
+        raise InvalidReadError(read.id, "a pooled read needs at least one question")
+    questions = []
+    for index, (type_id, span, options) in enumerate(read.questions):
+        if not 0 <= type_id < QUESTION_TYPES:
+            raise InvalidReadError(read.id, f"question {index}: type id {type_id} is not 0, 1 or 2")
+        if not options:
+            raise InvalidReadError(read.id, f"question {index} has no options")
+        spans = []
+        for what, (start, end) in [("instructions", span), *((f"option {k}", o) for k, o in enumerate(options))]:
+            if not -length <= start < end <= 0:
+                raise InvalidReadError(
+                    read.id,
+                    f"question {index} {what}: span [{start}, {end}) is not a non-empty stretch of the last "
+                    f"{length} tokens (spans count from the end of the prompt)",
+                )
+            spans.append((length + start, length + end))
+        questions.append(PooledQuestion(type_id=type_id, span=spans[0], options=tuple(spans[1:])))
+    return questions
+
+
+class PooledEngine:
+    """Runs pooled reads; `name` is what Info reports."""
+
+    name = "pooled"
+
+    def __init__(self, model: PooledModel) -> None:
+        self.model = model
+
+    def run(self, reads: Sequence[PooledSpec]) -> PooledBatchOutcome:
+        # Every read is checked before any forward: one bad read fails the batch without wasted work.
+        prepared = []
+        for read in reads:
+            if not read.prompt:
+                raise InvalidReadError(read.id, "prompt has no tokens")
+            if read.media and read.media_prompt is None:
+                raise InvalidReadError(read.id, "a read with media reached the engine unprocessed")
+            ids = read.media_prompt.input_ids if read.media_prompt is not None else read.prompt
+            if len(ids) > self.model.max_position_embeddings:
+                raise InvalidReadError(
+                    read.id,
+                    f"prompt of {len(ids)} tokens exceeds max_position_embeddings {self.model.max_position_embeddings}",
+                )
+            bad = next((t for t in read.prompt if t >= self.model.token_limit), None)
+            if bad is not None:
+                raise InvalidReadError(read.id, f"token id {bad} is outside the vocabulary ({self.model.token_limit})")
+            prepared.append((read, absolute_questions(read, len(ids))))
+        batch = PooledBatchOutcome(outcomes=[])
+        for read, questions in prepared:
+            scores = self.model.score_pooled(read.prompt, questions, read.media_prompt)
+            batch.forward_seconds += scores.backbone_seconds + scores.head_seconds
+            batch.head_seconds += scores.head_seconds
+            batch.forward_passes += 1
+            batch.packed_tokens += scores.tokens
+            batch.outcomes.append(
+                PooledOutcome(
+                    id=read.id, logits=scores.logits, tokens_computed=scores.tokens, media_tokens=scores.media_tokens
+                )
+            )
+        return batch
