@@ -284,6 +284,7 @@ mod tests {
                 variant_logprobs: vec![vec![-1.0], vec![-2.0]],
                 greedy_token_id: 0,
             }],
+            option_logits: Vec::new(),
             tokens_computed: 3,
             tokens_cached: 0,
             media_tokens: 0,
