@@ -1,4 +1,4 @@
-"""`python -m decision_bench.table REPORT.json...`: one Markdown row per report, for docs/benchmarks.md and the lab notes.
+"""`python -m decision_bench.table REPORT.json...`: one Markdown row per report, for docs/benchmarks.md.
 
 Columns are medians over rounds (each round runs A then B back to back), so a row's B/A is read under one noise."""
 

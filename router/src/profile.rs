@@ -5,8 +5,8 @@ use axum::http::StatusCode;
 use clap::ValueEnum;
 
 use crate::error::DecisionError;
-use crate::limits::Limits;
 use crate::ir::{Answer, QuestionKind, Usage};
+use crate::limits::Limits;
 use crate::probability;
 use crate::prompt::wording::Wording;
 
@@ -180,16 +180,33 @@ mod tests {
         let base = Limits::default();
         for shape in [Shape::SystemOne, Shape::OpenAi, Shape::Sglang] {
             let vllm = Compat::Vllm.limits(shape, &base);
-            assert_eq!((vllm.max_questions, vllm.max_choices, vllm.max_levels, vllm.min_levels), (64, 26, 10, 2));
+            assert_eq!(
+                (
+                    vllm.max_questions,
+                    vllm.max_choices,
+                    vllm.max_levels,
+                    vllm.min_levels
+                ),
+                (64, 26, 10, 2)
+            );
         }
         let openai = Compat::Typesafe.limits(Shape::OpenAi, &base);
         assert_eq!((openai.max_questions, openai.max_choices), (200, 255));
         let s1 = Compat::Typesafe.limits(Shape::SystemOne, &base);
         assert_eq!((s1.max_questions, s1.min_levels), (base.max_questions, 1));
         let refusal = DecisionError::NotServable("label 'BQ' is not one token".into());
-        assert_eq!(Compat::Sglang.status(&refusal, Shape::SystemOne).as_u16(), 400);
-        assert_eq!(Compat::Typesafe.status(&refusal, Shape::Sglang).as_u16(), 400);
-        assert_eq!(Compat::Typesafe.status(&refusal, Shape::SystemOne).as_u16(), 501);
+        assert_eq!(
+            Compat::Sglang.status(&refusal, Shape::SystemOne).as_u16(),
+            400
+        );
+        assert_eq!(
+            Compat::Typesafe.status(&refusal, Shape::Sglang).as_u16(),
+            400
+        );
+        assert_eq!(
+            Compat::Typesafe.status(&refusal, Shape::SystemOne).as_u16(),
+            501
+        );
     }
 
     #[test]

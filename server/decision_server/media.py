@@ -184,7 +184,8 @@ def decode_video(item: MediaItem, min_frames: int = 4, max_frames: int = 768) ->
         indices = sample_frame_indices(total, fps, VIDEO_FPS, min_frames, max_frames)
         if item.max_frames and len(indices) > item.max_frames:
             raise MediaError(
-                item.name, f"{len(indices)} frames at {VIDEO_FPS:g} fps, over the limit of {item.max_frames} (max_video_frames)"
+                item.name,
+                f"{len(indices)} frames at {VIDEO_FPS:g} fps, over the limit of {item.max_frames} (max_video_frames)",
             )
         wanted = set(indices)
         frames: dict[int, np.ndarray] = {}

@@ -53,7 +53,9 @@ def video_bytes(
         for packet in stream.encode():
             box.mux(packet)
         if audio is not None and soundtrack_hertz is not None:
-            samples = av.AudioFrame.from_ndarray(tone(frames / fps, 48000, soundtrack_hertz, 2), format="fltp", layout="stereo")
+            samples = av.AudioFrame.from_ndarray(
+                tone(frames / fps, 48000, soundtrack_hertz, 2), format="fltp", layout="stereo"
+            )
             samples.sample_rate = 48000
             for packet in audio.encode(samples):
                 box.mux(packet)

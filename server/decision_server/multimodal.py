@@ -21,7 +21,16 @@ import torch
 
 from decision_server.architectures import Architecture
 from decision_server.engines.types import InvalidReadError
-from decision_server.media import IMAGE, VIDEO, DecodedVideo, MediaError, MediaItem, MediaPrompt, decode_image, decode_video
+from decision_server.media import (
+    IMAGE,
+    VIDEO,
+    DecodedVideo,
+    MediaError,
+    MediaItem,
+    MediaPrompt,
+    decode_image,
+    decode_video,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +71,16 @@ class ProcessedBlock:
         for name, value in processed.tensors.items():
             if value.dim() == 2 and value.shape == (1, len(ids)):
                 outside = PER_TOKEN_OUTSIDE.get(name)
-                if outside is None or bool((value[0, :start] != outside).any() or (value[0, block_end:] != outside).any()):
+                if outside is None or bool(
+                    (value[0, :start] != outside).any() or (value[0, block_end:] != outside).any()
+                ):
                     return None
                 per_token[name] = value[:, start:block_end]
             else:
                 tensors[name] = value
-        return cls(ids=tuple(ids[start:block_end]), tensors=tensors, per_token=per_token, media_tokens=processed.media_tokens)
+        return cls(
+            ids=tuple(ids[start:block_end]), tensors=tensors, per_token=per_token, media_tokens=processed.media_tokens
+        )
 
     @property
     def nbytes(self) -> int:
@@ -79,7 +92,12 @@ class ProcessedBlock:
         for name, block in self.per_token.items():
             fill = PER_TOKEN_OUTSIDE[name]
             tensors[name] = torch.cat(
-                (torch.full((1, before), fill, dtype=block.dtype), block, torch.full((1, after), fill, dtype=block.dtype)), dim=1
+                (
+                    torch.full((1, before), fill, dtype=block.dtype),
+                    block,
+                    torch.full((1, after), fill, dtype=block.dtype),
+                ),
+                dim=1,
             )
         ids = (*prompt[:start], *self.ids, *prompt[end:])
         return MediaPrompt(input_ids=ids, tensors=tensors, media_tokens=self.media_tokens)
@@ -97,14 +115,20 @@ class MediaProcessor:
         # Each medium's placeholder token, for the media the processor takes (an image processor for images, a
         # video processor for videos) and the architecture reads.
         self.placeholders: dict[str, int] = {}
-        for modality, token_attr, part in ((IMAGE, "image_token", "image_processor"), (VIDEO, "video_token", "video_processor")):
+        for modality, token_attr, part in (
+            (IMAGE, "image_token", "image_processor"),
+            (VIDEO, "video_token", "video_processor"),
+        ):
             token = getattr(self.processor, token_attr, None)
             if modality in architecture.media and token is not None and getattr(self.processor, part, None) is not None:
                 self.placeholders[modality] = int(self.tokenizer.convert_tokens_to_ids(token))
         self.modalities: tuple[str, ...] = tuple(sorted(self.placeholders))
         video_processor = getattr(self.processor, "video_processor", None)
         # The processor's bounds on sampled frames (Qwen3-VL: 4..768).
-        self.video_frames = (int(getattr(video_processor, "min_frames", 4)), int(getattr(video_processor, "max_frames", 768)))
+        self.video_frames = (
+            int(getattr(video_processor, "min_frames", 4)),
+            int(getattr(video_processor, "max_frames", 768)),
+        )
         # Frames are patched in groups of this many: a video with fewer cannot be read.
         self.temporal_patch = int(getattr(video_processor, "temporal_patch_size", 1) or 1)
         self._decoded: OrderedDict[str, tuple[Any, int]] = OrderedDict()
@@ -229,7 +253,8 @@ class MediaProcessor:
             video = decode_video(item, *self.video_frames)
             if len(video.indices) < self.temporal_patch:
                 raise MediaError(
-                    item.name, f"{len(video.indices)} frame(s); this model reads videos of {self.temporal_patch} or more"
+                    item.name,
+                    f"{len(video.indices)} frame(s); this model reads videos of {self.temporal_patch} or more",
                 )
             value: Any = video
             size = video.frames.nbytes

@@ -189,8 +189,11 @@ def test_video_reads_equal_an_independent_processor_forward(name: str) -> None:
     with running_shard(model, "auto") as stub:
         results = stub.Read(
             decision_pb2.ReadRequest(
-                reads=[read(ids, label_ids, media(videos[0]), 0), read(ids, label_ids, media(other), 1)]
-                + [read(ids, label_ids, media(videos[0]), 2)]
+                reads=[
+                    read(ids, label_ids, media(videos[0]), 0),
+                    read(ids, label_ids, media(other), 1),
+                    read(ids, label_ids, media(videos[0]), 2),
+                ]
             )
         ).results
         image_only = stub.Read(
@@ -211,8 +214,14 @@ def test_bad_videos_fail_only_their_own_read_naming_the_limit() -> None:
     good = video_bytes(12, 4)  # 3 s: 6 frames at 2 fps
     with running_shard(model, "auto") as stub:
         for media, words in [
-            (item(good, "videos.0", max_seconds=2.5), "videos.0: 3.00 s long, over the limit of 2.5 s (max_video_seconds)"),
-            (item(good, "videos.0", max_frames=5), "videos.0: 6 frames at 2 fps, over the limit of 5 (max_video_frames)"),
+            (
+                item(good, "videos.0", max_seconds=2.5),
+                "videos.0: 3.00 s long, over the limit of 2.5 s (max_video_seconds)",
+            ),
+            (
+                item(good, "videos.0", max_frames=5),
+                "videos.0: 6 frames at 2 fps, over the limit of 5 (max_video_frames)",
+            ),
             (item(b"\x00\x00\x00\x18ftypmp42" + b"\x00" * 64, "videos.0"), "videos.0: not a video"),
             (item(good[: len(good) // 2], "videos.0"), "videos.0: not a video"),
             (item(audio_bytes(1.0), "videos.0"), "videos.0: has no video stream"),
@@ -267,7 +276,8 @@ def test_decode_audio_resamples_to_the_rate_and_averages_channels() -> None:
     assert len(stereo) == len(mono) and float(np.abs(stereo - mono).max()) < 1e-3
     cancelled = audio_bytes(2.0, 44100, 440.0, channels=2, opposite=True)
     assert float(np.abs(decode_audio(MediaItem(AUDIO, cancelled, "", "audio.0"), 16000)).max()) < 1e-3
-    with pytest.raises(MediaError, match=r"audio\.1: over 1\.\d+ s long, over the limit of 1\.5 s \(max_audio_seconds\)"):
+    too_long = r"audio\.1: over 1\.\d+ s long, over the limit of 1\.5 s \(max_audio_seconds\)"
+    with pytest.raises(MediaError, match=too_long):
         decode_audio(MediaItem(AUDIO, audio_bytes(2.0), "", "audio.1", max_seconds=1.5), 16000)
     with pytest.raises(MediaError, match=r"audio\.0: not audio"):
         decode_audio(MediaItem(AUDIO, b"RIFF-but-not-really", "", "audio.0"), 16000)

@@ -66,23 +66,26 @@ def main() -> None:
         ("video 10 s 640x360 30 fps mpeg4", VIDEO, video_bytes(300, 30, 640, 360), "video"),
         ("video 30 s 640x360 30 fps mpeg4", VIDEO, video_bytes(900, 30, 640, 360), "video"),
     ]
-    print("| medium | bytes | decode + process, one read | 8 questions, processor per read | 8 questions, per block | media tokens |")
+    print(
+        "| medium | bytes | decode + process, one read | 8 questions, processor per read "
+        "| 8 questions, per block | media tokens |"
+    )
     print("|---|---|---|---|---|---|")
     for label, modality, data, part in cases:
         item = MediaItem(modality, data, hashlib.sha256(data).hexdigest(), f"{part}s.0", 60.0, 240)
         prompts = [prompt(part, f"Question {q}: is it {q}?") for q in range(8)]
 
-        def one() -> None:
+        def one(prompts: list[list[int]] = prompts, item: MediaItem = item) -> None:
             clear()
             processor.prepare(0, prompts[0], [item])
 
-        def per_block() -> None:
+        def per_block(prompts: list[list[int]] = prompts, item: MediaItem = item) -> None:
             clear()
             for ids in prompts:
                 processor.prepare(0, ids, [item])
 
         # "per read" keeps the decoded medium (as before this change) and drops only the processed block.
-        def per_read_decoded_kept() -> None:
+        def per_read_decoded_kept(prompts: list[list[int]] = prompts, item: MediaItem = item) -> None:
             clear()
             for ids in prompts:
                 processor._blocks.clear()

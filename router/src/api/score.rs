@@ -75,14 +75,21 @@ fn flag(obj: &Map<String, Value>, key: &str) -> Result<bool, DecisionError> {
 
 /// Parses and checks a body against the served model: `vocab_size` rows of its head, prompts of at
 /// most `max_tokens` (the model's context less the answer position, and the request token limit).
-pub fn parse(body: &Value, vocab_size: u32, max_tokens: usize) -> Result<ScoreRequest, DecisionError> {
+pub fn parse(
+    body: &Value,
+    vocab_size: u32,
+    max_tokens: usize,
+) -> Result<ScoreRequest, DecisionError> {
     let Some(obj) = body.as_object() else {
         return Err(bad("body", "the body must be a JSON object".into()));
     };
     if let Some(unknown) = obj.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(bad(
             unknown,
-            format!("unknown field {unknown:?}; /v1/score takes {}", FIELDS.join(", ")),
+            format!(
+                "unknown field {unknown:?}; /v1/score takes {}",
+                FIELDS.join(", ")
+            ),
         ));
     }
     let query = match obj.get("query") {
@@ -91,8 +98,15 @@ pub fn parse(body: &Value, vocab_size: u32, max_tokens: usize) -> Result<ScoreRe
     };
     let items = match obj.get("items") {
         Some(Value::Array(items)) if !items.is_empty() => items,
-        Some(Value::Array(_)) => return Err(bad("items", "items must hold at least one item".into())),
-        _ => return Err(bad("items", "items is required: a list of token id lists".into())),
+        Some(Value::Array(_)) => {
+            return Err(bad("items", "items must hold at least one item".into()))
+        }
+        _ => {
+            return Err(bad(
+                "items",
+                "items is required: a list of token id lists".into(),
+            ))
+        }
     };
     let item_first = flag(obj, "item_first")?;
     let mut prompts = Vec::with_capacity(items.len());
@@ -105,7 +119,10 @@ pub fn parse(body: &Value, vocab_size: u32, max_tokens: usize) -> Result<ScoreRe
             query.iter().chain(&ids).copied().collect()
         };
         if prompt.is_empty() {
-            return Err(bad(&at, format!("{at}: the query and the item are both empty: nothing to score after")));
+            return Err(bad(
+                &at,
+                format!("{at}: the query and the item are both empty: nothing to score after"),
+            ));
         }
         if prompt.len() > max_tokens {
             return Err(DecisionError::BadRequest {
@@ -151,7 +168,9 @@ pub fn parse(body: &Value, vocab_size: u32, max_tokens: usize) -> Result<ScoreRe
         if list.is_empty() {
             return Err(bad(
                 "label_token_ids",
-                format!("label_token_ids[{index}] is empty: each item needs at least one label token"),
+                format!(
+                    "label_token_ids[{index}] is empty: each item needs at least one label token"
+                ),
             ));
         }
     }
@@ -159,7 +178,12 @@ pub fn parse(body: &Value, vocab_size: u32, max_tokens: usize) -> Result<ScoreRe
         None | Some(Value::Null) => 1.0,
         Some(t) => match t.as_f64() {
             Some(t) if t > 0.0 && t.is_finite() => t,
-            _ => return Err(bad("temperature", format!("temperature must be a number above 0, got {t}"))),
+            _ => {
+                return Err(bad(
+                    "temperature",
+                    format!("temperature must be a number above 0, got {t}"),
+                ))
+            }
         },
     };
     let model = match obj.get("model") {
@@ -184,7 +208,10 @@ pub fn reads(request: &ScoreRequest) -> Vec<PreparedRead> {
         .iter()
         .zip(&request.labels)
         .map(|(prompt, labels)| {
-            let groups = labels.iter().map(|&id| LabelGroup::single(vec![id])).collect();
+            let groups = labels
+                .iter()
+                .map(|&id| LabelGroup::single(vec![id]))
+                .collect();
             PreparedRead::next_token(prompt.clone(), groups)
         })
         .collect()
@@ -202,11 +229,7 @@ pub fn scores(request: &ScoreRequest, outcome: &ReadOutcome) -> (Vec<f64>, Vec<f
     (scores, logprobs)
 }
 
-pub fn format(
-    request: &ScoreRequest,
-    outcomes: &[ReadOutcome],
-    model_name: &str,
-) -> Value {
+pub fn format(request: &ScoreRequest, outcomes: &[ReadOutcome], model_name: &str) -> Value {
     let (scores, logprobs): (Vec<_>, Vec<_>) = outcomes.iter().map(|o| scores(request, o)).unzip();
     let prompt_tokens: usize = request.prompts.iter().map(Vec::len).sum();
     let mut body = json!({
@@ -245,7 +268,12 @@ mod tests {
         assert_eq!(reads[1].token_ids, vec![1, 2, 4, 5]);
         assert_eq!(reads[0].question_labels()[0].len(), 2);
         // A flat label list is every item's; item_first puts the item before the query.
-        let flat = parse(&json!({"query": [1], "items": [[3], [4]], "label_token_ids": [7], "item_first": true}), 100, 10).unwrap();
+        let flat = parse(
+            &json!({"query": [1], "items": [[3], [4]], "label_token_ids": [7], "item_first": true}),
+            100,
+            10,
+        )
+        .unwrap();
         assert_eq!(flat.labels, vec![vec![7], vec![7]]);
         assert_eq!(flat.prompts, vec![vec![3, 1], vec![4, 1]]);
         assert!(!flat.apply_softmax && flat.temperature == 1.0);
@@ -254,21 +282,73 @@ mod tests {
     #[test]
     fn every_bad_item_is_a_400_naming_it() {
         let cases = [
-            (json!({"items": [[1], [2, 100]], "label_token_ids": [1]}), "items[1]", "outside the vocabulary"),
-            (json!({"items": [[1], []], "label_token_ids": [1]}), "items[1]", "both empty"),
-            (json!({"items": [[1], vec![1; 11]], "label_token_ids": [1]}), "items[1]", "over the limit of 10"),
-            (json!({"items": [[1], [-3]], "label_token_ids": [1]}), "items[1]", "non-negative integer"),
-            (json!({"items": ["some text"], "label_token_ids": [1]}), "items[0]", "list of token ids"),
-            (json!({"items": [], "label_token_ids": [1]}), "items", "at least one"),
+            (
+                json!({"items": [[1], [2, 100]], "label_token_ids": [1]}),
+                "items[1]",
+                "outside the vocabulary",
+            ),
+            (
+                json!({"items": [[1], []], "label_token_ids": [1]}),
+                "items[1]",
+                "both empty",
+            ),
+            (
+                json!({"items": [[1], vec![1; 11]], "label_token_ids": [1]}),
+                "items[1]",
+                "over the limit of 10",
+            ),
+            (
+                json!({"items": [[1], [-3]], "label_token_ids": [1]}),
+                "items[1]",
+                "non-negative integer",
+            ),
+            (
+                json!({"items": ["some text"], "label_token_ids": [1]}),
+                "items[0]",
+                "list of token ids",
+            ),
+            (
+                json!({"items": [], "label_token_ids": [1]}),
+                "items",
+                "at least one",
+            ),
             (json!({"label_token_ids": [1]}), "items", "required"),
-            (json!({"items": [[1]], "label_token_ids": [[1], [2]]}), "label_token_ids", "2 lists for 1 items"),
-            (json!({"items": [[1]], "label_token_ids": [[]]}), "label_token_ids", "is empty"),
-            (json!({"items": [[1]], "label_token_ids": [100]}), "label_token_ids", "outside the vocabulary"),
+            (
+                json!({"items": [[1]], "label_token_ids": [[1], [2]]}),
+                "label_token_ids",
+                "2 lists for 1 items",
+            ),
+            (
+                json!({"items": [[1]], "label_token_ids": [[]]}),
+                "label_token_ids",
+                "is empty",
+            ),
+            (
+                json!({"items": [[1]], "label_token_ids": [100]}),
+                "label_token_ids",
+                "outside the vocabulary",
+            ),
             (json!({"items": [[1]]}), "label_token_ids", "required"),
-            (json!({"items": [[1]], "label_token_ids": [1], "temperature": 0}), "temperature", "above 0"),
-            (json!({"items": [[1]], "label_token_ids": [1], "apply_softmax": "yes"}), "apply_softmax", "boolean"),
-            (json!({"items": [[1]], "label_token_ids": [1], "query": [100]}), "query", "outside"),
-            (json!({"items": [[1]], "label_token_ids": [1], "extra": 1}), "extra", "unknown field"),
+            (
+                json!({"items": [[1]], "label_token_ids": [1], "temperature": 0}),
+                "temperature",
+                "above 0",
+            ),
+            (
+                json!({"items": [[1]], "label_token_ids": [1], "apply_softmax": "yes"}),
+                "apply_softmax",
+                "boolean",
+            ),
+            (
+                json!({"items": [[1]], "label_token_ids": [1], "query": [100]}),
+                "query",
+                "outside",
+            ),
+            (
+                json!({"items": [[1]], "label_token_ids": [1], "extra": 1}),
+                "extra",
+                "unknown field",
+            ),
         ];
         for (body, at, words) in cases {
             let (p, message) = param(parse(&body, 100, 10).unwrap_err());
@@ -289,7 +369,12 @@ mod tests {
             tokens_cached: 0,
             media_tokens: 0,
         };
-        let mut request = parse(&json!({"items": [[1]], "label_token_ids": [1, 2], "return_token_logprobs": true}), 100, 10).unwrap();
+        let mut request = parse(
+            &json!({"items": [[1]], "label_token_ids": [1, 2], "return_token_logprobs": true}),
+            100,
+            10,
+        )
+        .unwrap();
         let body = format(&request, std::slice::from_ref(&outcome), "served");
         let raw = body["scores"][0].as_array().unwrap();
         assert!((raw[0].as_f64().unwrap() - (-1.0f64).exp()).abs() < 1e-12);

@@ -62,7 +62,10 @@ pub fn parse(
             errors.push(err(
                 &[Loc::from(key.as_str())],
                 "extra_forbidden",
-                format!("unknown field '{key}'; the request takes {}", FIELDS.join(", ")),
+                format!(
+                    "unknown field '{key}'; the request takes {}",
+                    FIELDS.join(", ")
+                ),
             ));
         }
     }
@@ -220,7 +223,11 @@ fn text(
     match value {
         Value::String(s) if !s.trim().is_empty() => Some(s.clone()),
         Value::String(_) => {
-            errors.push(err(loc, "value_error", format!("question {who}: {field} must not be blank")));
+            errors.push(err(
+                loc,
+                "value_error",
+                format!("question {who}: {field} must not be blank"),
+            ));
             None
         }
         Value::Object(_) | Value::Array(_) if !is_empty_container(value) => Some(
@@ -230,7 +237,9 @@ fn text(
             errors.push(err(
                 loc,
                 "type_error",
-                format!("question {who}: {field} must be a non-blank string, a JSON object or an array"),
+                format!(
+                    "question {who}: {field} must be a non-blank string, a JSON object or an array"
+                ),
             ));
             None
         }
@@ -243,14 +252,21 @@ fn option_name_problem(name: &str, earlier: &[ChoiceOption]) -> Option<String> {
     if name.trim().is_empty() {
         return Some("the name is blank".into());
     }
-    if name.chars().any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{85}')) {
-        return Some(format!("the name {name:?} contains a control or line-break character"));
+    if name
+        .chars()
+        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{85}'))
+    {
+        return Some(format!(
+            "the name {name:?} contains a control or line-break character"
+        ));
     }
     let folded = fold(name);
-    earlier
-        .iter()
-        .find(|o| fold(&o.name) == folded)
-        .map(|o| format!("the name {name:?} repeats {:?} (names are compared trimmed and case-folded)", o.name))
+    earlier.iter().find(|o| fold(&o.name) == folded).map(|o| {
+        format!(
+            "the name {name:?} repeats {:?} (names are compared trimmed and case-folded)",
+            o.name
+        )
+    })
 }
 
 fn fold(name: &str) -> String {
@@ -349,10 +365,17 @@ fn parse_question(
                 ];
                 let who = name_of(&id, i);
                 let Some(fields) = option.as_object() else {
-                    errors.push(err(&oloc, "type_error", format!("question {who}: option {j} must be an object with a name")));
+                    errors.push(err(
+                        &oloc,
+                        "type_error",
+                        format!("question {who}: option {j} must be an object with a name"),
+                    ));
                     continue;
                 };
-                for key in fields.keys().filter(|k| !matches!(k.as_str(), "name" | "description")) {
+                for key in fields
+                    .keys()
+                    .filter(|k| !matches!(k.as_str(), "name" | "description"))
+                {
                     let mut loc = oloc.clone();
                     loc.push(Loc::from(key.as_str()));
                     errors.push(err(&loc, "extra_forbidden", format!("question {who}: unknown field '{key}' in option {j} (an option has name and description)")));
@@ -367,7 +390,11 @@ fn parse_question(
                         name: n.to_owned(),
                         description,
                     }),
-                    Some((_, Some(problem))) => errors.push(err(&oloc, "value_error", format!("question {who}: option {j}: {problem}"))),
+                    Some((_, Some(problem))) => errors.push(err(
+                        &oloc,
+                        "value_error",
+                        format!("question {who}: option {j}: {problem}"),
+                    )),
                     None => errors.push(err(
                         &oloc,
                         "value_error",
@@ -605,26 +632,69 @@ mod tests {
     fn seed_003_errors_and_text_rules() {
         let q = |extra: Value| {
             let mut question = json!({"id": "a", "type": "choice", "question": "Which?", "options": [{"name": "x"}, {"name": "y"}]});
-            question.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            question
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
             json!({"input": "x", "questions": [question]})
         };
-        let refused = |body: Value, field: &str, words: &str| match parse(&body, &Limits::default(), None) {
-            Err(DecisionError::Invalid(f)) => assert!(
-                f.iter().any(|e| e.param() == field && e.msg.contains(words)),
-                "{body}: {:?}",
-                f.iter().map(|e| (e.param(), e.msg.clone())).collect::<Vec<_>>()
-            ),
-            _ => panic!("{body} was accepted"),
-        };
-        refused(json!({"input": "x", "extra": 1, "questions": [{"id": "a", "type": "yes_no", "question": "q"}]}), "extra", "unknown field");
-        refused(q(json!({"options": [{"name": "x", "colour": 1}, {"name": "y"}]})), "questions.0.options.0.colour", "unknown field 'colour' in option 0");
-        refused(q(json!({"question": "  "})), "questions.0.question", "question 'a': question must not be blank");
-        refused(q(json!({"id": " "})), "questions.0.id", "questions[0]: id must be a non-blank string");
-        refused(q(json!({"options": [{"name": "x\u{7}"}, {"name": "y"}]})), "questions.0.options.0", "control or line-break");
-        refused(q(json!({"options": [{"name": "x\ny"}, {"name": "y"}]})), "questions.0.options.0", "control or line-break");
-        refused(q(json!({"options": [{"name": "Billing"}, {"name": " billing "}]})), "questions.0.options.1", "repeats \"Billing\"");
-        refused(json!({"input": "x", "questions": [{"id": "s", "type": "score", "question": "q", "levels": ["a", " "]}]}), "questions.0.levels.1", "level 1 must not be blank");
-        refused(json!({"input": "x", "questions": [{"id": "s", "type": "score", "question": "q", "levels": ["a", null]}]}), "questions.0.levels.1", "level 1 must be");
+        let refused =
+            |body: Value, field: &str, words: &str| match parse(&body, &Limits::default(), None) {
+                Err(DecisionError::Invalid(f)) => assert!(
+                    f.iter()
+                        .any(|e| e.param() == field && e.msg.contains(words)),
+                    "{body}: {:?}",
+                    f.iter()
+                        .map(|e| (e.param(), e.msg.clone()))
+                        .collect::<Vec<_>>()
+                ),
+                _ => panic!("{body} was accepted"),
+            };
+        refused(
+            json!({"input": "x", "extra": 1, "questions": [{"id": "a", "type": "yes_no", "question": "q"}]}),
+            "extra",
+            "unknown field",
+        );
+        refused(
+            q(json!({"options": [{"name": "x", "colour": 1}, {"name": "y"}]})),
+            "questions.0.options.0.colour",
+            "unknown field 'colour' in option 0",
+        );
+        refused(
+            q(json!({"question": "  "})),
+            "questions.0.question",
+            "question 'a': question must not be blank",
+        );
+        refused(
+            q(json!({"id": " "})),
+            "questions.0.id",
+            "questions[0]: id must be a non-blank string",
+        );
+        refused(
+            q(json!({"options": [{"name": "x\u{7}"}, {"name": "y"}]})),
+            "questions.0.options.0",
+            "control or line-break",
+        );
+        refused(
+            q(json!({"options": [{"name": "x\ny"}, {"name": "y"}]})),
+            "questions.0.options.0",
+            "control or line-break",
+        );
+        refused(
+            q(json!({"options": [{"name": "Billing"}, {"name": " billing "}]})),
+            "questions.0.options.1",
+            "repeats \"Billing\"",
+        );
+        refused(
+            json!({"input": "x", "questions": [{"id": "s", "type": "score", "question": "q", "levels": ["a", " "]}]}),
+            "questions.0.levels.1",
+            "level 1 must not be blank",
+        );
+        refused(
+            json!({"input": "x", "questions": [{"id": "s", "type": "score", "question": "q", "levels": ["a", null]}]}),
+            "questions.0.levels.1",
+            "level 1 must be",
+        );
         let parsed = parse(
             &json!({"input": "x", "model": "my-model", "questions": [{"id": "u", "type": "yes_no", "question": {"ask": "late?", "n": [1, 2]}, "yes": ["a", 1]},
                 {"id": "s", "type": "score", "question": "q", "levels": [{"l": 1}, "same", "same"]}]}),
@@ -633,10 +703,29 @@ mod tests {
         )
         .unwrap();
         assert_eq!(parsed.model, "my-model");
-        assert_eq!(parsed.request.questions[0].instructions.as_deref(), Some(r#"{"ask":"late?","n":[1,2]}"#));
-        assert_eq!(parsed.request.questions[0].kind, QuestionKind::YesNo { yes: Some(r#"["a",1]"#.into()), no: None });
-        assert_eq!(parsed.request.questions[1].kind, QuestionKind::Score { levels: vec![r#"{"l":1}"#.into(), "same".into(), "same".into()] });
-        let omitted = parse(&json!({"input": "x", "questions": [{"id": "u", "type": "yes_no", "question": "q"}]}), &Limits::default(), None).unwrap();
+        assert_eq!(
+            parsed.request.questions[0].instructions.as_deref(),
+            Some(r#"{"ask":"late?","n":[1,2]}"#)
+        );
+        assert_eq!(
+            parsed.request.questions[0].kind,
+            QuestionKind::YesNo {
+                yes: Some(r#"["a",1]"#.into()),
+                no: None
+            }
+        );
+        assert_eq!(
+            parsed.request.questions[1].kind,
+            QuestionKind::Score {
+                levels: vec![r#"{"l":1}"#.into(), "same".into(), "same".into()]
+            }
+        );
+        let omitted = parse(
+            &json!({"input": "x", "questions": [{"id": "u", "type": "yes_no", "question": "q"}]}),
+            &Limits::default(),
+            None,
+        )
+        .unwrap();
         assert_eq!(omitted.model, "default");
     }
 

@@ -37,7 +37,11 @@ pub fn parse(
     }
     if compat == Compat::Sglang {
         // Seed 003: the `/v1/decisions` fields are refused here unless null.
-        for key in ["temperature", "prompt_format_version", "return_prompt_token_ids"] {
+        for key in [
+            "temperature",
+            "prompt_format_version",
+            "return_prompt_token_ids",
+        ] {
             if obj.get(key).is_some_and(|v| !v.is_null()) {
                 errors.push(FieldError::new(
                     loc(&[key]),
