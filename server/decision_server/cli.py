@@ -26,6 +26,8 @@ FIXTURE_NAMES = (
     "tiny-gemma4",
     "tiny-gemma4-mm",
     "tiny-diffusiongemma",
+    "tiny-clef-flash",
+    "tiny-clef-omni",
 )
 
 
