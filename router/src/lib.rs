@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod config;
+pub mod connections;
 pub mod decide;
 pub mod error;
 pub mod ir;

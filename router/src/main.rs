@@ -8,12 +8,16 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() {
-    let config = Config::parse();
+    let mut config = Config::parse();
     if config.print_openapi {
         print!("{}", decision_router::api::schema::openapi_json());
         return;
     }
     server::init_tracing(config.json_output);
+    if let Err(e) = config.load_api_key_file() {
+        tracing::error!("{e}");
+        std::process::exit(2);
+    }
     if let Err(e) = server::run(config).await {
         tracing::error!("{e}");
         std::process::exit(1);

@@ -71,12 +71,14 @@ impl Compat {
                 _ => StatusCode::BAD_REQUEST,
             },
             // 529 is TypeSafe's "overloaded" (its SDK backs off on it); the others use 429.
-            DecisionError::Overloaded { .. }
+            DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. }
                 if shape == Shape::SystemOne && *self == Compat::Typesafe =>
             {
                 error.status()
             }
-            DecisionError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             other => other.status(),
         }
     }

@@ -10,6 +10,9 @@ use tonic::transport::Channel;
 
 use crate::error::DecisionError;
 
+/// How long `/health` waits for every rank's Health RPC: each runs one tiny forward pass.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
 #[derive(Clone)]
 pub struct ShardSet {
     clients: Vec<DecisionShardClient<Channel>>,
@@ -49,14 +52,18 @@ impl ShardSet {
         self.clients.len()
     }
 
-    /// A real Health RPC on every rank.
+    /// A real Health RPC on every rank, each within `HEALTH_TIMEOUT` (a frozen rank never answers).
     pub async fn health(&self) -> Result<(), DecisionError> {
-        let calls = self
-            .clients
-            .iter()
-            .cloned()
-            .map(|mut c| async move { c.health(pb::HealthRequest {}).await });
+        let calls = self.clients.iter().cloned().map(|mut c| async move {
+            tokio::time::timeout(HEALTH_TIMEOUT, c.health(pb::HealthRequest {})).await
+        });
         for (rank, result) in join_all(calls).await.into_iter().enumerate() {
+            let Ok(result) = result else {
+                return Err(DecisionError::ShardUnavailable(format!(
+                    "rank {rank} did not answer a health probe within {} s",
+                    HEALTH_TIMEOUT.as_secs()
+                )));
+            };
             let probe = result
                 .map_err(|s| {
                     DecisionError::ShardUnavailable(format!("rank {rank}: {}", s.message()))
@@ -100,10 +107,32 @@ fn status_error(rank: usize, status: tonic::Status) -> DecisionError {
         // A medium the shard's processor cannot take: the message starts with the request position
         // the router labelled it with (`images.0: …`), which the 400 names.
         tonic::Code::FailedPrecondition => crate::read::media_error(status.message()),
-        tonic::Code::Unavailable | tonic::Code::Cancelled => {
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
             DecisionError::ShardUnavailable(format!("rank {rank}: {}", status.message()))
         }
+        // No status from the shard at all: the connection broke under the call (the process died,
+        // or its socket closed). Which code tonic gives that depends on where in the call it broke
+        // (`Unknown` "transport error", `Internal` "h2 protocol error", ...); for the caller it is
+        // always a shard that went away.
+        _ if std::error::Error::source(&status).is_some() => DecisionError::ShardUnavailable(format!(
+            "rank {rank}: the connection broke during the call: {}",
+            transport_detail(&status)
+        )),
         _ => DecisionError::Shard(format!("rank {rank}: {}", status.message())),
+    }
+}
+
+/// The status message with the innermost cause of a transport failure ("connection reset by peer").
+fn transport_detail(status: &tonic::Status) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    let mut last = None;
+    while let Some(e) = cause {
+        last = Some(e.to_string());
+        cause = e.source();
+    }
+    match last {
+        Some(root) if root != status.message() => format!("{}: {root}", status.message()),
+        _ => status.message().to_owned(),
     }
 }
 
