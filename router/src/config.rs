@@ -89,12 +89,12 @@ pub struct Config {
     /// Retry-After. 0 turns the deadline off.
     #[arg(long, env = "REQUEST_TIMEOUT_SECS", default_value_t = 120)]
     pub request_timeout_secs: u64,
-    /// Seconds a client may take to send a request's head, counted from when the connection waits
-    /// for one (opened, or done with the previous request); then the connection is closed.
+    /// Seconds a client may take to send a request's head, from its first byte; then the connection
+    /// is closed.
     #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_secs: u64,
     /// Seconds a connection may stay open with nothing arriving and no request in flight.
-    #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub keep_alive_timeout_secs: u64,
     /// Client connections held at once; beyond it new ones wait in the listen backlog. Capped below
     /// the process's open-file limit (RLIMIT_NOFILE) so accepting never runs out of descriptors.

@@ -32,8 +32,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 pub struct ConnectionLimits {
     /// Connections held at once; beyond it new ones wait in the listen backlog until one closes.
     pub max_connections: usize,
-    /// From the moment a connection waits for a request (opened, or done with the previous one) until
-    /// the request's whole head has arrived (hyper starts this timer as soon as it waits for a head).
+    /// From a request's first byte until its whole head has arrived.
     pub header_read_timeout: Duration,
     /// A connection on which nothing arrives while no request is in flight is closed after this.
     pub keep_alive_timeout: Duration,
@@ -43,7 +42,10 @@ pub struct ConnectionLimits {
 #[derive(Default)]
 pub struct ConnectionStats {
     pub open: AtomicUsize,
+    /// Closed for sitting idle past the keep-alive timeout.
     pub closed_idle: AtomicU64,
+    /// Closed for sending a request head slower than the header timeout.
+    pub closed_slow: AtomicU64,
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, then stops accepting and gives the open
@@ -58,10 +60,12 @@ pub async fn serve(
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's own header timer starts as soon as a connection waits for a request, so it would
+    // also cut idle keep-alive connections at the header timeout; `ClientClock` keeps the two apart.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout);
+        .header_read_timeout(None);
     builder.http2().timer(TokioTimer::new());
     tokio::pin!(shutdown);
     loop {
@@ -88,10 +92,10 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let activity = Arc::new(Activity::default());
-        let io = TokioIo::new(IdleTimeout::new(
+        let io = TokioIo::new(ClientClock::new(
             stream,
             activity.clone(),
-            limits.keep_alive_timeout,
+            limits,
             stats.clone(),
         ));
         let app = app.clone();
@@ -144,12 +148,22 @@ struct Activity {
     busy: AtomicUsize,
     /// Bumped each time a request finishes: the idle clock restarts then.
     finished: AtomicU64,
+    /// The connection's task, parked in a read while a request was in flight.
+    reader: std::sync::Mutex<Option<std::task::Waker>>,
 }
 
 impl Activity {
     fn begin(self: &Arc<Self>) -> Busy {
         self.busy.fetch_add(1, Ordering::SeqCst);
         Busy(self.clone())
+    }
+
+    fn wake_when_done(&self, waker: &std::task::Waker) {
+        let mut reader = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+        match reader.as_ref() {
+            Some(parked) if parked.will_wake(waker) => {}
+            _ => *reader = Some(waker.clone()),
+        }
     }
 }
 
@@ -159,74 +173,115 @@ struct Busy(Arc<Activity>);
 impl Drop for Busy {
     fn drop(&mut self) {
         self.0.finished.fetch_add(1, Ordering::SeqCst);
-        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+        if self.0.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let parked = self
+                .0
+                .reader
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(waker) = parked {
+                waker.wake();
+            }
+        }
     }
 }
 
-/// A TCP stream that fails its reads once nothing has arrived for `timeout` while no request of the
-/// connection is in flight, which makes hyper close it.
-struct IdleTimeout {
+/// Which limit the clock of an idle connection runs for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// Nothing has arrived since the last request finished (or the connection opened).
+    ForRequest,
+    /// Part of a request head has arrived; the rest must follow within the header timeout.
+    ForHead,
+}
+
+/// A TCP stream whose reads fail, which makes hyper close it, when the client keeps the
+/// connection without a request in flight for too long: nothing at all for the keep-alive
+/// timeout, or a head not complete within the header timeout of its first byte.
+struct ClientClock {
     inner: TcpStream,
     activity: Arc<Activity>,
-    timeout: Duration,
+    limits: ConnectionLimits,
+    waiting: Waiting,
     deadline: Pin<Box<Sleep>>,
     seen_finished: u64,
     stats: Arc<ConnectionStats>,
 }
 
-impl IdleTimeout {
+impl ClientClock {
     fn new(
         inner: TcpStream,
         activity: Arc<Activity>,
-        timeout: Duration,
+        limits: ConnectionLimits,
         stats: Arc<ConnectionStats>,
     ) -> Self {
-        IdleTimeout {
+        ClientClock {
             inner,
             activity,
-            timeout,
-            deadline: Box::pin(tokio::time::sleep(timeout)),
+            limits,
+            waiting: Waiting::ForRequest,
+            deadline: Box::pin(tokio::time::sleep(limits.keep_alive_timeout)),
             seen_finished: 0,
             stats,
         }
     }
 
-    fn restart_clock(&mut self) {
-        let at = Instant::now() + self.timeout;
-        self.deadline.as_mut().reset(at);
+    fn wait(&mut self, waiting: Waiting) {
+        let limit = match waiting {
+            Waiting::ForRequest => self.limits.keep_alive_timeout,
+            Waiting::ForHead => self.limits.header_read_timeout,
+        };
+        self.waiting = waiting;
+        self.deadline.as_mut().reset(Instant::now() + limit);
+    }
+
+    fn idle(&self) -> bool {
+        self.activity.busy.load(Ordering::SeqCst) == 0
     }
 }
 
-impl AsyncRead for IdleTimeout {
+impl AsyncRead for ClientClock {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        let finished = this.activity.finished.load(Ordering::SeqCst);
+        if finished != this.seen_finished {
+            this.seen_finished = finished;
+            this.wait(Waiting::ForRequest);
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.restart_clock();
+                if buf.filled().len() > before && this.idle() && this.waiting == Waiting::ForRequest
+                {
+                    this.wait(Waiting::ForHead);
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
-                let finished = this.activity.finished.load(Ordering::SeqCst);
-                if finished != this.seen_finished {
-                    this.seen_finished = finished;
-                    this.restart_clock();
+                if !this.idle() {
+                    // hyper may not read again once the answer is written: have the end of the
+                    // request wake us, so that the idle clock starts then.
+                    this.activity.wake_when_done(cx.waker());
+                    return Poll::Pending;
                 }
-                if this.activity.busy.load(Ordering::SeqCst) == 0
-                    && this.deadline.as_mut().poll(cx).is_ready()
-                {
-                    this.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "idle connection (keep_alive_timeout_secs)",
-                    )));
+                if this.deadline.as_mut().poll(cx).is_ready() {
+                    let why = match this.waiting {
+                        Waiting::ForRequest => {
+                            this.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                            "idle connection (keep_alive_timeout_secs)"
+                        }
+                        Waiting::ForHead => {
+                            this.stats.closed_slow.fetch_add(1, Ordering::Relaxed);
+                            "request head too slow (header_read_timeout_secs)"
+                        }
+                    };
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, why)));
                 }
                 Poll::Pending
             }
@@ -234,7 +289,7 @@ impl AsyncRead for IdleTimeout {
     }
 }
 
-impl AsyncWrite for IdleTimeout {
+impl AsyncWrite for ClientClock {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -337,7 +392,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_sending_its_head_a_byte_at_a_time_is_cut_off_at_the_header_timeout() {
         let limits = limits(16);
-        let (addr, _, _stop) = start(limits).await;
+        let (addr, stats, _stop) = start(limits).await;
         let mut stream = TcpStream::connect(addr).await.unwrap();
         let started = Instant::now();
         let head = b"GET / HTTP/1.1\r\nhost: x\r\nx-slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
@@ -356,6 +411,7 @@ mod tests {
         let closed = closed || closed_within(&mut stream, Duration::from_secs(1)).await;
         let took = started.elapsed();
         assert!(closed, "still open after {took:?}");
+        assert_eq!(stats.closed_slow.load(Ordering::Relaxed), 1);
         assert!(
             took >= limits.header_read_timeout && took < limits.header_read_timeout + Duration::from_secs(1),
             "closed after {took:?}"
@@ -375,6 +431,18 @@ mod tests {
             took >= limits.keep_alive_timeout && took < limits.header_read_timeout,
             "closed after {took:?}"
         );
+        // An idle timeout longer than the header timeout holds too (hyper's own header timer
+        // would have cut the connection at the header timeout).
+        let long_idle = ConnectionLimits {
+            keep_alive_timeout: Duration::from_millis(1500),
+            header_read_timeout: Duration::from_millis(400),
+            ..limits
+        };
+        let (other, _, _stop_other) = start(long_idle).await;
+        let mut idle = TcpStream::connect(other).await.unwrap();
+        let started = Instant::now();
+        assert!(closed_within(&mut idle, Duration::from_secs(3)).await);
+        assert!(started.elapsed() >= long_idle.keep_alive_timeout, "{:?}", started.elapsed());
         // A request that takes longer than the idle timeout is answered; the connection then
         // stays for another request and closes only once idle again.
         let mut stream = TcpStream::connect(addr).await.unwrap();

@@ -18,3 +18,4 @@ pub mod queue;
 pub mod read;
 pub mod server;
 pub mod shard;
+pub mod telemetry;

@@ -64,6 +64,8 @@ struct Entry {
     tokens: usize,
     queued_at: Instant,
     reply: oneshot::Sender<Answer>,
+    /// The request's span: its batch's span is a child of the first request's and links the others.
+    span: tracing::Span,
 }
 
 /// Requests between parsing and queueing; a forming batch waits for them (within the window).
@@ -212,6 +214,7 @@ impl Queue {
             tokens,
             queued_at: Instant::now(),
             reply,
+            span: tracing::Span::current(),
         });
         // Only now: a batch that waited for this request finds it in the channel.
         drop(arrival);
@@ -331,8 +334,12 @@ async fn run_batch<B: ReadBackend>(
     let n = reads.len();
     metrics::histogram!("decision_batch_reads").record(n as f64);
     metrics::histogram!("decision_batch_requests").record(batch.len() as f64);
+    let span = tracing::info_span!(parent: &batch[0].span, "batch", reads = n, requests = batch.len());
+    for entry in &batch[1..] {
+        span.follows_from(&entry.span);
+    }
     let started = Instant::now();
-    let result = backend.read(reads).await;
+    let result = tracing::Instrument::instrument(backend.read(reads), span).await;
     let shard = started.elapsed();
     metrics::histogram!("decision_batch_duration_seconds").record(shard.as_secs_f64());
     queued.fetch_sub(n, Ordering::SeqCst);

@@ -90,19 +90,6 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
-pub fn init_tracing(json: bool) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
@@ -372,6 +359,7 @@ async fn request_id(request: Request, next: Next) -> Response {
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let span = tracing::info_span!("request", request_id = %id, %method, %path);
+    crate::telemetry::continue_trace(&span, request.headers());
     let started = Instant::now();
     let mut response = {
         let _entered = span.enter();
@@ -735,6 +723,8 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             .set(state.connections.open.load(Ordering::Relaxed) as f64);
         metrics::gauge!("decision_http_connections_closed_idle")
             .set(state.connections.closed_idle.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("decision_http_connections_closed_slow")
+            .set(state.connections.closed_slow.load(Ordering::Relaxed) as f64);
         (
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
             handle.render(),
@@ -868,6 +858,7 @@ mod tests {
         let info: Value = serde_json::from_str(&info).unwrap();
         assert_eq!(info["limits"]["request_timeout_secs"], 120);
         assert_eq!(info["limits"]["header_read_timeout_secs"], 10);
+        assert_eq!(info["limits"]["keep_alive_timeout_secs"], 20);
     }
 
     #[test]

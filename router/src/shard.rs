@@ -82,8 +82,11 @@ impl ShardSet {
     /// One batch of reads, fanned out to every rank; rank 0's results are returned.
     pub async fn read(&self, reads: Vec<pb::Read>) -> Result<pb::ReadResponse, DecisionError> {
         let request = pb::ReadRequest { reads };
+        // The batch's trace context rides along, so the shards' spans join the request's trace.
+        let span = tracing::Span::current();
         let calls = self.clients.iter().cloned().map(|mut c| {
-            let request = request.clone();
+            let mut request = tonic::Request::new(request.clone());
+            crate::telemetry::inject(&span, request.metadata_mut());
             async move { c.read(request).await }
         });
         let mut responses = join_all(calls).await.into_iter().enumerate();
