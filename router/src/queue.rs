@@ -92,7 +92,11 @@ impl Drop for Arrival {
 #[derive(Default)]
 struct Backlog {
     tokens: AtomicUsize,
-    /// Tokens per second over recent batches (an exponential average), as f64 bits; 0 until a batch ran.
+    /// Tokens and seconds of recent batches, each decayed by a quarter per batch; their ratio is the
+    /// rate. Summing before dividing weighs batches by their size, so a few small batches (whose
+    /// time is mostly fixed cost) do not make a queue of large requests look slower than it is.
+    recent: std::sync::Mutex<(f64, f64)>,
+    /// `recent`'s ratio as f64 bits, for readers that must not wait (0 until a batch ran).
     rate_bits: AtomicU64,
 }
 
@@ -107,16 +111,11 @@ impl Backlog {
         if tokens == 0 || secs <= 0.0 {
             return;
         }
-        let sample = tokens as f64 / secs;
-        let old = self.rate();
-        // A quarter weight on the newest batch: steady under noise, yet a slower model or a busier
-        // machine shows within a handful of batches.
-        let rate = if old > 0.0 {
-            0.75 * old + 0.25 * sample
-        } else {
-            sample
-        };
-        self.rate_bits.store(rate.to_bits(), Ordering::Relaxed);
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.0 = 0.75 * recent.0 + tokens as f64;
+        recent.1 = 0.75 * recent.1 + secs;
+        self.rate_bits
+            .store((recent.0 / recent.1).to_bits(), Ordering::Relaxed);
     }
 }
 
@@ -712,10 +711,14 @@ mod tests {
         assert_eq!(estimated_wait(10, 10, backlog.rate()), None);
         backlog.observe(1000, Duration::from_secs(1));
         assert_eq!(backlog.rate(), 1000.0);
-        backlog.observe(200, Duration::from_secs(1));
-        assert_eq!(backlog.rate(), 800.0);
+        // A small batch, mostly fixed cost, moves the rate by its share of the work only:
+        // (750 + 10) tokens over (0.75 + 0.1) s.
+        backlog.observe(10, Duration::from_millis(100));
+        assert!((backlog.rate() - 760.0 / 0.85).abs() < 1e-9, "{}", backlog.rate());
         backlog.observe(0, Duration::ZERO);
-        assert_eq!(backlog.rate(), 800.0);
+        assert!((backlog.rate() - 760.0 / 0.85).abs() < 1e-9);
+        let backlog = Backlog::default();
+        backlog.observe(800, Duration::from_secs(1));
         assert_eq!(
             estimated_wait(600, 200, backlog.rate()),
             Some(Duration::from_secs(1))

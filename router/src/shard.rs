@@ -89,13 +89,27 @@ impl ShardSet {
             crate::telemetry::inject(&span, request.metadata_mut());
             async move { c.read(request).await }
         });
-        let mut responses = join_all(calls).await.into_iter().enumerate();
         let mut first = None;
-        for (rank, result) in &mut responses {
-            let response = result.map_err(|s| status_error(rank, s))?.into_inner();
-            if rank == 0 {
-                first = Some(response);
+        let mut failure: Option<DecisionError> = None;
+        for (rank, result) in join_all(calls).await.into_iter().enumerate() {
+            match result {
+                Ok(response) if rank == 0 => first = Some(response.into_inner()),
+                Ok(_) => {}
+                // A rank that is gone explains its peers' failed reads (a broken collective): it is
+                // the error reported, whichever rank failed first.
+                Err(status) => {
+                    let error = status_error(rank, status);
+                    let gone = matches!(error, DecisionError::ShardUnavailable(_));
+                    if failure.is_none()
+                        || (gone && !matches!(failure, Some(DecisionError::ShardUnavailable(_))))
+                    {
+                        failure = Some(error);
+                    }
+                }
             }
+        }
+        if let Some(error) = failure {
+            return Err(error);
         }
         first.ok_or_else(|| DecisionError::Internal("no shard answered".into()))
     }
@@ -172,6 +186,22 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST);
+        // A connection that broke under the call (no status from the shard) is a shard gone.
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        )));
+        match status_error(1, broken) {
+            DecisionError::ShardUnavailable(message) => {
+                assert!(message.starts_with("rank 1: the connection broke"), "{message}")
+            }
+            other => panic!("{other:?}"),
+        }
+        // A status the shard itself sent stays a failed read.
+        assert!(matches!(
+            status_error(0, tonic::Status::internal("boom")),
+            DecisionError::Shard(_)
+        ));
         // A refusal of the read itself stays the router's bug (500), never the client's.
         assert!(matches!(
             status_error(0, tonic::Status::invalid_argument("read 0: bad")),
