@@ -28,6 +28,7 @@ class Outcome:
     state_tokens: int = 0
     naive_prompt_tokens: int = 0
     server_timing: dict[str, float] = field(default_factory=dict)  # name → ms, from the Server-Timing header
+    bad: str | None = None  # the kind of a deliberately bad request; its status is reported apart
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class RoundResult:
 
     @property
     def ok(self) -> list[Outcome]:
-        return [outcome for outcome in self.outcomes if outcome.status == "200"]
+        return [outcome for outcome in self.outcomes if outcome.status == "200" and outcome.bad is None]
 
 
 class Endpoint:
@@ -98,12 +99,14 @@ def send(endpoint: Endpoint, request: Request, questions: int) -> Outcome:
     try:
         reply = endpoint.request("POST", SYSTEMONE_PATH, request.body)
     except TimeoutError:
-        return Outcome(request.index, "timeout", time.perf_counter() - started)
+        return Outcome(request.index, "timeout", time.perf_counter() - started, bad=request.bad)
     except OSError:
-        return Outcome(request.index, "connection_error", time.perf_counter() - started)
+        return Outcome(request.index, "connection_error", time.perf_counter() - started, bad=request.bad)
     except http.client.HTTPException:
-        return Outcome(request.index, "http_error", time.perf_counter() - started)
+        return Outcome(request.index, "http_error", time.perf_counter() - started, bad=request.bad)
     seconds = time.perf_counter() - started
+    if request.bad is not None:
+        return Outcome(request.index, str(reply.status), seconds, bad=request.bad)
     outcome = Outcome(
         request.index,
         str(reply.status),

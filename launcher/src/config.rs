@@ -83,7 +83,12 @@ pub struct Config {
     /// router through its environment, never on its command line, so it does not show in `ps`.
     /// Prefer the environment variable or --api-key-file over the flag, whose value `ps` shows for the
     /// launcher itself. No key: the API is open.
-    #[arg(long, env = "API_KEY", hide_env_values = true, conflicts_with = "api_key_file")]
+    #[arg(
+        long,
+        env = "API_KEY",
+        hide_env_values = true,
+        conflicts_with = "api_key_file"
+    )]
     pub api_key: Option<Secret>,
 
     /// A file holding the API key (surrounding whitespace ignored); the router reads it at startup.

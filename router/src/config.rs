@@ -72,7 +72,12 @@ pub struct Config {
     /// When set, every route but /health requires `Authorization: Bearer <key>` (the /v1 routes and,
     /// unless --public-ops, /metrics, /info, /docs and /api-doc). Prefer the environment variable or
     /// --api-key-file: a flag's value shows in the process list.
-    #[arg(long, env = "API_KEY", hide_env_values = true, conflicts_with = "api_key_file")]
+    #[arg(
+        long,
+        env = "API_KEY",
+        hide_env_values = true,
+        conflicts_with = "api_key_file"
+    )]
     pub api_key: Option<String>,
     /// A file holding the API key (surrounding whitespace ignored), read once at startup.
     #[arg(long, env = "API_KEY_FILE")]

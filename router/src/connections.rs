@@ -343,15 +343,13 @@ mod tests {
     ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let app = Router::new()
-            .route("/", get(|| async { "ok" }))
-            .route(
-                "/slow",
-                get(|| async {
-                    tokio::time::sleep(Duration::from_millis(1200)).await;
-                    "slow"
-                }),
-            );
+        let app = Router::new().route("/", get(|| async { "ok" })).route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                "slow"
+            }),
+        );
         let stats = Arc::new(ConnectionStats::default());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let serving = stats.clone();
@@ -381,7 +379,9 @@ mod tests {
     async fn get_ok(addr: std::net::SocketAddr, path: &str) -> String {
         let mut stream = TcpStream::connect(addr).await.unwrap();
         stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+            )
             .await
             .unwrap();
         let mut out = String::new();
@@ -395,7 +395,8 @@ mod tests {
         let (addr, stats, _stop) = start(limits).await;
         let mut stream = TcpStream::connect(addr).await.unwrap();
         let started = Instant::now();
-        let head = b"GET / HTTP/1.1\r\nhost: x\r\nx-slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+        let head =
+            b"GET / HTTP/1.1\r\nhost: x\r\nx-slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
         let mut closed = false;
         for byte in head {
             // Each byte keeps the idle clock from firing: only the header timeout can end it.
@@ -413,7 +414,8 @@ mod tests {
         assert!(closed, "still open after {took:?}");
         assert_eq!(stats.closed_slow.load(Ordering::Relaxed), 1);
         assert!(
-            took >= limits.header_read_timeout && took < limits.header_read_timeout + Duration::from_secs(1),
+            took >= limits.header_read_timeout
+                && took < limits.header_read_timeout + Duration::from_secs(1),
             "closed after {took:?}"
         );
     }
@@ -442,7 +444,11 @@ mod tests {
         let mut idle = TcpStream::connect(other).await.unwrap();
         let started = Instant::now();
         assert!(closed_within(&mut idle, Duration::from_secs(3)).await);
-        assert!(started.elapsed() >= long_idle.keep_alive_timeout, "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() >= long_idle.keep_alive_timeout,
+            "{:?}",
+            started.elapsed()
+        );
         // A request that takes longer than the idle timeout is answered; the connection then
         // stays for another request and closes only once idle again.
         let mut stream = TcpStream::connect(addr).await.unwrap();
@@ -453,7 +459,10 @@ mod tests {
         let mut buf = vec![0u8; 4096];
         let n = stream.read(&mut buf).await.unwrap();
         let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
-        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("slow"), "{answer}");
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("slow"),
+            "{answer}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
         stream
             .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -502,6 +511,9 @@ mod tests {
         stop.send(()).unwrap();
         assert!(closed_within(&mut idle, Duration::from_secs(1)).await);
         let answer = busy.await.unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("slow"), "{answer}");
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("slow"),
+            "{answer}"
+        );
     }
 }

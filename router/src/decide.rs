@@ -59,7 +59,9 @@ impl Decider {
         keep_reads: bool,
     ) -> Result<Decided, DecisionError> {
         let Some(limit) = self.request_timeout else {
-            return self.decide_within(request, temperature, keep_reads, None).await;
+            return self
+                .decide_within(request, temperature, keep_reads, None)
+                .await;
         };
         let deadline = tokio::time::Instant::now() + limit;
         let work = self.decide_within(request, temperature, keep_reads, Some((deadline, limit)));

@@ -234,7 +234,9 @@ mod tests {
         };
         assert_eq!(backlogged.status().as_u16(), 529);
         assert_eq!(backlogged.retry_after_secs(), Some(60));
-        assert!(backlogged.to_string().contains("30 s deadline (request_timeout_secs)"));
+        assert!(backlogged
+            .to_string()
+            .contains("30 s deadline (request_timeout_secs)"));
         let timeout = DecisionError::Timeout { limit_secs: 7 };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(timeout.error_type(), "timeout");

@@ -333,7 +333,8 @@ async fn run_batch<B: ReadBackend>(
     let n = reads.len();
     metrics::histogram!("decision_batch_reads").record(n as f64);
     metrics::histogram!("decision_batch_requests").record(batch.len() as f64);
-    let span = tracing::info_span!(parent: &batch[0].span, "batch", reads = n, requests = batch.len());
+    let span =
+        tracing::info_span!(parent: &batch[0].span, "batch", reads = n, requests = batch.len());
     for entry in &batch[1..] {
         span.follows_from(&entry.span);
     }
@@ -665,7 +666,13 @@ mod tests {
         };
         // Nothing ahead: runs even though 100 tokens at an unknown rate might take any time.
         queue
-            .read(reads(&[1]), 100, String::new(), queue.arrival(), within(0.01))
+            .read(
+                reads(&[1]),
+                100,
+                String::new(),
+                queue.arrival(),
+                within(0.01),
+            )
             .await
             .unwrap();
         assert_eq!(queue.read_rate(), 1000.0);
@@ -674,7 +681,13 @@ mod tests {
         assert_eq!(queue.queued_tokens(), 500);
         // 500 ahead + 600 own = 1.1 s of reads, deadline 1 s.
         let refused = queue
-            .read(reads(&[3]), 600, String::new(), queue.arrival(), within(1.0))
+            .read(
+                reads(&[3]),
+                600,
+                String::new(),
+                queue.arrival(),
+                within(1.0),
+            )
             .await;
         match refused {
             Err(DecisionError::Backlogged {
@@ -684,16 +697,30 @@ mod tests {
             }) => assert_eq!((wait_secs, deadline_secs, retry_after_secs), (2, 1, 1)),
             other => panic!("{:?}", other.map(|(o, _)| o.len())),
         }
-        assert_eq!(queue.queued_tokens(), 500, "the refused request left no trace");
+        assert_eq!(
+            queue.queued_tokens(),
+            500,
+            "the refused request left no trace"
+        );
         assert_eq!(queue.queued_reads(), 1);
         // 500 ahead + 300 own = 0.8 s: fits.
         let (fits, _) = queue
-            .read(reads(&[4]), 300, String::new(), queue.arrival(), within(1.0))
+            .read(
+                reads(&[4]),
+                300,
+                String::new(),
+                queue.arrival(),
+                within(1.0),
+            )
             .await
             .unwrap();
         assert_eq!(fits[0].rows[0].greedy_token_id, 4);
         busy.await.unwrap().unwrap();
-        assert_eq!(shard.batches(), vec![1, 1, 1], "the refused read never reached the shard");
+        assert_eq!(
+            shard.batches(),
+            vec![1, 1, 1],
+            "the refused read never reached the shard"
+        );
         assert_eq!(queue.queued_tokens(), 0);
         // Without a deadline nothing is refused for its size.
         let busy = spawn_read(&queue, &[5], 500);
@@ -714,7 +741,11 @@ mod tests {
         // A small batch, mostly fixed cost, moves the rate by its share of the work only:
         // (750 + 10) tokens over (0.75 + 0.1) s.
         backlog.observe(10, Duration::from_millis(100));
-        assert!((backlog.rate() - 760.0 / 0.85).abs() < 1e-9, "{}", backlog.rate());
+        assert!(
+            (backlog.rate() - 760.0 / 0.85).abs() < 1e-9,
+            "{}",
+            backlog.rate()
+        );
         backlog.observe(0, Duration::ZERO);
         assert!((backlog.rate() - 760.0 / 0.85).abs() < 1e-9);
         let backlog = Backlog::default();

@@ -313,7 +313,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models_handler))
         .route("/health", get(health_handler))
         .route("/info", get(info_handler))
-        .route("/metrics", get(metrics_handler).route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)))
+        .route(
+            "/metrics",
+            get(metrics_handler)
+                .route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
+        )
         .route(
             "/api-doc/openapi.json",
             get(|| async {
@@ -324,7 +328,10 @@ pub fn app(state: Arc<AppState>) -> Router {
             })
             .route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
         )
-        .route("/docs", get(docs_handler).route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)))
+        .route(
+            "/docs",
+            get(docs_handler).route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
+        )
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(RequestDecompressionLayer::new())
         .layer(middleware::from_fn(request_id))
@@ -794,7 +801,11 @@ mod tests {
     }
 
     fn state_with(flags: &[&str]) -> Arc<AppState> {
-        let mut args = vec!["decision-router", "--model-dir", "/srv/private-tree/secret-place"];
+        let mut args = vec![
+            "decision-router",
+            "--model-dir",
+            "/srv/private-tree/secret-place",
+        ];
         args.extend_from_slice(flags);
         let config = Config::parse_from(args);
         Arc::new(build_state(config, ShardSet::detached()).unwrap())
@@ -815,7 +826,10 @@ mod tests {
         for path in OPS_ROUTES {
             let response = call(&state, get(path)).await;
             assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{path}");
-            assert!(text(response).await.contains("authentication_error"), "{path}");
+            assert!(
+                text(response).await.contains("authentication_error"),
+                "{path}"
+            );
             let wrong = call(&state, get_with_key(path, "k3yx")).await;
             assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED, "{path}");
             let right = call(&state, get_with_key(path, "k3y")).await;
@@ -833,7 +847,11 @@ mod tests {
     async fn public_ops_opens_the_operator_routes_but_info_shows_paths_only_to_the_key() {
         let state = state_with(&["--api-key", "k3y", "--public-ops"]);
         for path in OPS_ROUTES {
-            assert_eq!(call(&state, get(path)).await.status(), StatusCode::OK, "{path}");
+            assert_eq!(
+                call(&state, get(path)).await.status(),
+                StatusCode::OK,
+                "{path}"
+            );
         }
         let anonymous = text(call(&state, get("/info")).await).await;
         assert!(!anonymous.contains("private-tree"), "{anonymous}");
@@ -854,7 +872,10 @@ mod tests {
     async fn without_an_api_key_info_shows_no_filesystem_path() {
         let state = test_state();
         let info = text(call(&state, get("/info")).await).await;
-        assert!(!info.contains("private-tree") && !info.contains("model_dir"), "{info}");
+        assert!(
+            !info.contains("private-tree") && !info.contains("model_dir"),
+            "{info}"
+        );
         let info: Value = serde_json::from_str(&info).unwrap();
         assert_eq!(info["limits"]["request_timeout_secs"], 120);
         assert_eq!(info["limits"]["header_read_timeout_secs"], 10);

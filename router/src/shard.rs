@@ -131,10 +131,12 @@ fn status_error(rank: usize, status: tonic::Status) -> DecisionError {
         // or its socket closed). Which code tonic gives that depends on where in the call it broke
         // (`Unknown` "transport error", `Internal` "h2 protocol error", ...); for the caller it is
         // always a shard that went away.
-        _ if std::error::Error::source(&status).is_some() => DecisionError::ShardUnavailable(format!(
-            "rank {rank}: the connection broke during the call: {}",
-            transport_detail(&status)
-        )),
+        _ if std::error::Error::source(&status).is_some() => {
+            DecisionError::ShardUnavailable(format!(
+                "rank {rank}: the connection broke during the call: {}",
+                transport_detail(&status)
+            ))
+        }
         _ => DecisionError::Shard(format!("rank {rank}: {}", status.message())),
     }
 }
@@ -193,7 +195,10 @@ mod tests {
         )));
         match status_error(1, broken) {
             DecisionError::ShardUnavailable(message) => {
-                assert!(message.starts_with("rank 1: the connection broke"), "{message}")
+                assert!(
+                    message.starts_with("rank 1: the connection broke"),
+                    "{message}"
+                )
             }
             other => panic!("{other:?}"),
         }

@@ -34,7 +34,11 @@ pub fn init(json: bool, otlp: Option<(&str, &str)>) -> Result<Telemetry, String>
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let fmt = if json { fmt.json().boxed() } else { fmt.boxed() };
+    let fmt = if json {
+        fmt.json().boxed()
+    } else {
+        fmt.boxed()
+    };
     let Some((endpoint, service_name)) = otlp else {
         tracing_subscriber::registry()
             .with(fmt.with_filter(filter))
@@ -133,7 +137,8 @@ mod tests {
             "4bf92f3577b34da6a3ce929d0e0e4736"
         );
         let mut metadata = tonic::metadata::MetadataMap::new();
-        TraceContextPropagator::new().inject_context(&context, &mut MetadataInjector(&mut metadata));
+        TraceContextPropagator::new()
+            .inject_context(&context, &mut MetadataInjector(&mut metadata));
         assert_eq!(
             metadata.get("traceparent").unwrap(),
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

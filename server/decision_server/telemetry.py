@@ -29,17 +29,23 @@ class NoTracing:
 class OtlpTracing:
     """Batched export to an OTLP/gRPC collector under service.name `decision-server`, one resource per rank."""
 
-    def __init__(self, endpoint: str, rank: int, world_size: int) -> None:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    def __init__(self, endpoint: str, rank: int, world_size: int, exporter: Any = None) -> None:
+        """`exporter` replaces the OTLP one (tests: an in-memory exporter, spans handed over at once)."""
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         resource = Resource.create({"service.name": "decision-server", "decision.rank": rank})
         self._provider = TracerProvider(resource=resource)
-        insecure = not endpoint.startswith("https://")
-        self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure)))
+        if exporter is None:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            insecure = not endpoint.startswith("https://")
+            processor: Any = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=insecure))
+        else:
+            processor = SimpleSpanProcessor(exporter)
+        self._provider.add_span_processor(processor)
         self._tracer = self._provider.get_tracer("decision-server")
         self._propagator = TraceContextTextMapPropagator()
         self._rank = rank
