@@ -363,7 +363,9 @@ def test_a_refusal_with_retry_after_pauses_the_worker(capsys: pytest.CaptureFixt
     """A closed loop that ignored Retry-After would send hundreds of requests a second at a refusing server."""
     for server in serve(fail_every=1):
         server.retry_after = "1"
-        code = main(["--url", server.url, "--state-tokens", "16", "--questions", "1", "--duration", "2.5", "--warmup", "0"])
+        code = main(
+            ["--url", server.url, "--state-tokens", "16", "--questions", "1", "--duration", "2.5", "--warmup", "0"]
+        )
         assert code == 0
         report = json.loads(capsys.readouterr().out)["servers"]["A"]
         assert report["errors_by_status"] == {"429": report["requests_total"]}
