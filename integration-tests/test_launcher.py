@@ -5,7 +5,11 @@ process and no socket behind, and a readable failure for a model folder it canno
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +21,7 @@ from launchers import Launcher, describe, start_launcher, still_running
 from wire import REQUEST_ID_HEADER, error_detail
 
 API_KEY = "s3cret-integration-key"
-GRACE_S = 10
+GRACE_S = 30
 BODY = {"state": "Refund not received.", "questions": {"refund": {"type": "noul", "instructions": "Money back?"}}}
 HEALTH_TIMEOUT_S = 300.0
 BAD_MODEL_TIMEOUT_S = 180.0
@@ -79,6 +83,26 @@ def test_the_key_is_not_on_child_command_lines_or_in_logs(auth_launcher: Launche
     assert API_KEY not in auth_launcher.output(), "the API key was logged"
 
 
+@pytest.mark.parametrize("path", ["/metrics", "/info", "/docs", "/api-doc/openapi.json"])
+def test_operator_routes_need_the_key_and_health_does_not(auth_launcher: Launcher, path: str) -> None:
+    missing = httpx2.get(f"{auth_launcher.url}{path}", timeout=30.0)
+    assert missing.status_code == 401, f"{path}: {missing.status_code} {missing.text[:300]}"
+    keyed = httpx2.get(f"{auth_launcher.url}{path}", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0)
+    assert keyed.status_code == 200, f"{path}: {keyed.status_code} {keyed.text[:300]}"
+    assert httpx2.get(f"{auth_launcher.url}/health", timeout=30.0).status_code == 200
+
+
+def test_info_shows_the_model_folder_to_the_key_holder(auth_launcher: Launcher) -> None:
+    info = httpx2.get(f"{auth_launcher.url}/info", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0).json()
+    assert info["model_dir"].endswith("SmolLM2-135M-Instruct"), info
+
+
+def _in_flight(url: str) -> float:
+    text = httpx2.get(f"{url}/metrics", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0).text
+    match = re.search(r"^decision_http_requests_in_flight ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(1.0)
@@ -94,9 +118,53 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
     sockets_before = sorted(auth_launcher.uds_path.parent.glob(auth_launcher.uds_path.name + "*"))
     assert sockets_before, f"no shard socket at {auth_launcher.uds_path}-*"
 
-    started = time.monotonic()
-    code = auth_launcher.terminate(GRACE_S + 15)
+    # A graceful drain: 20 requests in flight at SIGTERM are all answered, while new ones are refused 503 +
+    # Retry-After and /health turns 503, then the shard stops.
+    in_flight = 20
+    body = {
+        "state": "The customer was charged twice for one order and the refund has not arrived. " * 3,
+        "questions": {f"q{i}": {"type": "noul", "instructions": f"Is point {i} raised?"} for i in range(2)},
+    }
+    answers: list[int] = []
+    lock = threading.Lock()
+
+    def send() -> None:
+        r = httpx2.post(
+            f"{auth_launcher.url}/v1/systemone",
+            content=json.dumps(body),
+            headers={"content-type": "application/json", "authorization": f"Bearer {API_KEY}"},
+            timeout=120.0,
+        )
+        with lock:
+            answers.append(r.status_code)
+
+    # The shard is frozen while they are sent, so that all 20 are surely still in flight at the signal.
+    shard = next(pid for pid in tree if "decision-server" in describe(pid) or "decision_server" in describe(pid))
+    os.kill(shard, signal.SIGSTOP)
+    try:
+        senders = [threading.Thread(target=send) for _ in range(in_flight)]
+        for sender in senders:
+            sender.start()
+        deadline = time.monotonic() + 60
+        while _in_flight(auth_launcher.url) < in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _in_flight(auth_launcher.url) == in_flight, f"in flight: {_in_flight(auth_launcher.url)}; {answers}"
+        started = time.monotonic()
+        auth_launcher.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        refused = _post(auth_launcher.url, {"authorization": f"Bearer {API_KEY}"})
+        health = httpx2.get(f"{auth_launcher.url}/health", timeout=30.0)
+    finally:
+        os.kill(shard, signal.SIGCONT)
+    for sender in senders:
+        sender.join(GRACE_S + 15)
+    code = auth_launcher.wait_exit(GRACE_S + 15)
     elapsed = time.monotonic() - started
+    print(f"drain: {answers.count(200)} of {in_flight} in-flight requests answered 200; stopped in {elapsed:.1f} s")
+    assert answers == [200] * in_flight, f"in-flight requests at SIGTERM answered {answers}"
+    assert refused.status_code == 503 and refused.headers.get("retry-after"), f"{refused.status_code} {refused.text}"
+    assert error_detail(refused)["error_type"] == "draining", refused.text
+    assert health.status_code == 503, f"{health.status_code} {health.text}"
     assert code is not None, f"still running {GRACE_S + 15} s after SIGTERM\n{auth_launcher.output_tail()}"
     assert code == 0, f"exit code {code} after SIGTERM\n{auth_launcher.output_tail()}"
     assert elapsed <= GRACE_S + 5, f"took {elapsed:.1f} s to stop (grace {GRACE_S} s)"

@@ -78,6 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="Send `joint: true`: the questions of a request read together (DiffusionGemma canvases); default off",
     )
+    parser.add_argument(
+        "--bad-fraction",
+        type=float,
+        default=0.0,
+        help="Share of measured requests replaced by deliberately bad ones (not JSON, cut short, missing or unknown "
+        "fields, an empty choice, a state far over the token limit), reported apart under `bad_requests` with "
+        "`not_4xx`, which a sound server keeps at 0 (default 0)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0, help="Per-request timeout in seconds (default 300)")
     parser.add_argument("--label", help="Free text stored in the report (e.g. what A and B are)")
     parser.add_argument("--json", dest="json_out", help="Also write the report to this file")
@@ -140,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             hot_states=args.hot_states,
             model=args.model,
             joint=args.joint,
+            bad_fraction=args.bad_fraction,
         )
         counter = make_counter(args.tokenizer)
     except (ValueError, FileNotFoundError, ImportError) as error:

@@ -25,8 +25,21 @@ def round_summary(result: RoundResult, questions: int) -> dict[str, Any]:
     }
 
 
+def bad_summary(outcomes: list[Any]) -> dict[str, Any]:
+    """Deliberately bad requests: how many, their statuses, and how many got anything but a 4xx."""
+    statuses = Counter(outcome.status for outcome in outcomes)
+    return {
+        "sent": len(outcomes),
+        "by_kind": dict(sorted(Counter(outcome.bad for outcome in outcomes).items())),
+        "by_status": dict(sorted(statuses.items())),
+        "not_4xx": sum(count for status, count in statuses.items() if not (status.isdigit() and status[0] == "4")),
+    }
+
+
 def server_summary(url: str, rounds: list[RoundResult], questions: int, token_source: str) -> dict[str, Any]:
-    outcomes = [outcome for result in rounds for outcome in result.outcomes]
+    every = [outcome for result in rounds for outcome in result.outcomes]
+    bad = [outcome for outcome in every if outcome.bad is not None]
+    outcomes = [outcome for outcome in every if outcome.bad is None]
     ok = [outcome for outcome in outcomes if outcome.status == "200"]
     seconds = sum(result.wall_seconds for result in rounds)
     per_round = [round_summary(result, questions) for result in rounds]
@@ -65,6 +78,8 @@ def server_summary(url: str, rounds: list[RoundResult], questions: int, token_so
         "rounds": per_round,
         "tokens": tokens,
     }
+    if bad:
+        summary["bad_requests"] = bad_summary(bad)
     timings = server_timing.summarize([outcome.server_timing for outcome in ok])
     if timings:
         summary["server_timing_ms"] = timings

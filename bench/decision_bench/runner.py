@@ -16,6 +16,9 @@ from decision_bench import server_timing
 from decision_bench.workload import Request, Workload
 
 SYSTEMONE_PATH = "/v1/systemone"
+# Refusals a client backs off from for the server's Retry-After before its next request, as the SDKs do
+# (a closed loop without the pause would turn every refusal into another request at once).
+RETRY_STATUSES = (429, 503, 529)
 
 
 @dataclass
@@ -28,6 +31,8 @@ class Outcome:
     state_tokens: int = 0
     naive_prompt_tokens: int = 0
     server_timing: dict[str, float] = field(default_factory=dict)  # name → ms, from the Server-Timing header
+    bad: str | None = None  # the kind of a deliberately bad request; its status is reported apart
+    retry_after: float | None = None  # the server's Retry-After on a refusal
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Reply:
     status: int
     body: bytes
     server_timing: dict[str, float]  # {} when the server sends no Server-Timing header
+    retry_after: float | None = None  # seconds, from a Retry-After header in delta-seconds form
 
 
 @dataclass
@@ -44,7 +50,7 @@ class RoundResult:
 
     @property
     def ok(self) -> list[Outcome]:
-        return [outcome for outcome in self.outcomes if outcome.status == "200"]
+        return [outcome for outcome in self.outcomes if outcome.status == "200" and outcome.bad is None]
 
 
 class Endpoint:
@@ -76,7 +82,13 @@ class Endpoint:
                 response = connection.getresponse()
                 # Several Server-Timing lines are one comma-separated list (RFC 9110 field combination).
                 timing = ", ".join(response.headers.get_all("server-timing") or [])
-                return Reply(response.status, response.read(), server_timing.parse(timing))
+                retry_after = response.headers.get("retry-after")
+                return Reply(
+                    response.status,
+                    response.read(),
+                    server_timing.parse(timing),
+                    float(retry_after) if retry_after and retry_after.strip().isdigit() else None,
+                )
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 # A keep-alive connection the server closed while idle: reconnect once, then give up.
                 self.close()
@@ -98,12 +110,16 @@ def send(endpoint: Endpoint, request: Request, questions: int) -> Outcome:
     try:
         reply = endpoint.request("POST", SYSTEMONE_PATH, request.body)
     except TimeoutError:
-        return Outcome(request.index, "timeout", time.perf_counter() - started)
+        return Outcome(request.index, "timeout", time.perf_counter() - started, bad=request.bad)
     except OSError:
-        return Outcome(request.index, "connection_error", time.perf_counter() - started)
+        return Outcome(request.index, "connection_error", time.perf_counter() - started, bad=request.bad)
     except http.client.HTTPException:
-        return Outcome(request.index, "http_error", time.perf_counter() - started)
+        return Outcome(request.index, "http_error", time.perf_counter() - started, bad=request.bad)
     seconds = time.perf_counter() - started
+    if request.bad is not None:
+        return Outcome(request.index, str(reply.status), seconds, bad=request.bad)
+    if reply.status in RETRY_STATUSES:
+        return Outcome(request.index, str(reply.status), seconds, retry_after=reply.retry_after)
     outcome = Outcome(
         request.index,
         str(reply.status),
@@ -169,6 +185,8 @@ def run_round(
                 with lock:
                     outcomes.append(outcome)
                     last_done = time.perf_counter()
+                if outcome.retry_after:
+                    time.sleep(min(outcome.retry_after, max(deadline - time.perf_counter(), 0.0)))
         finally:
             endpoint.close()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import string
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,6 +177,8 @@ class WorkloadSpec:
     model: str | None = None
     # Send `joint: true` (several questions on one canvas; block-diffusion models only).
     joint: bool = False
+    # Share of requests replaced by a deliberately bad one (BAD_KINDS), each answered 4xx by a sound server.
+    bad_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         if self.state_tokens < 1:
@@ -192,6 +195,8 @@ class WorkloadSpec:
             raise ValueError(f"repeat-state fraction must be within [0, 1], got {self.repeat_state_fraction}")
         if self.hot_states < 1:
             raise ValueError(f"hot states must be ≥ 1, got {self.hot_states}")
+        if not 0.0 <= self.bad_fraction <= 1.0:
+            raise ValueError(f"bad fraction must be within [0, 1], got {self.bad_fraction}")
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,8 @@ class Request:
     state_tokens: int
     # Σ over questions of one full per-question prompt (chat head + state + question): what a naive reader prefills.
     naive_prompt_tokens: int
+    # The kind of a deliberately bad request (BAD_KINDS), None for a valid one.
+    bad: str | None = None
 
 
 @dataclass
@@ -221,6 +228,10 @@ class Workload:
 
     def request(self, index: int, stream: str = "run") -> Request:
         """Request number `index` of a stream ("run" for measured requests, "warmup" for discarded ones)."""
+        bad_rng = random.Random(f"{self.spec.seed}:{stream}:{index}:bad")
+        if stream == "run" and bad_rng.random() < self.spec.bad_fraction:
+            kind = bad_rng.choice(sorted(BAD_KINDS))
+            return Request(index, f"bad:{kind}", BAD_KINDS[kind](self.schema), 0, 0, bad=kind)
         rng = random.Random(f"{self.spec.seed}:{stream}:{index}:pick")
         if rng.random() < self.spec.repeat_state_fraction:
             key = f"hot:{rng.randrange(self.spec.hot_states)}"
@@ -245,6 +256,30 @@ class Workload:
 
     def _state(self, key: str) -> tuple[str, int]:
         return make_state(self.spec.seed, key, self.spec.state_tokens, self.counter)
+
+
+def _bad_json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False).encode()
+
+
+# Bad requests a client sends by mistake or on purpose, each one a 4xx from a sound server (never a 5xx, never a hang):
+# a body that is not JSON, one cut short, a missing field, an unknown question type, a choice without options, a
+# question with an unknown field, and a state far over the token limit.
+BAD_KINDS: dict[str, Callable[[dict[str, dict[str, Any]]], bytes]] = {
+    "not_json": lambda schema: b"{this is not json",
+    "truncated": lambda schema: _bad_json({"state": "x", "questions": schema})[:-7],
+    "no_questions": lambda schema: _bad_json({"state": "A ticket."}),
+    "unknown_type": lambda schema: _bad_json(
+        {"state": "A ticket.", "questions": {"q": {"type": "essay", "instructions": "Write."}}}
+    ),
+    "empty_choice": lambda schema: _bad_json(
+        {"state": "A ticket.", "questions": {"q": {"type": "choice", "instructions": "Pick.", "criteria": {}}}}
+    ),
+    "extra_field": lambda schema: _bad_json(
+        {"state": "A ticket.", "questions": {"q": {"type": "noul", "instructions": "Yes?", "weight": 2}}}
+    ),
+    "huge_state": lambda schema: _bad_json({"state": "word " * 200_000, "questions": schema}),
+}
 
 
 def make_state(seed: int, key: str, target_tokens: int, counter: TokenCounter) -> tuple[str, int]:

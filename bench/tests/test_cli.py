@@ -25,6 +25,7 @@ class StandIn(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.fail_every = fail_every
         self.server_timing = server_timing
+        self.retry_after: str | None = None  # sent with each 429
         self.seen = 0
         self.arrivals: list[float] = []  # time.monotonic() of each POST
         self.lock = threading.Lock()
@@ -55,7 +56,8 @@ class Handler(BaseHTTPRequestHandler):
             self.server.arrivals.append(time.monotonic())
             seen = self.server.seen
         if self.server.fail_every and seen % self.server.fail_every == 0:
-            self._reply(429, b'{"detail":{"error_type":"overloaded","message":"busy"}}')
+            extra = (("retry-after", self.server.retry_after),) if self.server.retry_after else ()
+            self._reply(429, b'{"detail":{"error_type":"overloaded","message":"busy"}}', headers=extra)
             return
         answers = {qid: {"type": "noul", "noul": 0.5} for qid in body["questions"]}
         usage = {"input_tokens": len(body["state"]) // 4, "output_tokens": 0}
@@ -67,8 +69,17 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._reply(200, payload)
 
-    def _reply(self, status: int, payload: bytes, kind: str = "application/json", timing: tuple[str, ...] = ()) -> None:
+    def _reply(
+        self,
+        status: int,
+        payload: bytes,
+        kind: str = "application/json",
+        timing: tuple[str, ...] = (),
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
         for line in timing:
             self.send_header("server-timing", line)
         self.send_header("content-type", kind)
@@ -346,3 +357,16 @@ def test_watch_pid_must_exist(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--url", "http://127.0.0.1:1", "--watch-pid", str(finished.pid)])
     assert exit_info.value.code == 2
     assert f"--watch-pid {finished.pid}: no such process" in capsys.readouterr().err
+
+
+def test_a_refusal_with_retry_after_pauses_the_worker(capsys: pytest.CaptureFixture[str]) -> None:
+    """A closed loop that ignored Retry-After would send hundreds of requests a second at a refusing server."""
+    for server in serve(fail_every=1):
+        server.retry_after = "1"
+        code = main(
+            ["--url", server.url, "--state-tokens", "16", "--questions", "1", "--duration", "2.5", "--warmup", "0"]
+        )
+        assert code == 0
+        report = json.loads(capsys.readouterr().out)["servers"]["A"]
+        assert report["errors_by_status"] == {"429": report["requests_total"]}
+        assert 2 <= report["requests_total"] <= 4, report["requests_total"]

@@ -124,3 +124,31 @@ def test_joint_requests_carry_the_flag_and_others_do_not() -> None:
 
     assert json.loads(workload(joint=True).request(0).body)["joint"] is True
     assert "joint" not in json.loads(workload().request(0).body)
+
+
+def test_a_bad_fraction_mixes_in_every_bad_kind_seeded_and_reported_apart() -> None:
+    from decision_bench.report import bad_summary
+    from decision_bench.runner import Outcome
+    from decision_bench.workload import BAD_KINDS
+
+    bench = workload(bad_fraction=0.3)
+    requests = [bench.request(index) for index in range(400)]
+    bad = [r for r in requests if r.bad is not None]
+    assert 80 <= len(bad) <= 160, len(bad)
+    assert {r.bad for r in bad} == set(BAD_KINDS)
+    assert [r.body for r in bad] == [
+        r.body for r in (workload(bad_fraction=0.3).request(i) for i in range(400)) if r.bad
+    ]
+    for r in bad:
+        if r.bad == "not_json" or r.bad == "truncated":
+            with pytest.raises(ValueError):
+                json.loads(r.body)
+        else:
+            json.loads(r.body)
+    # Warm-up requests are always valid; a fraction of 0 sends none.
+    assert all(bench.request(i, stream="warmup").bad is None for i in range(50))
+    assert all(workload().request(i).bad is None for i in range(50))
+    summary = bad_summary([Outcome(0, "422", 0.1, bad="unknown_type"), Outcome(1, "500", 0.1, bad="huge_state")])
+    assert summary["not_4xx"] == 1 and summary["by_status"] == {"422": 1, "500": 1}
+    with pytest.raises(ValueError):
+        WorkloadSpec(state_tokens=1, questions=1, options=1, bad_fraction=1.5)

@@ -79,10 +79,53 @@ pub struct Config {
     #[arg(long, env = "COMPAT", value_enum, default_value_t = Compat::Typesafe)]
     pub compat: Compat,
 
-    /// Bearer token clients must send. Passed to the router through its environment, never on its
-    /// command line, so it does not show in `ps`. No key: the API is open.
-    #[arg(long, env = "API_KEY", hide_env_values = true)]
+    /// Bearer token clients must send (every route but /health; see --public-ops). Passed to the
+    /// router through its environment, never on its command line, so it does not show in `ps`.
+    /// Prefer the environment variable or --api-key-file over the flag, whose value `ps` shows for the
+    /// launcher itself. No key: the API is open.
+    #[arg(
+        long,
+        env = "API_KEY",
+        hide_env_values = true,
+        conflicts_with = "api_key_file"
+    )]
     pub api_key: Option<Secret>,
+
+    /// A file holding the API key (surrounding whitespace ignored); the router reads it at startup.
+    #[arg(long, env = "API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+
+    /// With an API key: /metrics, /info, /docs and /api-doc/openapi.json answer without it (a
+    /// scraper on a trusted network). /info shows filesystem paths only to a caller with the key.
+    #[arg(long, env = "PUBLIC_OPS")]
+    pub public_ops: bool,
+
+    /// Seconds a decision request may take; past it the answer is 504 naming the limit (503
+    /// `shard_unavailable` when the shards miss a health probe too) and its unsent reads are dropped.
+    /// A request the queued work would keep past it is refused at once with 529/429 + Retry-After.
+    /// 0: no deadline.
+    #[arg(long, env = "REQUEST_TIMEOUT_SECS", default_value_t = 120)]
+    pub request_timeout_secs: u64,
+
+    /// Seconds a client may take to send a request's head, from its first byte; then its
+    /// connection is closed.
+    #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_secs: u64,
+
+    /// Seconds a client connection may sit with nothing arriving and no request in flight.
+    #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_alive_timeout_secs: u64,
+
+    /// Client connections the router holds at once (kept below its open-file limit); more wait in
+    /// the listen backlog.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+
+    /// OTLP/gRPC collector (e.g. http://collector:4317) the router and the shards export their spans
+    /// to, as one trace per request; also read from OTEL_EXPORTER_OTLP_ENDPOINT. Unset (default): no
+    /// spans leave the processes and no outbound connection is made.
+    #[arg(long, env = "OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 
     /// Token budget of one batched forward pass (sum of prompt tokens per batch).
     #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", default_value_t = 8192)]
@@ -224,6 +267,14 @@ impl Config {
     pub fn shutdown_grace(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.shutdown_grace_secs)
     }
+
+    /// `--otlp-endpoint`, else `OTEL_EXPORTER_OTLP_ENDPOINT` as `get` reads it; empty is unset.
+    pub fn otlp_endpoint(&self, get: impl Fn(&str) -> Option<String>) -> Option<String> {
+        self.otlp_endpoint
+            .clone()
+            .or_else(|| get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+            .filter(|e| !e.trim().is_empty())
+    }
 }
 
 /// `$XDG_CACHE_HOME`, else `$HOME/.cache`: the root both our cache and Hugging Face's default to.
@@ -320,6 +371,13 @@ mod tests {
         "UDS_PATH",
         "COMPAT",
         "API_KEY",
+        "API_KEY_FILE",
+        "PUBLIC_OPS",
+        "REQUEST_TIMEOUT_SECS",
+        "HEADER_READ_TIMEOUT_SECS",
+        "KEEP_ALIVE_TIMEOUT_SECS",
+        "MAX_CONNECTIONS",
+        "OTLP_ENDPOINT",
         "MAX_BATCH_PREFILL_TOKENS",
         "MAX_BATCH_WAIT_MS",
         "MAX_INPUT_TOKENS",

@@ -73,6 +73,36 @@ pub fn spec(
         args.push(flag.into());
         args.push(value.into());
     }
+    for (flag, value) in [
+        (
+            "--request-timeout-secs",
+            config.request_timeout_secs.to_string(),
+        ),
+        (
+            "--header-read-timeout-secs",
+            config.header_read_timeout_secs.to_string(),
+        ),
+        (
+            "--keep-alive-timeout-secs",
+            config.keep_alive_timeout_secs.to_string(),
+        ),
+        ("--max-connections", config.max_connections.to_string()),
+    ] {
+        args.push(flag.into());
+        args.push(value.into());
+    }
+    if config.public_ops {
+        args.push("--public-ops".into());
+    }
+    // A path is no secret: the router reads the key from it.
+    if let Some(path) = &config.api_key_file {
+        args.push("--api-key-file".into());
+        args.push(path.clone().into());
+    }
+    if let Some(endpoint) = config.otlp_endpoint(|name| std::env::var(name).ok()) {
+        args.push("--otlp-endpoint".into());
+        args.push(endpoint.into());
+    }
     if config.json_output {
         args.push("--json-output".into());
     }
@@ -195,6 +225,14 @@ mod tests {
                 "64",
                 "--max-audio-seconds",
                 "15",
+                "--request-timeout-secs",
+                "120",
+                "--header-read-timeout-secs",
+                "10",
+                "--keep-alive-timeout-secs",
+                "20",
+                "--max-connections",
+                "1024",
                 "--json-output",
             ]
             .map(OsString::from)
@@ -210,6 +248,38 @@ mod tests {
     }
 
     #[test]
+    fn operations_flags_reach_the_router_and_a_key_file_travels_as_its_path() {
+        let config = config(&[
+            "--api-key-file",
+            "/run/secrets/key",
+            "--public-ops",
+            "--request-timeout-secs",
+            "30",
+            "--header-read-timeout-secs",
+            "4",
+            "--keep-alive-timeout-secs",
+            "2",
+            "--max-connections",
+            "64",
+            "--otlp-endpoint",
+            "http://collector:4317",
+        ]);
+        let spec = spec(Path::new("decision-router"), &config, Path::new("/m"), "m");
+        let after = |flag: &str| {
+            let at = spec.args.iter().position(|a| a == flag).expect(flag);
+            spec.args[at + 1].clone()
+        };
+        assert_eq!(after("--api-key-file"), "/run/secrets/key");
+        assert_eq!(after("--request-timeout-secs"), "30");
+        assert_eq!(after("--header-read-timeout-secs"), "4");
+        assert_eq!(after("--keep-alive-timeout-secs"), "2");
+        assert_eq!(after("--max-connections"), "64");
+        assert_eq!(after("--otlp-endpoint"), "http://collector:4317");
+        assert!(spec.args.contains(&OsString::from("--public-ops")));
+        assert!(spec.env.is_empty(), "no key in the environment either");
+    }
+
+    #[test]
     fn without_a_key_the_router_inherits_none() {
         let spec = spec(
             Path::new("decision-router"),
@@ -222,6 +292,7 @@ mod tests {
         assert!(!spec.args.contains(&OsString::from("--json-output")));
         // Fetching stays off: no allow-list flag at all, the limits at their defaults.
         assert!(!spec.args.contains(&OsString::from("--media-allow-hosts")));
+        assert!(!spec.args.contains(&OsString::from("--public-ops")));
         let after = |flag: &str| {
             let at = spec.args.iter().position(|a| a == flag).expect(flag);
             spec.args[at + 1].clone()

@@ -123,6 +123,9 @@ pub fn spec(
             config.prefix_cache_mb.to_string().into(),
         ]);
     }
+    if let Some(endpoint) = config.otlp_endpoint(|name| std::env::var(name).ok()) {
+        args.extend(["--otlp-endpoint".into(), endpoint.into()]);
+    }
     ChildSpec {
         name: format!("shard {rank}"),
         program: program.to_owned(),

@@ -11,6 +11,34 @@ impl Config {
     pub fn model_dir(&self) -> PathBuf {
         self.model_dir.clone().unwrap_or_default()
     }
+
+    /// Moves a key from `--api-key-file` into `api_key`.
+    pub fn load_api_key_file(&mut self) -> Result<(), String> {
+        let Some(path) = &self.api_key_file else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read --api-key-file {}: {e}", path.display()))?;
+        let key = text.trim();
+        if key.is_empty() {
+            return Err(format!("--api-key-file {} is empty", path.display()));
+        }
+        self.api_key = Some(key.to_owned());
+        Ok(())
+    }
+
+    /// `--otlp-endpoint`, else the standard `OTEL_EXPORTER_OTLP_ENDPOINT`; empty counts as unset.
+    pub fn otlp_endpoint(&self) -> Option<String> {
+        self.otlp_endpoint
+            .clone()
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+            .filter(|e| !e.trim().is_empty())
+    }
+
+    pub fn request_timeout(&self) -> Option<std::time::Duration> {
+        (self.request_timeout_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.request_timeout_secs))
+    }
 }
 
 #[derive(Clone, Debug, Parser)]
@@ -41,9 +69,50 @@ pub struct Config {
     /// Compatibility profile: wording, error codes and extension fields.
     #[arg(long, env = "COMPAT", value_enum, default_value = "typesafe")]
     pub compat: Compat,
-    /// When set, every /v1 route requires `Authorization: Bearer <key>`.
-    #[arg(long, env = "API_KEY", hide_env_values = true)]
+    /// When set, every route but /health requires `Authorization: Bearer <key>` (the /v1 routes and,
+    /// unless --public-ops, /metrics, /info, /docs and /api-doc). Prefer the environment variable or
+    /// --api-key-file: a flag's value shows in the process list.
+    #[arg(
+        long,
+        env = "API_KEY",
+        hide_env_values = true,
+        conflicts_with = "api_key_file"
+    )]
     pub api_key: Option<String>,
+    /// A file holding the API key (surrounding whitespace ignored), read once at startup.
+    #[arg(long, env = "API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// With an API key: /metrics, /info, /docs and /api-doc/openapi.json answer without it (for a
+    /// scraper or a dashboard on a trusted network). /info never shows filesystem paths to a caller
+    /// that did not present the key.
+    #[arg(long, env = "PUBLIC_OPS")]
+    pub public_ops: bool,
+    /// Seconds a decision request may take from its parse to its answer; past it the answer is 504
+    /// naming the limit (503 `shard_unavailable` when the shards do not answer a health probe
+    /// either) and its reads not yet sent are dropped. Requests that the work queued ahead of them
+    /// would keep past it are refused at once with 529 (429 outside the default profile) and
+    /// Retry-After. 0 turns the deadline off.
+    #[arg(long, env = "REQUEST_TIMEOUT_SECS", default_value_t = 120)]
+    pub request_timeout_secs: u64,
+    /// Seconds a client may take to send a request's head, from its first byte; then the connection
+    /// is closed.
+    #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_secs: u64,
+    /// Seconds a connection may stay open with nothing arriving and no request in flight.
+    #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_alive_timeout_secs: u64,
+    /// Client connections held at once; beyond it new ones wait in the listen backlog. Capped below
+    /// the process's open-file limit (RLIMIT_NOFILE) so accepting never runs out of descriptors.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+    /// OTLP/gRPC endpoint to export traces to (e.g. http://collector:4317); also read from the
+    /// standard OTEL_EXPORTER_OTLP_ENDPOINT. Unset (default): no spans leave the process and no
+    /// outbound connection is made.
+    #[arg(long, env = "OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the exported spans.
+    #[arg(long, env = "OTLP_SERVICE_NAME", default_value = "decision-router")]
+    pub otlp_service_name: String,
     /// Unique prompt tokens packed into one shard call (a single larger request still runs alone).
     #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", default_value_t = 8192)]
     pub max_batch_prefill_tokens: usize,

@@ -2,6 +2,7 @@
 //! limit, queue them for the shards, and turn label log-probabilities into answers.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::DecisionError;
 use crate::ir::{Decision, DecisionRequest, Modality, Usage};
@@ -11,6 +12,11 @@ use crate::prompt::wording::PromptFormat;
 use crate::prompt::{PreparedRead, ReadStrategy};
 use crate::queue::{Queue, ReadTiming};
 use crate::read::ReadMedia;
+use crate::shard::ShardSet;
+
+/// How long the shards get to answer a Health RPC when a request ran out of time: a shard that
+/// cannot even answer that is frozen or gone (503), one that can is only busy (504).
+pub const TIMEOUT_PROBE: Duration = Duration::from_secs(2);
 
 /// A request with its answers, and (when asked for) the reads that produced them.
 pub struct Decided {
@@ -30,6 +36,10 @@ pub struct Decider {
     /// fetches under them.
     pub media: MediaPolicy,
     pub fetcher: Fetcher,
+    /// `--request-timeout-secs`: the deadline of every decision request, from its parse to its answer.
+    pub request_timeout: Option<Duration>,
+    /// Probed when a request runs out of time, to tell a frozen shard from a busy one.
+    pub shards: ShardSet,
 }
 
 impl Decider {
@@ -39,12 +49,52 @@ impl Decider {
     }
 
     /// `temperature` divides the label log-probabilities before the softmax (label mass is unaffected);
-    /// `keep_reads` returns the prompt and label token ids too.
+    /// `keep_reads` returns the prompt and label token ids too. Under `--request-timeout-secs` a
+    /// request that runs out of time is dropped (its reads not yet sent are never computed) and
+    /// answered 504, or 503 when the shards do not answer a health probe either.
     pub async fn decide(
         &self,
         request: DecisionRequest,
         temperature: f64,
         keep_reads: bool,
+    ) -> Result<Decided, DecisionError> {
+        let Some(limit) = self.request_timeout else {
+            return self
+                .decide_within(request, temperature, keep_reads, None)
+                .await;
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        let work = self.decide_within(request, temperature, keep_reads, Some((deadline, limit)));
+        match tokio::time::timeout_at(deadline, work).await {
+            Ok(decided) => decided,
+            Err(_) => {
+                metrics::counter!("decision_requests_timed_out_total").increment(1);
+                Err(self.timed_out(limit).await)
+            }
+        }
+    }
+
+    /// Why a request ran out of time: the shards stopped answering, or there was too much to do.
+    async fn timed_out(&self, limit: Duration) -> DecisionError {
+        match tokio::time::timeout(TIMEOUT_PROBE, self.shards.health()).await {
+            Ok(Ok(())) => DecisionError::Timeout {
+                limit_secs: limit.as_secs(),
+            },
+            Ok(Err(e)) => e,
+            Err(_) => DecisionError::ShardUnavailable(format!(
+                "the request ran past its {} s deadline (request_timeout_secs) and the shards did not answer a health probe within {} s",
+                limit.as_secs(),
+                TIMEOUT_PROBE.as_secs()
+            )),
+        }
+    }
+
+    async fn decide_within(
+        &self,
+        request: DecisionRequest,
+        temperature: f64,
+        keep_reads: bool,
+        deadline: Option<(tokio::time::Instant, Duration)>,
     ) -> Result<Decided, DecisionError> {
         let strategy = self
             .strategy
@@ -97,6 +147,7 @@ impl Decider {
                 input_tokens,
                 request.cache_salt.clone(),
                 arrival,
+                deadline,
             )
             .await?;
         let cached_tokens = outcomes

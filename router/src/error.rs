@@ -101,6 +101,17 @@ pub enum DecisionError {
         limit: usize,
         retry_after_secs: u64,
     },
+    /// Admission by work: the reads queued ahead of this request, at the rate the shards have been
+    /// reading, would not let it finish within `--request-timeout-secs`.
+    #[error("the server cannot finish this request within its {deadline_secs} s deadline (request_timeout_secs): about {wait_secs} s of reads are queued ahead of it; retry after {retry_after_secs} s")]
+    Backlogged {
+        wait_secs: u64,
+        deadline_secs: u64,
+        retry_after_secs: u64,
+    },
+    /// The request ran past `--request-timeout-secs`; its reads were dropped.
+    #[error("the request did not finish within {limit_secs} s (request_timeout_secs); its reads were dropped")]
+    Timeout { limit_secs: u64 },
     #[error("{0}")]
     NotServable(String),
     #[error("model shard failed: {0}")]
@@ -125,9 +136,10 @@ impl DecisionError {
             | DecisionError::TokensExceeded { .. }
             | DecisionError::PromptTooLong { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             // 529 is TypeSafe's "overloaded"; its SDK backs off and retries on it.
-            DecisionError::Overloaded { .. } => {
+            DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => {
                 StatusCode::from_u16(529).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
             }
+            DecisionError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             DecisionError::NotServable(_) => StatusCode::NOT_IMPLEMENTED,
             DecisionError::Shard(_) | DecisionError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -151,7 +163,8 @@ impl DecisionError {
             DecisionError::TokensExceeded { .. } | DecisionError::PromptTooLong { .. } => {
                 "tokens_exceeded"
             }
-            DecisionError::Overloaded { .. } => "overloaded",
+            DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => "overloaded",
+            DecisionError::Timeout { .. } => "timeout",
             DecisionError::NotServable(_) => "not_implemented",
             // A rank that is down or restarting (retry later) apart from one that failed a read.
             DecisionError::ShardUnavailable(_) => "shard_unavailable",
@@ -164,6 +177,9 @@ impl DecisionError {
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             DecisionError::Overloaded {
+                retry_after_secs, ..
+            }
+            | DecisionError::Backlogged {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),
             DecisionError::ShardUnavailable(_) | DecisionError::Draining => Some(1),
@@ -211,6 +227,20 @@ mod tests {
             .as_u16(),
             529
         );
+        let backlogged = DecisionError::Backlogged {
+            wait_secs: 90,
+            deadline_secs: 30,
+            retry_after_secs: 60,
+        };
+        assert_eq!(backlogged.status().as_u16(), 529);
+        assert_eq!(backlogged.retry_after_secs(), Some(60));
+        assert!(backlogged
+            .to_string()
+            .contains("30 s deadline (request_timeout_secs)"));
+        let timeout = DecisionError::Timeout { limit_secs: 7 };
+        assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(timeout.error_type(), "timeout");
+        assert!(timeout.to_string().contains("7 s (request_timeout_secs)"));
         assert_eq!(
             DecisionError::NotServable("no".into()).status(),
             StatusCode::NOT_IMPLEMENTED

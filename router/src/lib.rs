@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod config;
+pub mod connections;
 pub mod decide;
 pub mod error;
 pub mod ir;
@@ -17,3 +18,4 @@ pub mod queue;
 pub mod read;
 pub mod server;
 pub mod shard;
+pub mod telemetry;

@@ -8,14 +8,29 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() {
-    let config = Config::parse();
+    let mut config = Config::parse();
     if config.print_openapi {
         print!("{}", decision_router::api::schema::openapi_json());
         return;
     }
-    server::init_tracing(config.json_output);
+    let endpoint = config.otlp_endpoint();
+    let otlp = endpoint
+        .as_deref()
+        .map(|e| (e, config.otlp_service_name.as_str()));
+    let _telemetry = match decision_router::telemetry::init(config.json_output, otlp) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = config.load_api_key_file() {
+        tracing::error!("{e}");
+        std::process::exit(2);
+    }
     if let Err(e) = server::run(config).await {
         tracing::error!("{e}");
+        drop(_telemetry);
         std::process::exit(1);
     }
 }

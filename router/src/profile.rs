@@ -94,12 +94,14 @@ impl Compat {
                 _ => StatusCode::BAD_REQUEST,
             },
             // 529 is TypeSafe's "overloaded" (its SDK backs off on it); the others use 429.
-            DecisionError::Overloaded { .. }
+            DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. }
                 if shape == Shape::SystemOne && *self == Compat::Typesafe =>
             {
                 error.status()
             }
-            DecisionError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
+            DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             // SGLang (seed 003, "Errors"): a label that is not one token, a prompt over the context and
             // a model it cannot serve are 400s, on its shape and on System One under its profile
             // ("other refusals return 400"), never a 413 or a 501 that clients might retry.

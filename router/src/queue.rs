@@ -6,7 +6,7 @@
 //! at once, and requests that arrive while the shard is busy simply ride the next batch.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,6 +64,8 @@ struct Entry {
     tokens: usize,
     queued_at: Instant,
     reply: oneshot::Sender<Answer>,
+    /// The request's span: its batch's span is a child of the first request's and links the others.
+    span: tracing::Span,
 }
 
 /// Requests between parsing and queueing; a forming batch waits for them (within the window).
@@ -85,11 +87,55 @@ impl Drop for Arrival {
     }
 }
 
+/// The work between the HTTP handlers and the shards, in the unit admission reasons in: unique
+/// prompt tokens queued or being read, and the rate the shards have been reading them at.
+#[derive(Default)]
+struct Backlog {
+    tokens: AtomicUsize,
+    /// Tokens and seconds of recent batches, each decayed by a quarter per batch; their ratio is the
+    /// rate. Summing before dividing weighs batches by their size, so a few small batches (whose
+    /// time is mostly fixed cost) do not make a queue of large requests look slower than it is.
+    recent: std::sync::Mutex<(f64, f64)>,
+    /// `recent`'s ratio as f64 bits, for readers that must not wait (0 until a batch ran).
+    rate_bits: AtomicU64,
+}
+
+impl Backlog {
+    fn rate(&self) -> f64 {
+        f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
+    }
+
+    /// One batch of `tokens` took `took` at the shard.
+    fn observe(&self, tokens: usize, took: Duration) {
+        let secs = took.as_secs_f64();
+        if tokens == 0 || secs <= 0.0 {
+            return;
+        }
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.0 = 0.75 * recent.0 + tokens as f64;
+        recent.1 = 0.75 * recent.1 + secs;
+        self.rate_bits
+            .store((recent.0 / recent.1).to_bits(), Ordering::Relaxed);
+    }
+}
+
+/// The share of a request's remaining time the estimated wait may fill: the estimate counts shard
+/// time only (not the router's own work, nor batches packing less well than the recent ones), and a
+/// soak at concurrency 64 on 2 vCPUs still timed out a fifth of the admitted requests at 1.0.
+const ADMISSION_MARGIN: f64 = 0.8;
+
+/// How long the work already queued (plus `own` tokens) will take at the measured rate; `None`
+/// before any batch was measured.
+fn estimated_wait(ahead: usize, own: usize, rate: f64) -> Option<Duration> {
+    (rate > 0.0).then(|| Duration::from_secs_f64((ahead + own) as f64 / rate))
+}
+
 #[derive(Clone)]
 pub struct Queue {
     tx: mpsc::UnboundedSender<Entry>,
     queued: Arc<AtomicUsize>,
     arrivals: Arc<Arrivals>,
+    backlog: Arc<Backlog>,
     max_queued_reads: usize,
 }
 
@@ -98,17 +144,22 @@ impl Queue {
         let (tx, rx) = mpsc::unbounded_channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let arrivals = Arc::new(Arrivals::default());
+        let backlog = Arc::new(Backlog::default());
         tokio::spawn(batcher(
             rx,
             backend,
             config.clone(),
-            queued.clone(),
+            Counters {
+                queued: queued.clone(),
+                backlog: backlog.clone(),
+            },
             arrivals.clone(),
         ));
         Queue {
             tx,
             queued,
             arrivals,
+            backlog,
             max_queued_reads: config.max_queued_reads,
         }
     }
@@ -121,13 +172,17 @@ impl Queue {
         }
     }
 
-    /// Enqueues a request's reads; resolves when the shard has answered them all.
+    /// Enqueues a request's reads; resolves when the shard has answered them all. With a
+    /// `deadline`, a request that the work queued ahead of it would keep past the deadline is refused
+    /// at once (it would only time out later, after costing shard time); a request with nothing
+    /// ahead of it always runs.
     pub async fn read(
         &self,
         reads: Vec<PreparedRead>,
         tokens: usize,
         cache_salt: String,
         arrival: Arrival,
+        deadline: Option<(Instant, Duration)>,
     ) -> Result<(Vec<ReadOutcome>, ReadTiming), DecisionError> {
         let n = reads.len();
         let queued = self.queued.fetch_add(n, Ordering::SeqCst);
@@ -139,6 +194,24 @@ impl Queue {
                 retry_after_secs: 1,
             });
         }
+        let ahead = self.backlog.tokens.fetch_add(tokens, Ordering::SeqCst);
+        if let (Some((deadline, limit)), true) = (deadline, ahead > 0) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let Some(wait) = estimated_wait(ahead, tokens, self.backlog.rate()) {
+                if wait.as_secs_f64() > left.as_secs_f64() * ADMISSION_MARGIN {
+                    self.queued.fetch_sub(n, Ordering::SeqCst);
+                    self.backlog.tokens.fetch_sub(tokens, Ordering::SeqCst);
+                    metrics::counter!("decision_requests_backlogged_total").increment(1);
+                    let retry =
+                        (wait.as_secs_f64() - left.as_secs_f64() * ADMISSION_MARGIN).ceil() as u64;
+                    return Err(DecisionError::Backlogged {
+                        wait_secs: wait.as_secs_f64().ceil() as u64,
+                        deadline_secs: limit.as_secs(),
+                        retry_after_secs: retry.clamp(1, 60),
+                    });
+                }
+            }
+        }
         let (reply, rx) = oneshot::channel();
         let sent = self.tx.send(Entry {
             reads,
@@ -146,11 +219,13 @@ impl Queue {
             tokens,
             queued_at: Instant::now(),
             reply,
+            span: tracing::Span::current(),
         });
         // Only now: a batch that waited for this request finds it in the channel.
         drop(arrival);
         if sent.is_err() {
             self.queued.fetch_sub(n, Ordering::SeqCst);
+            self.backlog.tokens.fetch_sub(tokens, Ordering::SeqCst);
             return Err(DecisionError::ShardUnavailable(
                 "the read queue has stopped".into(),
             ));
@@ -162,13 +237,29 @@ impl Queue {
     pub fn queued_reads(&self) -> usize {
         self.queued.load(Ordering::SeqCst)
     }
+
+    /// Unique prompt tokens queued or being read.
+    pub fn queued_tokens(&self) -> usize {
+        self.backlog.tokens.load(Ordering::SeqCst)
+    }
+
+    /// Prompt tokens per second the shards have been reading (0 before the first batch).
+    pub fn read_rate(&self) -> f64 {
+        self.backlog.rate()
+    }
+}
+
+/// What the batcher keeps up to date for the admission checks of `Queue::read`.
+struct Counters {
+    queued: Arc<AtomicUsize>,
+    backlog: Arc<Backlog>,
 }
 
 async fn batcher<B: ReadBackend>(
     mut rx: mpsc::UnboundedReceiver<Entry>,
     backend: B,
     config: QueueConfig,
-    queued: Arc<AtomicUsize>,
+    counters: Counters,
     arrivals: Arc<Arrivals>,
 ) {
     let mut carry: Option<Entry> = None;
@@ -215,15 +306,30 @@ async fn batcher<B: ReadBackend>(
         if dropped > 0 {
             metrics::counter!("decision_reads_dropped_total").increment(dropped as u64);
         }
-        queued.fetch_sub(dropped, Ordering::SeqCst);
+        counters.queued.fetch_sub(dropped, Ordering::SeqCst);
+        let dropped_tokens: usize = gone.iter().map(|e| e.tokens).sum();
+        counters
+            .backlog
+            .tokens
+            .fetch_sub(dropped_tokens, Ordering::SeqCst);
         if live.is_empty() {
             continue;
         }
-        run_batch(&backend, live, &queued).await;
+        let tokens: usize = live.iter().map(|e| e.tokens).sum();
+        let took = run_batch(&backend, live, &counters.queued).await;
+        counters.backlog.tokens.fetch_sub(tokens, Ordering::SeqCst);
+        if let Some(took) = took {
+            counters.backlog.observe(tokens, took);
+        }
     }
 }
 
-async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &AtomicUsize) {
+/// Runs one batch and answers its requests; returns how long the shard took when it answered.
+async fn run_batch<B: ReadBackend>(
+    backend: &B,
+    batch: Vec<Entry>,
+    queued: &AtomicUsize,
+) -> Option<Duration> {
     let mut reads = Vec::new();
     for entry in &batch {
         for read in &entry.reads {
@@ -233,8 +339,13 @@ async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &Atom
     let n = reads.len();
     metrics::histogram!("decision_batch_reads").record(n as f64);
     metrics::histogram!("decision_batch_requests").record(batch.len() as f64);
+    let span =
+        tracing::info_span!(parent: &batch[0].span, "batch", reads = n, requests = batch.len());
+    for entry in &batch[1..] {
+        span.follows_from(&entry.span);
+    }
     let started = Instant::now();
-    let result = backend.read(reads).await;
+    let result = tracing::Instrument::instrument(backend.read(reads), span).await;
     let shard = started.elapsed();
     metrics::histogram!("decision_batch_duration_seconds").record(shard.as_secs_f64());
     queued.fetch_sub(n, Ordering::SeqCst);
@@ -283,11 +394,13 @@ async fn run_batch<B: ReadBackend>(backend: &B, batch: Vec<Entry>, queued: &Atom
                 };
                 let _ = entry.reply.send(mine.map(|outcomes| (outcomes, timing)));
             }
+            Some(shard)
         }
         Err(e) => {
             for entry in batch {
                 let _ = entry.reply.send(Err(clone_error(&e)));
             }
+            None
         }
     }
 }
@@ -384,7 +497,7 @@ mod tests {
         let reads = reads(first_tokens);
         tokio::spawn(async move {
             queue
-                .read(reads, tokens, String::new(), queue.arrival())
+                .read(reads, tokens, String::new(), queue.arrival(), None)
                 .await
         })
     }
@@ -415,7 +528,7 @@ mod tests {
             max_seconds: 0.0,
             max_frames: 0,
         }]);
-        let bad = queue.read(bad_reads, 3, String::new(), late).await;
+        let bad = queue.read(bad_reads, 3, String::new(), late, None).await;
         match bad {
             Err(DecisionError::BadRequest { param, message }) => {
                 assert_eq!(param.as_deref(), Some("images.0"));
@@ -438,7 +551,7 @@ mod tests {
         let queue = Queue::start(shard.clone(), config(Duration::from_secs(10)));
         let started = Instant::now();
         let (outcomes, timing) = queue
-            .read(reads(&[5, 6]), 6, String::new(), queue.arrival())
+            .read(reads(&[5, 6]), 6, String::new(), queue.arrival(), None)
             .await
             .unwrap();
         assert_eq!(timing.queued, Duration::ZERO);
@@ -463,7 +576,7 @@ mod tests {
         let first = spawn_read(&queue, &[1], 3);
         tokio::time::sleep(Duration::from_millis(10)).await;
         let (second, _) = queue
-            .read(reads(&[2]), 3, String::new(), late)
+            .read(reads(&[2]), 3, String::new(), late, None)
             .await
             .unwrap();
         let (first, timing) = first.await.unwrap().unwrap();
@@ -493,7 +606,7 @@ mod tests {
         // Never arriving: the batch leaves when the window closes.
         let _slow = queue.arrival();
         let (_, timing) = queue
-            .read(reads(&[2]), 3, String::new(), queue.arrival())
+            .read(reads(&[2]), 3, String::new(), queue.arrival(), None)
             .await
             .unwrap();
         assert_eq!(timing.queued, Duration::from_millis(50));
@@ -540,7 +653,7 @@ mod tests {
         gone.abort();
         busy.await.unwrap().unwrap();
         let (after, _) = queue
-            .read(reads(&[4]), 3, String::new(), queue.arrival())
+            .read(reads(&[4]), 3, String::new(), queue.arrival(), None)
             .await
             .unwrap();
         assert_eq!(after[0].rows[0].greedy_token_id, 4);
@@ -550,6 +663,110 @@ mod tests {
             "the gone client's two reads never reached the shard"
         );
         assert_eq!(queue.queued_reads(), 0);
+    }
+
+    /// Admission by work: once the shard's rate is known (here 1,000 tokens/s: 100 tokens in
+    /// 100 ms), a request that the tokens queued ahead of it would keep past its deadline (less the
+    /// margin) is refused at once, with a Retry-After of when it would fit; one that fits is admitted, and a
+    /// request with nothing ahead of it always runs.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_cannot_finish_by_its_deadline_is_refused_at_once() {
+        let shard = FakeShard::new(Duration::from_millis(100));
+        let queue = Queue::start(shard.clone(), config(Duration::ZERO));
+        let within = |secs: f64| {
+            let limit = Duration::from_secs_f64(secs);
+            Some((Instant::now() + limit, limit))
+        };
+        // Nothing ahead: runs even though 100 tokens at an unknown rate might take any time.
+        queue
+            .read(
+                reads(&[1]),
+                100,
+                String::new(),
+                queue.arrival(),
+                within(0.01),
+            )
+            .await
+            .unwrap();
+        assert_eq!(queue.read_rate(), 1000.0);
+        let busy = spawn_read(&queue, &[2], 500);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(queue.queued_tokens(), 500);
+        // 500 ahead + 600 own = 1.1 s of reads, deadline 1 s.
+        let refused = queue
+            .read(
+                reads(&[3]),
+                600,
+                String::new(),
+                queue.arrival(),
+                within(1.0),
+            )
+            .await;
+        match refused {
+            Err(DecisionError::Backlogged {
+                wait_secs,
+                deadline_secs,
+                retry_after_secs,
+            }) => assert_eq!((wait_secs, deadline_secs, retry_after_secs), (2, 1, 1)),
+            other => panic!("{:?}", other.map(|(o, _)| o.len())),
+        }
+        assert_eq!(
+            queue.queued_tokens(),
+            500,
+            "the refused request left no trace"
+        );
+        assert_eq!(queue.queued_reads(), 1);
+        // 500 ahead + 300 own = 0.8 s: fits.
+        let (fits, _) = queue
+            .read(
+                reads(&[4]),
+                300,
+                String::new(),
+                queue.arrival(),
+                within(1.0),
+            )
+            .await
+            .unwrap();
+        assert_eq!(fits[0].rows[0].greedy_token_id, 4);
+        busy.await.unwrap().unwrap();
+        assert_eq!(
+            shard.batches(),
+            vec![1, 1, 1],
+            "the refused read never reached the shard"
+        );
+        assert_eq!(queue.queued_tokens(), 0);
+        // Without a deadline nothing is refused for its size.
+        let busy = spawn_read(&queue, &[5], 500);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(queue
+            .read(reads(&[6]), 100_000, String::new(), queue.arrival(), None)
+            .await
+            .is_ok());
+        busy.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn the_read_rate_follows_recent_batches() {
+        let backlog = Backlog::default();
+        assert_eq!(estimated_wait(10, 10, backlog.rate()), None);
+        backlog.observe(1000, Duration::from_secs(1));
+        assert_eq!(backlog.rate(), 1000.0);
+        // A small batch, mostly fixed cost, moves the rate by its share of the work only:
+        // (750 + 10) tokens over (0.75 + 0.1) s.
+        backlog.observe(10, Duration::from_millis(100));
+        assert!(
+            (backlog.rate() - 760.0 / 0.85).abs() < 1e-9,
+            "{}",
+            backlog.rate()
+        );
+        backlog.observe(0, Duration::ZERO);
+        assert!((backlog.rate() - 760.0 / 0.85).abs() < 1e-9);
+        let backlog = Backlog::default();
+        backlog.observe(800, Duration::from_secs(1));
+        assert_eq!(
+            estimated_wait(600, 200, backlog.rate()),
+            Some(Duration::from_secs(1))
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -565,7 +782,7 @@ mod tests {
         let busy = spawn_read(&queue, &[1, 2], 3);
         tokio::time::sleep(Duration::from_millis(1)).await;
         let refused = queue
-            .read(reads(&[3]), 3, String::new(), queue.arrival())
+            .read(reads(&[3]), 3, String::new(), queue.arrival(), None)
             .await;
         assert!(matches!(
             refused,
@@ -579,7 +796,7 @@ mod tests {
         assert_eq!(queue.queued_reads(), 0);
         // A single request larger than the limit still runs when nothing else is queued.
         assert!(queue
-            .read(reads(&[4, 5, 6]), 3, String::new(), queue.arrival())
+            .read(reads(&[4, 5, 6]), 3, String::new(), queue.arrival(), None)
             .await
             .is_ok());
     }

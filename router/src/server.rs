@@ -1,8 +1,9 @@
 //! HTTP surface: routes, authentication, request ids, body limits and decompression, health and
 //! metrics. Handlers only glue a wire shape to the shape-independent `Decider`.
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use tower_http::decompression::RequestDecompressionLayer;
 
 use crate::api::{self, openai, score, sglang, systemone};
 use crate::config::Config;
+use crate::connections::{self, ConnectionLimits, ConnectionStats};
 use crate::decide::Decider;
 use crate::error::{DecisionError, FieldError};
 use crate::ir::Modality;
@@ -41,18 +43,50 @@ pub struct AppState {
     /// Set when a shutdown signal arrives: `/health` answers 503 and new decision requests are
     /// refused with 503 + Retry-After while the ones already accepted finish.
     pub draining: AtomicBool,
+    /// Decision requests being answered: a drain waits for it to reach zero.
+    pub in_flight: InFlight,
+    pub connections: Arc<ConnectionStats>,
 }
 
-pub fn init_tracing(json: bool) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+/// A count of decision requests in flight, with a wake-up for whoever waits for it to empty.
+#[derive(Default)]
+pub struct InFlight {
+    count: AtomicUsize,
+    emptied: tokio::sync::Notify,
+}
+
+/// Held by a decision request from its first byte of handling to its answer.
+pub struct InFlightGuard<'a>(&'a InFlight);
+
+impl InFlight {
+    pub fn enter(&self) -> InFlightGuard<'_> {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard(self)
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once no decision request is in flight.
+    pub async fn emptied(&self) {
+        loop {
+            let notified = self.emptied.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.count() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for InFlightGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.emptied.notify_waiters();
+        }
     }
 }
 
@@ -81,16 +115,95 @@ pub async fn run(config: Config) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    tracing::info!(%addr, model = %state.model_name, "router ready");
+    let limits = connection_limits(&state.config);
+    tracing::info!(%addr, model = %state.model_name, max_connections = limits.max_connections, "router ready");
     let state = Arc::new(state);
-    let draining = state.clone();
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            draining.draining.store(true, Ordering::SeqCst);
+    let mut signals = Signals::install()?;
+    let drain = {
+        let state = state.clone();
+        async move {
+            let signal = signals.recv().await;
+            drain(&state, signal, signals.recv()).await;
+        }
+    };
+    let stats = state.connections.clone();
+    connections::serve(listener, app(state), limits, stats, drain).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The connection bounds from the flags, with the connection cap kept below the open-file limit
+/// (the shard sockets, the tokenizer's files and the logs need descriptors too).
+fn connection_limits(config: &Config) -> ConnectionLimits {
+    let mut max_connections = usize::try_from(config.max_connections).unwrap_or(usize::MAX);
+    if let Some(files) = open_file_limit() {
+        let room = files.saturating_sub(64).max(1);
+        if room < max_connections {
+            tracing::warn!(
+                max_connections,
+                open_file_limit = files,
+                "--max-connections is above what the open-file limit allows; holding at most {room}"
+            );
+            max_connections = room;
+        }
+    }
+    ConnectionLimits {
+        max_connections,
+        header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
+        keep_alive_timeout: Duration::from_secs(config.keep_alive_timeout_secs),
+    }
+}
+
+/// The soft RLIMIT_NOFILE of this process.
+fn open_file_limit() -> Option<usize> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY)
+        .then(|| usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX))
+}
+
+/// A graceful drain: `/health` turns 503 at once and new decision requests get 503 + Retry-After
+/// (the listener keeps accepting, so clients and load balancers hear it rather than a refused
+/// connection) until every request accepted before the signal has been answered. A second signal
+/// ends the wait. The launcher bounds the whole drain with `--shutdown-grace-secs`.
+async fn drain(state: &AppState, signal: &'static str, again: impl Future<Output = &'static str>) {
+    state.draining.store(true, Ordering::SeqCst);
+    tracing::info!(
+        in_flight = state.in_flight.count(),
+        "received {signal}: draining (new requests get 503)"
+    );
+    tokio::select! {
+        () = state.in_flight.emptied() => tracing::info!("every accepted request was answered"),
+        signal = again => tracing::warn!("received {signal} again: stopping without waiting"),
+    }
+}
+
+/// SIGINT and SIGTERM, installed once so that a second one is heard too.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let error = |e: std::io::Error| format!("cannot install the SIGINT/SIGTERM handlers: {e}");
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt()).map_err(error)?,
+            terminate: signal(SignalKind::terminate()).map_err(error)?,
         })
-        .await
-        .map_err(|e| e.to_string())
+    }
+
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
 }
 
 /// The media kinds the shard's model folder can process, as its Info reports them.
@@ -161,10 +274,14 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
             limits,
             media,
             fetcher,
+            request_timeout: config.request_timeout(),
+            shards: shards.clone(),
         },
         shards,
         metrics: metrics_handle(),
         draining: AtomicBool::new(false),
+        in_flight: InFlight::default(),
+        connections: Arc::new(ConnectionStats::default()),
         config,
     })
 }
@@ -197,7 +314,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models_handler))
         .route("/health", get(health_handler))
         .route("/info", get(info_handler))
-        .route("/metrics", get(metrics_handler))
+        .route(
+            "/metrics",
+            get(metrics_handler)
+                .route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
+        )
         .route(
             "/api-doc/openapi.json",
             get(|| async {
@@ -205,13 +326,27 @@ pub fn app(state: Arc<AppState>) -> Router {
                     [(header::CONTENT_TYPE, "application/json")],
                     api::schema::openapi_json(),
                 )
-            }),
+            })
+            .route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
         )
-        .route("/docs", get(docs_handler))
+        .route(
+            "/docs",
+            get(docs_handler).route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
+        )
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(RequestDecompressionLayer::new())
         .layer(middleware::from_fn(request_id))
         .with_state(state)
+}
+
+/// With an API key and without `--public-ops`, the operator routes need the key too.
+async fn ops_guard(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if !state.config.public_ops {
+        if let Err(e) = authorize(&state, request.headers()) {
+            return error_response(&state, Shape::SystemOne, e);
+        }
+    }
+    next.run(request).await
 }
 
 /// Every response carries a request id: the caller's (when it is a sane token) or a fresh one.
@@ -232,6 +367,7 @@ async fn request_id(request: Request, next: Next) -> Response {
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let span = tracing::info_span!("request", request_id = %id, %method, %path);
+    crate::telemetry::continue_trace(&span, request.headers());
     let started = Instant::now();
     let mut response = {
         let _entered = span.enter();
@@ -390,6 +526,7 @@ async fn systemone_handler(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let _in_flight = state.in_flight.enter();
     let mut timing = None;
     let result = async {
         authorize(&state, &headers)?;
@@ -421,6 +558,7 @@ async fn decisions_handler(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let _in_flight = state.in_flight.enter();
     let mut shape = Shape::OpenAi;
     let mut timing = None;
     let result = async {
@@ -568,16 +706,22 @@ async fn health_handler(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
+async fn info_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    // Only a caller that presented the key learns where the model lives on disk.
+    let keyed = state.config.api_key.is_some() && authorize(&state, &headers).is_ok();
+    if !keyed && !state.config.public_ops {
+        if let Err(e) = authorize(&state, &headers) {
+            return error_response(&state, Shape::SystemOne, e);
+        }
+    }
     let info = &state.shards.info;
     let limits = &state.decider.limits;
     let refusals: Vec<String> = match &state.decider.strategy {
         Ok(s) => probe_kinds().iter().filter_map(|k| s.refusal(k)).collect(),
         Err(reason) => vec![reason.clone()],
     };
-    Json(json!({
+    let mut body = json!({
         "model_id": state.model_name,
-        "model_dir": state.config.model_dir(),
         "architecture": info.architecture,
         "dtype": info.dtype,
         "device": info.device,
@@ -601,16 +745,33 @@ async fn info_handler(State(state): State<Arc<AppState>>) -> Response {
             "max_batch_prefill_tokens": state.config.max_batch_prefill_tokens,
             "max_batch_wait_ms": state.config.max_batch_wait_ms,
             "max_queued_reads": state.config.max_queued_reads,
+            "request_timeout_secs": state.config.request_timeout_secs,
+            "header_read_timeout_secs": state.config.header_read_timeout_secs,
+            "keep_alive_timeout_secs": state.config.keep_alive_timeout_secs,
+            "max_connections": connection_limits(&state.config).max_connections,
         },
         "compat": state.config.compat.name(),
         "version": env!("CARGO_PKG_VERSION"),
-    }))
-    .into_response()
+    });
+    if keyed {
+        body["model_dir"] = json!(state.config.model_dir());
+    }
+    Json(body).into_response()
 }
 
 async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
     if let Some(handle) = &state.metrics {
         metrics::gauge!("decision_queued_reads").set(state.decider.queue.queued_reads() as f64);
+        metrics::gauge!("decision_queued_tokens").set(state.decider.queue.queued_tokens() as f64);
+        metrics::gauge!("decision_read_rate_tokens_per_second")
+            .set(state.decider.queue.read_rate());
+        metrics::gauge!("decision_http_requests_in_flight").set(state.in_flight.count() as f64);
+        metrics::gauge!("decision_http_connections_open")
+            .set(state.connections.open.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("decision_http_connections_closed_idle")
+            .set(state.connections.closed_idle.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("decision_http_connections_closed_slow")
+            .set(state.connections.closed_slow.load(Ordering::Relaxed) as f64);
         (
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
             handle.render(),
@@ -666,22 +827,6 @@ fn html_escape(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -692,8 +837,153 @@ mod tests {
 
     /// The app over no shards and no model: enough for routes, metrics and drain.
     fn test_state() -> Arc<AppState> {
-        let config = Config::parse_from(["decision-router", "--model-dir", "/nonexistent"]);
+        state_with(&[])
+    }
+
+    fn state_with(flags: &[&str]) -> Arc<AppState> {
+        let mut args = vec![
+            "decision-router",
+            "--model-dir",
+            "/srv/private-tree/secret-place",
+        ];
+        args.extend_from_slice(flags);
+        let config = Config::parse_from(args);
         Arc::new(build_state(config, ShardSet::detached()).unwrap())
+    }
+
+    fn get_with_key(path: &str, key: &str) -> axum::http::Request<Body> {
+        axum::http::Request::get(path)
+            .header(header::AUTHORIZATION, format!("Bearer {key}"))
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    const OPS_ROUTES: [&str; 4] = ["/metrics", "/info", "/docs", "/api-doc/openapi.json"];
+
+    #[tokio::test]
+    async fn with_an_api_key_the_operator_routes_need_it_and_health_does_not() {
+        let state = state_with(&["--api-key", "k3y"]);
+        for path in OPS_ROUTES {
+            let response = call(&state, get(path)).await;
+            assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{path}");
+            assert!(
+                text(response).await.contains("authentication_error"),
+                "{path}"
+            );
+            let wrong = call(&state, get_with_key(path, "k3yx")).await;
+            assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED, "{path}");
+            let right = call(&state, get_with_key(path, "k3y")).await;
+            assert_eq!(right.status(), StatusCode::OK, "{path}");
+        }
+        assert_eq!(call(&state, get("/health")).await.status(), StatusCode::OK);
+        // The key holder sees where the model lives.
+        let info: Value =
+            serde_json::from_str(&text(call(&state, get_with_key("/info", "k3y")).await).await)
+                .unwrap();
+        assert_eq!(info["model_dir"], "/srv/private-tree/secret-place");
+    }
+
+    #[tokio::test]
+    async fn public_ops_opens_the_operator_routes_but_info_shows_paths_only_to_the_key() {
+        let state = state_with(&["--api-key", "k3y", "--public-ops"]);
+        for path in OPS_ROUTES {
+            assert_eq!(
+                call(&state, get(path)).await.status(),
+                StatusCode::OK,
+                "{path}"
+            );
+        }
+        let anonymous = text(call(&state, get("/info")).await).await;
+        assert!(!anonymous.contains("private-tree"), "{anonymous}");
+        let keyed = text(call(&state, get_with_key("/info", "k3y")).await).await;
+        assert!(keyed.contains("private-tree"), "{keyed}");
+        // The decision routes still need the key.
+        let request = axum::http::Request::post("/v1/systemone")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(r#"{"state": {}, "questions": {}}"#))
+            .unwrap();
+        assert_eq!(
+            call(&state, request).await.status(),
+            StatusCode::UNAUTHORIZED
+        );
+    }
+
+    #[tokio::test]
+    async fn without_an_api_key_info_shows_no_filesystem_path() {
+        let state = test_state();
+        let info = text(call(&state, get("/info")).await).await;
+        assert!(
+            !info.contains("private-tree") && !info.contains("model_dir"),
+            "{info}"
+        );
+        let info: Value = serde_json::from_str(&info).unwrap();
+        assert_eq!(info["limits"]["request_timeout_secs"], 120);
+        assert_eq!(info["limits"]["header_read_timeout_secs"], 10);
+        assert_eq!(info["limits"]["keep_alive_timeout_secs"], 20);
+    }
+
+    #[test]
+    fn the_api_key_can_come_from_a_file() {
+        let path = std::env::temp_dir().join(format!("di-key-{}", std::process::id()));
+        std::fs::write(&path, "  from-a-file\n").unwrap();
+        let mut config = Config::parse_from([
+            "decision-router",
+            "--model-dir",
+            "/m",
+            "--api-key-file",
+            path.to_str().unwrap(),
+        ]);
+        config.load_api_key_file().unwrap();
+        assert_eq!(config.api_key.as_deref(), Some("from-a-file"));
+        std::fs::write(&path, "\n").unwrap();
+        let error = config.load_api_key_file().unwrap_err();
+        assert!(error.contains("is empty"), "{error}");
+        std::fs::remove_file(&path).ok();
+        assert!(Config::try_parse_from([
+            "decision-router",
+            "--model-dir",
+            "/m",
+            "--api-key",
+            "a",
+            "--api-key-file",
+            "/f",
+        ])
+        .is_err());
+    }
+
+    /// The drain waits for requests already in flight, and a second signal cuts it short.
+    #[tokio::test]
+    async fn a_drain_refuses_new_work_and_ends_when_the_accepted_requests_are_answered() {
+        let state = test_state();
+        let first = state.in_flight.enter();
+        let second = state.in_flight.enter();
+        let draining = {
+            let state = state.clone();
+            tokio::spawn(async move { drain(&state, "SIGTERM", std::future::pending()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(state.draining.load(Ordering::SeqCst));
+        assert_eq!(
+            call(&state, get("/health")).await.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        drop(first);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!draining.is_finished(), "one request is still in flight");
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(1), draining)
+            .await
+            .expect("the drain ends with the last request")
+            .unwrap();
+
+        let state = test_state();
+        let _stuck = state.in_flight.enter();
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            drain(&state, "SIGTERM", async { "SIGINT" }),
+        )
+        .await
+        .expect("a second signal ends the wait");
     }
 
     async fn call(state: &Arc<AppState>, request: axum::http::Request<Body>) -> Response {

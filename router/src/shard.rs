@@ -10,6 +10,9 @@ use tonic::transport::Channel;
 
 use crate::error::DecisionError;
 
+/// How long `/health` waits for every rank's Health RPC: each runs one tiny forward pass.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
 #[derive(Clone)]
 pub struct ShardSet {
     clients: Vec<DecisionShardClient<Channel>>,
@@ -49,14 +52,18 @@ impl ShardSet {
         self.clients.len()
     }
 
-    /// A real Health RPC on every rank.
+    /// A real Health RPC on every rank, each within `HEALTH_TIMEOUT` (a frozen rank never answers).
     pub async fn health(&self) -> Result<(), DecisionError> {
-        let calls = self
-            .clients
-            .iter()
-            .cloned()
-            .map(|mut c| async move { c.health(pb::HealthRequest {}).await });
+        let calls = self.clients.iter().cloned().map(|mut c| async move {
+            tokio::time::timeout(HEALTH_TIMEOUT, c.health(pb::HealthRequest {})).await
+        });
         for (rank, result) in join_all(calls).await.into_iter().enumerate() {
+            let Ok(result) = result else {
+                return Err(DecisionError::ShardUnavailable(format!(
+                    "rank {rank} did not answer a health probe within {} s",
+                    HEALTH_TIMEOUT.as_secs()
+                )));
+            };
             let probe = result
                 .map_err(|s| {
                     DecisionError::ShardUnavailable(format!("rank {rank}: {}", s.message()))
@@ -75,17 +82,34 @@ impl ShardSet {
     /// One batch of reads, fanned out to every rank; rank 0's results are returned.
     pub async fn read(&self, reads: Vec<pb::Read>) -> Result<pb::ReadResponse, DecisionError> {
         let request = pb::ReadRequest { reads };
+        // The batch's trace context rides along, so the shards' spans join the request's trace.
+        let span = tracing::Span::current();
         let calls = self.clients.iter().cloned().map(|mut c| {
-            let request = request.clone();
+            let mut request = tonic::Request::new(request.clone());
+            crate::telemetry::inject(&span, request.metadata_mut());
             async move { c.read(request).await }
         });
-        let mut responses = join_all(calls).await.into_iter().enumerate();
         let mut first = None;
-        for (rank, result) in &mut responses {
-            let response = result.map_err(|s| status_error(rank, s))?.into_inner();
-            if rank == 0 {
-                first = Some(response);
+        let mut failure: Option<DecisionError> = None;
+        for (rank, result) in join_all(calls).await.into_iter().enumerate() {
+            match result {
+                Ok(response) if rank == 0 => first = Some(response.into_inner()),
+                Ok(_) => {}
+                // A rank that is gone explains its peers' failed reads (a broken collective): it is
+                // the error reported, whichever rank failed first.
+                Err(status) => {
+                    let error = status_error(rank, status);
+                    let gone = matches!(error, DecisionError::ShardUnavailable(_));
+                    if failure.is_none()
+                        || (gone && !matches!(failure, Some(DecisionError::ShardUnavailable(_))))
+                    {
+                        failure = Some(error);
+                    }
+                }
             }
+        }
+        if let Some(error) = failure {
+            return Err(error);
         }
         first.ok_or_else(|| DecisionError::Internal("no shard answered".into()))
     }
@@ -100,10 +124,34 @@ fn status_error(rank: usize, status: tonic::Status) -> DecisionError {
         // A medium the shard's processor cannot take: the message starts with the request position
         // the router labelled it with (`images.0: …`), which the 400 names.
         tonic::Code::FailedPrecondition => crate::read::media_error(status.message()),
-        tonic::Code::Unavailable | tonic::Code::Cancelled => {
+        tonic::Code::Unavailable | tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => {
             DecisionError::ShardUnavailable(format!("rank {rank}: {}", status.message()))
         }
+        // No status from the shard at all: the connection broke under the call (the process died,
+        // or its socket closed). Which code tonic gives that depends on where in the call it broke
+        // (`Unknown` "transport error", `Internal` "h2 protocol error", ...); for the caller it is
+        // always a shard that went away.
+        _ if std::error::Error::source(&status).is_some() => {
+            DecisionError::ShardUnavailable(format!(
+                "rank {rank}: the connection broke during the call: {}",
+                transport_detail(&status)
+            ))
+        }
         _ => DecisionError::Shard(format!("rank {rank}: {}", status.message())),
+    }
+}
+
+/// The status message with the innermost cause of a transport failure ("connection reset by peer").
+fn transport_detail(status: &tonic::Status) -> String {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    let mut last = None;
+    while let Some(e) = cause {
+        last = Some(e.to_string());
+        cause = e.source();
+    }
+    match last {
+        Some(root) if root != status.message() => format!("{}: {root}", status.message()),
+        _ => status.message().to_owned(),
     }
 }
 
@@ -140,6 +188,25 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST);
+        // A connection that broke under the call (no status from the shard) is a shard gone.
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        )));
+        match status_error(1, broken) {
+            DecisionError::ShardUnavailable(message) => {
+                assert!(
+                    message.starts_with("rank 1: the connection broke"),
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // A status the shard itself sent stays a failed read.
+        assert!(matches!(
+            status_error(0, tonic::Status::internal("boom")),
+            DecisionError::Shard(_)
+        ));
         // A refusal of the read itself stays the router's bug (500), never the client's.
         assert!(matches!(
             status_error(0, tonic::Status::invalid_argument("read 0: bad")),

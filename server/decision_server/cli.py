@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="MiB of keys/values kept for recently read prompt prefixes (tree mode; 0 disables). A repeated "
         "chat head + state then costs only the new tokens; reads with different cache salts never share.",
     )
+    serve.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        help="OTLP/gRPC collector to export read spans to (e.g. http://collector:4317); each read joins the trace "
+        "the router sent in its gRPC metadata. Unset (default): no spans are exported and no connection is made.",
+    )
     parallel = serve.add_argument_group(
         "tensor parallelism", "Every rank gets the same flags but its own --rank and --uds-path, and every Read."
     )
@@ -172,6 +178,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             matmul=args.matmul,
             threads=args.threads,
             prefix_cache_mb=args.prefix_cache_mb,
+            otlp_endpoint=args.otlp_endpoint,
             parallel=ParallelConfig(
                 rank=args.rank,
                 world_size=args.world_size,

@@ -28,6 +28,7 @@ from decision_server.engines import (
 from decision_server.model import LoadedModel, ScoreRequest, dtype_name, load_config, load_model
 from decision_server.pb import decision_pb2_grpc
 from decision_server.service import DecisionShardService
+from decision_server.telemetry import tracing_for
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class ServeConfig:
     matmul: str = "auto"
     threads: int | None = None
     prefix_cache_mb: int = 0
+    otlp_endpoint: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
@@ -125,7 +127,8 @@ async def serve(config: ServeConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, request_stop, signal.Signals(signum).name)
 
-    service = DecisionShardService(model, engine, on_fatal=on_fatal)
+    tracing = tracing_for(config.otlp_endpoint, model.rank, model.world_size)
+    service = DecisionShardService(model, engine, on_fatal=on_fatal, tracing=tracing)
     server = build_server(service, config.uds_path)
     await server.start()
     try:
@@ -152,6 +155,7 @@ async def serve(config: ServeConfig) -> None:
     finally:
         await server.stop(SHUTDOWN_GRACE_S)
         service.close()
+        tracing.shutdown()
         try:
             config.uds_path.unlink()
         except FileNotFoundError:

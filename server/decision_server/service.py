@@ -30,6 +30,7 @@ from decision_server.errors import grpc_status_for, is_fatal
 from decision_server.media import AUDIO, IMAGE, VIDEO, MediaError, MediaItem
 from decision_server.model_base import LoadedModel, dtype_name
 from decision_server.pb import decision_pb2, decision_pb2_grpc
+from decision_server.telemetry import NoTracing, ReadTracer
 
 logger = logging.getLogger(__name__)
 
@@ -271,8 +272,10 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         model: LoadedModel,
         engine: Engine | CanvasEngine | PooledEngine,
         on_fatal: Callable[[BaseException], None] | None = None,
+        tracing: ReadTracer | None = None,
     ) -> None:
         self._model = model
+        self._tracing: ReadTracer = tracing or NoTracing()
         self._engine = engine
         self._on_fatal = on_fatal
         # One thread: reads are serialised (each already uses every core) and never race on the model.
@@ -296,7 +299,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
     async def Read(
         self, request: decision_pb2.ReadRequest, context: grpc.aio.ServicerContext
     ) -> decision_pb2.ReadResponse:
-        return await self._guard("Read", context, lambda: self._read(request))
+        with self._tracing.read_span(context.invocation_metadata() or (), len(request.reads)):
+            return await self._guard("Read", context, lambda: self._read(request))
 
     async def _info(self) -> decision_pb2.InfoResponse:
         model = self._model

@@ -585,7 +585,10 @@ pub fn error_body(error: &DecisionError) -> Value {
             Some("context_length_exceeded"),
             Some("input".into()),
         ),
-        DecisionError::Overloaded { .. } => ("rate_limit_error", Some("rate_limit_exceeded"), None),
+        DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => {
+            ("rate_limit_error", Some("rate_limit_exceeded"), None)
+        }
+        DecisionError::Timeout { .. } => ("server_error", Some("timeout"), None),
         DecisionError::NotServable(_) => (
             "invalid_request_error",
             Some("model_not_supported"),
