@@ -217,7 +217,28 @@ impl Decider {
             });
         }
         metrics::counter!("decision_prompt_tokens_total").increment(tokens as u64);
-        self.queue.read(reads, tokens, String::new(), arrival).await
+        let Some(limit) = self.request_timeout else {
+            return self
+                .queue
+                .read(reads, tokens, String::new(), arrival, None)
+                .await;
+        };
+        // The same deadline as a decision: 504 (or 503 for silent shards), its reads dropped.
+        let deadline = tokio::time::Instant::now() + limit;
+        let work = self.queue.read(
+            reads,
+            tokens,
+            String::new(),
+            arrival,
+            Some((deadline, limit)),
+        );
+        match tokio::time::timeout_at(deadline, work).await {
+            Ok(read) => read,
+            Err(_) => {
+                metrics::counter!("decision_requests_timed_out_total").increment(1);
+                Err(self.timed_out(limit).await)
+            }
+        }
     }
 }
 
