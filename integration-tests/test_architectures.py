@@ -237,11 +237,14 @@ def test_decisions_routes_answer_in_both_shapes(served: tuple[str, Launcher]) ->
 def test_media_fields_are_read_or_refused_naming_the_field(served: tuple[str, Launcher]) -> None:
     name, launcher = served
     pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-    # The fixtures that ship their processor read images (as the reference's next-token and Liquid reads do); no
-    # fixture reads video or audio; a folder without a processor reads no media at all.
+    # The fixtures that ship their processor read images (as the reference's next-token and Liquid reads do), Qwen3.5
+    # videos too (a one-pixel PNG is no video: refused naming videos.0); none reads audio; a folder without a
+    # processor reads no media at all.
     takes_images = name in ("tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-lfm2-vl")
+    takes_videos = name in ("tiny-qwen3.5", "tiny-qwen3.5-moe")
     info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
-    assert info["modalities"] == (["images"] if takes_images else []), info
+    expected = (["images"] if takes_images else []) + (["videos"] if takes_videos else [])
+    assert info["modalities"] == expected, info
     for field in ("images", "videos", "audio"):
         r = httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, field: [pixel]}, timeout=60)
         if field == "images" and takes_images:

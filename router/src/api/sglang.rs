@@ -305,14 +305,8 @@ fn parse_question(
         }
     };
     let instructions = match obj.get("question") {
-        None | Some(Value::Null) => {
-            errors.push(err(
-                &at("question"),
-                "missing",
-                format!("question {}: question is required", name_of(&id, i)),
-            ));
-            None
-        }
+        // Absent: the question line is left out (as System One does without instructions).
+        None | Some(Value::Null) => None,
         Some(value) => text(value, &at("question"), "question", &id, i, errors),
     };
     let kind = obj.get("type").and_then(Value::as_str).unwrap_or("");
