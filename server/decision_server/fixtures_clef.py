@@ -178,7 +178,7 @@ def _write_omni_tokenizer(tmp: Path) -> None:
 
     from tokenizers import AddedToken, Tokenizer
 
-    from decision_server.fixtures import TOKENIZER_FILES, qwen3_tokenizer_dir
+    from decision_server.qwen3_tokenizer import TOKENIZER_FILES, qwen3_tokenizer_dir
 
     source = qwen3_tokenizer_dir()
     for file_name in TOKENIZER_FILES:

@@ -257,9 +257,8 @@ def load_joint_schema_model(path: Path, torch_dtype: torch.dtype, device: torch.
     import transformers
 
     from decision_server.architectures import architecture_of
-    from decision_server.model import load_config
 
-    config = load_config(path)
+    config = transformers.AutoConfig.from_pretrained(path)
     architecture = architecture_of(config)
     family = joint_schema_family(architecture, path)
     if family is None:
