@@ -67,27 +67,13 @@ def read_spec(read: decision_pb2.Read) -> ReadSpec:
     for index, group in enumerate(next_token.labels):
         if not group.variants:
             raise InvalidReadError(read.id, f"label {index} has no variants")
-    media = []
-    for index, item in enumerate(read.media):
-        if item.modality not in MODALITIES:
-            raise InvalidReadError(read.id, f"media item {index} has no modality")
-        media.append(
-            MediaItem(
-                MODALITIES[item.modality],
-                item.data,
-                item.sha256,
-                item.name or f"media.{index}",
-                max_seconds=item.max_seconds,
-                max_frames=item.max_frames,
-            )
-        )
     return ReadSpec(
         id=read.id,
         prompt=tuple(next_token.token_ids),
         labels=tuple(tuple(variant.token_ids) for group in next_token.labels for variant in group.variants),
         cache_salt=read.cache_salt,
         group_sizes=tuple(len(group.variants) for group in next_token.labels),
-        media=tuple(media),
+        media=_media_items(read),
     )
 
 
