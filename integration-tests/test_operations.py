@@ -27,6 +27,7 @@ from wire import error_detail, show
 
 DEADLINE_S = 1
 HEADER_TIMEOUT_S = 2
+BODY_TIMEOUT_S = 2
 KEEP_ALIVE_S = 3
 ARGS = [
     "--dtype",
@@ -37,6 +38,8 @@ ARGS = [
     str(DEADLINE_S),
     "--header-read-timeout-secs",
     str(HEADER_TIMEOUT_S),
+    "--body-read-timeout-secs",
+    str(BODY_TIMEOUT_S),
     "--keep-alive-timeout-secs",
     str(KEEP_ALIVE_S),
 ]
@@ -119,6 +122,10 @@ def test_info_shows_no_filesystem_path_without_a_key(ops: Launcher) -> None:
     assert "/" not in json.dumps({k: v for k, v in info.items() if k != "refusals"}).replace("\\/", ""), info
     assert info["limits"]["request_timeout_secs"] == DEADLINE_S
     assert info["limits"]["header_read_timeout_secs"] == HEADER_TIMEOUT_S
+    assert info["limits"]["body_read_timeout_secs"] == BODY_TIMEOUT_S
+    # The prefix cache is on by default, sized by its rule from the model and the memory free.
+    cache = info["prefix_cache"]
+    assert cache["enabled"] and cache["budget_bytes"] > 0 and cache["rule"].startswith("auto: "), cache
 
 
 def test_5000_random_paths_leave_the_metric_series_and_the_router_memory_flat(ops: Launcher) -> None:
@@ -176,6 +183,23 @@ def test_a_client_sending_its_head_a_byte_at_a_time_is_cut_off(ops: Launcher) ->
     print(f"slow-header client closed after {took:.1f} s")
     assert closed, f"a slow-header client still connected after {took:.1f} s"
     assert HEADER_TIMEOUT_S - 0.5 <= took <= HEADER_TIMEOUT_S + 2, f"closed after {took:.1f} s"
+
+
+def test_a_client_trickling_its_body_gets_408_and_its_connection_closed(ops: Launcher) -> None:
+    body = json.dumps(SMALL).encode()
+    head = f"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", ops.port)) as sock:
+        sock.sendall(head.encode() + body[:10])
+        started = time.monotonic()
+        sock.settimeout(BODY_TIMEOUT_S + 10)
+        answer = b""
+        while chunk := sock.recv(65536):  # the server closes the connection after its answer
+            answer += chunk
+        took = time.monotonic() - started
+    print(f"trickled body answered after {took:.1f} s: {answer[:200]!r}")
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert b"body_read_timeout_secs" in answer and b"connection: close" in answer.lower(), answer
+    assert BODY_TIMEOUT_S - 0.5 <= took <= BODY_TIMEOUT_S + 2, f"answered after {took:.1f} s"
 
 
 def test_idle_connections_are_closed_and_a_flood_of_them_leaves_the_server_answering(ops: Launcher) -> None:

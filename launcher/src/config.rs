@@ -112,6 +112,11 @@ pub struct Config {
     #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_secs: u64,
 
+    /// Seconds a request's body may take to arrive once its head has (then 408 and the connection
+    /// closes). 0: no limit.
+    #[arg(long, env = "BODY_READ_TIMEOUT_SECS", default_value_t = 60)]
+    pub body_read_timeout_secs: u64,
+
     /// Seconds a client connection may sit with nothing arriving and no request in flight.
     #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub keep_alive_timeout_secs: u64,
@@ -200,10 +205,12 @@ pub struct Config {
     #[arg(long, env = "ALLOCATOR", value_enum, default_value_t = Allocator::Auto)]
     pub allocator: Allocator,
 
-    /// Memory each shard may spend keeping the KV of recent prompt prefixes (radix tree, LRU), in MiB;
-    /// a repeated state then costs only its questions. 0 turns the prefix cache off.
-    #[arg(long, env = "PREFIX_CACHE_MB", default_value_t = 0)]
-    pub prefix_cache_mb: u32,
+    /// Memory the shards may spend keeping the KV of recent prompt prefixes (radix tree, LRU), in MiB
+    /// of the whole model's keys/values; a repeated state then costs only its questions. 0 turns the
+    /// prefix cache off. `auto`: room for 8 prompts of the model's full length, at most 10% of the host
+    /// memory free after loading (30% of each GPU's); `/info` shows the budget and its rule.
+    #[arg(long, env = "PREFIX_CACHE_MB", default_value = "auto", value_parser = parse_cache_size)]
+    pub prefix_cache_mb: CacheSize,
 
     /// Where converted models and other launcher artefacts are kept.
     /// [default: $XDG_CACHE_HOME/decision-inference or ~/.cache/decision-inference]
@@ -375,6 +382,7 @@ mod tests {
         "PUBLIC_OPS",
         "REQUEST_TIMEOUT_SECS",
         "HEADER_READ_TIMEOUT_SECS",
+        "BODY_READ_TIMEOUT_SECS",
         "KEEP_ALIVE_TIMEOUT_SECS",
         "MAX_CONNECTIONS",
         "OTLP_ENDPOINT",
@@ -395,6 +403,7 @@ mod tests {
         "MAX_AUDIO_SECONDS",
         "THREADS",
         "ALLOCATOR",
+        "PREFIX_CACHE_MB",
         "DECISION_CACHE_DIR",
         "SHARD_STARTUP_TIMEOUT_SECS",
         "SHUTDOWN_GRACE_SECS",
@@ -419,6 +428,25 @@ mod tests {
             std::env::remove_var(name);
         }
         parsed
+    }
+
+    #[test]
+    fn prefix_cache_size_is_auto_by_default_or_a_number_of_mib() {
+        let auto = parse_with_env(&[], &[]).expect("no flags parse");
+        assert_eq!(auto.prefix_cache_mb, CacheSize::Auto);
+        let off = parse_with_env(&["--prefix-cache-mb", "0"], &[]).expect("0 parses");
+        assert_eq!(off.prefix_cache_mb, CacheSize::Mib(0));
+        let env = parse_with_env(&[], &[("PREFIX_CACHE_MB", "512")]).expect("env parses");
+        assert_eq!(env.prefix_cache_mb.to_string(), "512");
+        for bad in ["lots", "1.5", "", "4294967296"] {
+            let error = parse_with_env(&[&format!("--prefix-cache-mb={bad}")], &[]).unwrap_err();
+            assert!(
+                error
+                    .to_string()
+                    .contains("expected auto or a whole number of MiB"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]
@@ -580,4 +608,29 @@ mod tests {
     fn clap_definition_is_consistent() {
         <Config as clap::CommandFactory>::command().debug_assert();
     }
+}
+
+/// `--prefix-cache-mb`: sized by the shard's rule, or a number of MiB (0: off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheSize {
+    Auto,
+    Mib(u32),
+}
+
+impl fmt::Display for CacheSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CacheSize::Auto => f.write_str("auto"),
+            CacheSize::Mib(mib) => write!(f, "{mib}"),
+        }
+    }
+}
+
+fn parse_cache_size(text: &str) -> Result<CacheSize, String> {
+    if text == "auto" {
+        return Ok(CacheSize::Auto);
+    }
+    text.parse()
+        .map(CacheSize::Mib)
+        .map_err(|_| format!("expected auto or a whole number of MiB, got {text:?}"))
 }

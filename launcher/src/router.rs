@@ -83,6 +83,10 @@ pub fn spec(
             config.header_read_timeout_secs.to_string(),
         ),
         (
+            "--body-read-timeout-secs",
+            config.body_read_timeout_secs.to_string(),
+        ),
+        (
             "--keep-alive-timeout-secs",
             config.keep_alive_timeout_secs.to_string(),
         ),
@@ -229,6 +233,8 @@ mod tests {
                 "120",
                 "--header-read-timeout-secs",
                 "10",
+                "--body-read-timeout-secs",
+                "60",
                 "--keep-alive-timeout-secs",
                 "20",
                 "--max-connections",
@@ -257,6 +263,8 @@ mod tests {
             "30",
             "--header-read-timeout-secs",
             "4",
+            "--body-read-timeout-secs",
+            "7",
             "--keep-alive-timeout-secs",
             "2",
             "--max-connections",
@@ -272,6 +280,7 @@ mod tests {
         assert_eq!(after("--api-key-file"), "/run/secrets/key");
         assert_eq!(after("--request-timeout-secs"), "30");
         assert_eq!(after("--header-read-timeout-secs"), "4");
+        assert_eq!(after("--body-read-timeout-secs"), "7");
         assert_eq!(after("--keep-alive-timeout-secs"), "2");
         assert_eq!(after("--max-connections"), "64");
         assert_eq!(after("--otlp-endpoint"), "http://collector:4317");

@@ -117,12 +117,10 @@ pub fn spec(
     if let Some(threads) = config.threads {
         args.extend(["--threads".into(), threads.to_string().into()]);
     }
-    if config.prefix_cache_mb > 0 {
-        args.extend([
-            "--prefix-cache-mb".into(),
-            config.prefix_cache_mb.to_string().into(),
-        ]);
-    }
+    args.extend([
+        "--prefix-cache-mb".into(),
+        config.prefix_cache_mb.to_string().into(),
+    ]);
     if let Some(endpoint) = config.otlp_endpoint(|name| std::env::var(name).ok()) {
         args.extend(["--otlp-endpoint".into(), endpoint.into()]);
     }
@@ -334,7 +332,9 @@ mod tests {
                 "--world-size",
                 "1",
                 "--threads",
-                "8"
+                "8",
+                "--prefix-cache-mb",
+                "auto"
             ]
             .map(OsString::from)
         );
@@ -355,9 +355,10 @@ mod tests {
         assert!(!default_threads
             .args
             .contains(&OsString::from("--master-port")));
-        assert!(!default_threads
-            .args
-            .contains(&OsString::from("--prefix-cache-mb")));
+        assert_eq!(
+            value_after(&default_threads.args, "--prefix-cache-mb"),
+            "auto"
+        );
 
         let cached = spec(
             Path::new("decision-server"),
@@ -369,6 +370,16 @@ mod tests {
             &no_allocator(),
         );
         assert_eq!(value_after(&cached.args, "--prefix-cache-mb"), "256");
+        let off = spec(
+            Path::new("decision-server"),
+            &config(&["--prefix-cache-mb", "0"]),
+            &model,
+            0,
+            socket,
+            None,
+            &no_allocator(),
+        );
+        assert_eq!(value_after(&off.args, "--prefix-cache-mb"), "0");
 
         let preloaded = spec(
             Path::new("decision-server"),
@@ -430,7 +441,9 @@ mod tests {
                 "--master-addr",
                 "127.0.0.1",
                 "--master-port",
-                "29611"
+                "29611",
+                "--prefix-cache-mb",
+                "auto"
             ]
             .map(OsString::from)
         );

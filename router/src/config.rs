@@ -98,6 +98,10 @@ pub struct Config {
     /// is closed.
     #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_secs: u64,
+    /// Seconds a request's body may take to arrive once its head has; past it the answer is 408
+    /// naming the limit and the connection is closed. 0 turns it off.
+    #[arg(long, env = "BODY_READ_TIMEOUT_SECS", default_value_t = 60)]
+    pub body_read_timeout_secs: u64,
     /// Seconds a connection may stay open with nothing arriving and no request in flight.
     #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
     pub keep_alive_timeout_secs: u64,

@@ -84,6 +84,9 @@ pub enum DecisionError {
     Unauthorized,
     #[error("request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
+    /// The body did not arrive within `--body-read-timeout-secs` of the request head.
+    #[error("the request body did not arrive within {limit_secs} s (body_read_timeout_secs)")]
+    BodyTooSlow { limit_secs: u64 },
     /// A media item over a size limit (bytes, pixels); `param` names it (`images.1`).
     #[error("{message}")]
     MediaTooLarge { param: String, message: String },
@@ -140,6 +143,7 @@ impl DecisionError {
                 StatusCode::from_u16(529).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
             }
             DecisionError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            DecisionError::BodyTooSlow { .. } => StatusCode::REQUEST_TIMEOUT,
             DecisionError::NotServable(_) => StatusCode::NOT_IMPLEMENTED,
             DecisionError::Shard(_) | DecisionError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -164,7 +168,7 @@ impl DecisionError {
                 "tokens_exceeded"
             }
             DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => "overloaded",
-            DecisionError::Timeout { .. } => "timeout",
+            DecisionError::Timeout { .. } | DecisionError::BodyTooSlow { .. } => "timeout",
             DecisionError::NotServable(_) => "not_implemented",
             // A rank that is down or restarting (retry later) apart from one that failed a read.
             DecisionError::ShardUnavailable(_) => "shard_unavailable",

@@ -3,6 +3,7 @@
 //! log-probabilities into probabilities in each response shape.
 
 pub mod api;
+pub mod body_clock;
 pub mod config;
 pub mod connections;
 pub mod decide;

@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 use tower_http::decompression::RequestDecompressionLayer;
 
 use crate::api::{self, openai, score, sglang, systemone};
+use crate::body_clock;
 use crate::config::Config;
 use crate::connections::{self, ConnectionLimits, ConnectionStats};
 use crate::decide::Decider;
@@ -307,6 +308,7 @@ fn probe_kinds() -> Vec<crate::ir::QuestionKind> {
 
 pub fn app(state: Arc<AppState>) -> Router {
     let body_limit = state.config.max_body_bytes;
+    let body_time = Duration::from_secs(state.config.body_read_timeout_secs);
     Router::new()
         .route("/v1/systemone", post(systemone_handler))
         .route("/v1/decisions", post(decisions_handler))
@@ -335,6 +337,9 @@ pub fn app(state: Arc<AppState>) -> Router {
         )
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(RequestDecompressionLayer::new())
+        .layer(middleware::from_fn(move |request, next| {
+            body_clock::limit_body(body_time, request, next)
+        }))
         .layer(middleware::from_fn(request_id))
         .with_state(state)
 }
@@ -461,7 +466,11 @@ pub fn json_body(
     limit: usize,
 ) -> Result<Value, DecisionError> {
     let bytes = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(limit) = body_clock::too_slow(&rejection) {
+            DecisionError::BodyTooSlow {
+                limit_secs: limit.as_secs(),
+            }
+        } else if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             DecisionError::BodyTooLarge { limit }
         } else {
             DecisionError::BadRequest {
@@ -517,6 +526,12 @@ fn error_response(state: &AppState, shape: Shape, error: DecisionError) -> Respo
         response
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if matches!(error, DecisionError::BodyTooSlow { .. }) {
+        // The rest of the body may still be on its way: this connection carries no further request.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
 }
@@ -736,6 +751,11 @@ async fn info_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) ->
         "prompt_format": state.decider.prompt_format().map(|f| json!({"name": f.name, "version": f.version})),
         "refusals": refusals,
         "max_position_embeddings": info.max_position_embeddings,
+        "prefix_cache": {
+            "enabled": info.prefix_cache_bytes > 0,
+            "budget_bytes": info.prefix_cache_bytes,
+            "rule": info.prefix_cache_rule,
+        },
         "limits": {
             "max_questions": limits.max_questions,
             "max_choices": limits.max_choices,
@@ -747,6 +767,7 @@ async fn info_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) ->
             "max_queued_reads": state.config.max_queued_reads,
             "request_timeout_secs": state.config.request_timeout_secs,
             "header_read_timeout_secs": state.config.header_read_timeout_secs,
+            "body_read_timeout_secs": state.config.body_read_timeout_secs,
             "keep_alive_timeout_secs": state.config.keep_alive_timeout_secs,
             "max_connections": connection_limits(&state.config).max_connections,
         },
@@ -997,6 +1018,36 @@ mod tests {
 
     fn get(path: &str) -> axum::http::Request<Body> {
         axum::http::Request::get(path).body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_trickles_past_its_limit_is_408_and_closes_the_connection() {
+        use futures::StreamExt as _;
+        let state = state_with(&["--body-read-timeout-secs", "2"]);
+        let first = Bytes::from_static(br#"{"state": "Refund"#);
+        let stalled = futures::stream::iter([Ok::<_, std::io::Error>(first)])
+            .chain(futures::stream::pending());
+        let request = axum::http::Request::post("/v1/systemone")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from_stream(stalled))
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let response = call(&state, request).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(2));
+        assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(response.headers()[header::CONNECTION], "close");
+        let body: Value = serde_json::from_str(&text(response).await).unwrap();
+        assert_eq!(body["detail"]["error_type"], "timeout", "{body}");
+        assert!(
+            body["detail"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("within 2 s (body_read_timeout_secs)"),
+            "{body}"
+        );
+        let info: Value =
+            serde_json::from_str(&text(call(&state, get("/info")).await).await).unwrap();
+        assert_eq!(info["limits"]["body_read_timeout_secs"], 2);
     }
 
     #[tokio::test]

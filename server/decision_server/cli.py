@@ -31,6 +31,15 @@ FIXTURE_NAMES = (
 )
 
 
+
+def cache_size(text: str) -> int | str:
+    """--prefix-cache-mb: "auto" or a whole number of MiB (0: off)."""
+    if text == "auto":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number of MiB, got {text!r}")
+    return int(text)
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decision-server",
@@ -74,10 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice).")
     serve.add_argument(
         "--prefix-cache-mb",
-        type=int,
-        default=0,
+        type=cache_size,
+        default="auto",
         help="MiB of keys/values kept for recently read prompt prefixes (tree mode; 0 disables). A repeated "
-        "chat head + state then costs only the new tokens; reads with different cache salts never share.",
+        "chat head + state then costs only the new tokens; reads with different cache salts never share. auto "
+        "(default): room for 8 prompts of the model's full length, at most 10%% of the host memory free after "
+        "loading (30%% of each GPU's); /info shows the budget and how it was chosen.",
     )
     serve.add_argument(
         "--otlp-endpoint",

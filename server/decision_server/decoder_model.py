@@ -56,6 +56,9 @@ class DecoderModel(LoadedModel):
         start, end = self.network.share.kv_heads
         return end - start, self.network.shape.kv_heads
 
+    def agree_min(self, value: int) -> int:
+        return int(self.group.all_reduce_min(torch.tensor([value], dtype=torch.int64, device=self.device)).item())
+
     def score(self, request: ScoreRequest) -> ScoredPass:
         if isinstance(request.attention_mask, dict):
             raise ValueError("the decoder has full-attention layers only; it takes one mask, not one per layer type")

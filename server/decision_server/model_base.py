@@ -182,6 +182,10 @@ class LoadedModel(ABC):
             return f"cuda:{self.device.index or 0}"
         return self.device.type
 
+    def agree_min(self, value: int) -> int:
+        """The smallest `value` any rank of the group passed (a collective: every rank calls it together)."""
+        return value
+
     def close(self) -> None:  # noqa: B027  (optional hook: only grouped models have something to leave)
         """Leaves the tensor-parallel group, if any."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -192,3 +193,76 @@ def _common_length(stored: Sequence[int], tokens: Sequence[int], offset: int) ->
     while count < limit and stored[count] == tokens[offset + count]:
         count += 1
     return count
+
+
+# The `--prefix-cache-mb auto` rule: room for AUTO_CONTEXTS prompts of the model's full length, within a share of
+# the memory free once the weights are loaded (host memory on CPU, where the ranks of a group share it; each
+# device's own memory on CUDA). Like vLLM and SGLang it is sized from the model's key/value bytes per token, but a
+# decision read keeps no generation state, so it takes a small share rather than most of the memory.
+AUTO_CONTEXTS = 8
+AUTO_HOST_SHARE = 0.10
+AUTO_DEVICE_SHARE = 0.30
+# Below this a cache holds too little to pay for its bookkeeping: the rule turns it off instead.
+AUTO_MIN_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """The prefix cache a shard runs with: `capacity_bytes` of the whole model's keys/values (0: off) and `rule`,
+    the sentence Info shows for how that number was chosen or why there is no cache."""
+
+    capacity_bytes: int
+    rule: str
+
+    @classmethod
+    def off(cls, reason: str) -> CachePlan:
+        return cls(0, reason)
+
+
+def kv_bytes_per_token(text_config: Any, dtype: torch.dtype) -> int:
+    """Bytes of one token's keys and values over every layer of the whole model."""
+    layers = int(text_config.num_hidden_layers)
+    heads = int(getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads)
+    head_dim = int(getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads)
+    return 2 * layers * heads * head_dim * dtype.itemsize
+
+
+def free_memory_bytes(device: torch.device, read: Callable[[str], str | None] = lambda path: _read_text(path)) -> int:
+    """Memory free for new tensors: the device's on CUDA; on CPU the host's MemAvailable, lowered to what the
+    process's cgroup (a container's memory limit) still allows."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    meminfo = read("/proc/meminfo") or ""
+    available = next(
+        (int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), 0
+    )
+    limit, current = read("/sys/fs/cgroup/memory.max"), read("/sys/fs/cgroup/memory.current")
+    if limit is not None and current is not None and limit.strip().isdigit() and current.strip().isdigit():
+        available = min(available, max(0, int(limit) - int(current)))
+    return available
+
+
+def auto_plan(per_token: int, context: int, free_bytes: int, share: float, heads_share: tuple[int, int]) -> CachePlan:
+    """The auto budget: AUTO_CONTEXTS full-length prompts, at most `share` of `free_bytes` held on this rank
+    (which stores `heads_share` of every token), and off when that is under AUTO_MIN_BYTES."""
+    wanted = AUTO_CONTEXTS * context * per_token
+    allowed = int(share * free_bytes * heads_share[1] / heads_share[0])
+    capacity = min(wanted, allowed)
+    mib = 1024 * 1024
+    bound = (
+        f"{AUTO_CONTEXTS} prompts of {context} tokens"
+        if wanted <= allowed
+        else f"{share:.0%} of the {free_bytes // mib} MiB free"
+    )
+    if capacity < AUTO_MIN_BYTES:
+        return CachePlan.off(f"auto: off, {capacity // mib} MiB ({bound}) is under {AUTO_MIN_BYTES // mib} MiB")
+    return CachePlan(capacity, f"auto: {capacity // mib} MiB, {capacity // per_token} tokens ({bound})")
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read()
+    except OSError:
+        return None

@@ -46,7 +46,7 @@ class ServeConfig:
     read_mode: str = "auto"
     matmul: str = "auto"
     threads: int | None = None
-    prefix_cache_mb: int = 0
+    prefix_cache_mb: int | str = "auto"
     otlp_endpoint: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
@@ -143,7 +143,8 @@ async def serve(config: ServeConfig) -> None:
                     "device": model.device_name,
                     "engine": engine.name,
                     "implementation": model.implementation,
-                    "prefix_cache_mb": config.prefix_cache_mb,
+                    "prefix_cache_bytes": engine.cache_plan.capacity_bytes,
+                    "prefix_cache": engine.cache_plan.rule,
                     "rank": model.rank,
                     "world_size": model.world_size,
                     "weight_bytes": model.weight_bytes(),

@@ -302,6 +302,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             matmul=model.matmul,
             implementation=model.implementation,
             modalities=[code for code, name in MODALITIES.items() if name in model.modalities],
+            prefix_cache_bytes=self._engine.cache_plan.capacity_bytes,
+            prefix_cache_rule=self._engine.cache_plan.rule,
         )
 
     async def _health(self) -> decision_pb2.HealthResponse:

@@ -14,7 +14,15 @@ from test_tree_vs_naive import assert_same_reads, decision_batch
 
 from decision_server.engines import NaiveEngine, ReadSpec, TreeEngine, make_engine
 from decision_server.model import LoadedModel, wrap_module
-from decision_server.prefix_cache import KeyValues, PrefixCache
+from decision_server.prefix_cache import (
+    AUTO_CONTEXTS,
+    CachePlan,
+    KeyValues,
+    PrefixCache,
+    auto_plan,
+    free_memory_bytes,
+    kv_bytes_per_token,
+)
 
 # Fake keys/values for bookkeeping tests: 2 layers, 1 head, head_dim 1, value = the token's position,
 # so a slice that comes back from the wrong place is visible. 16 bytes per token (keys + values, float32).
@@ -182,3 +190,69 @@ def test_sliding_window_models_get_no_cache(tmp_path: Path, caplog: pytest.LogCa
     assert "prefix cache disabled" in caplog.text
     with pytest.raises(ValueError, match="sliding-window"):
         TreeEngine(model, prefix_cache=PrefixCache(1 << 20))
+
+
+def test_auto_budget_counts_real_cached_bytes(tiny_qwen3: LoadedModel) -> None:
+    """kv_bytes_per_token is what a cached token really costs: the rule's tokens are the cache's tokens."""
+    engine = make_engine("tree", tiny_qwen3, prefix_cache_mb="auto")
+    assert isinstance(engine, TreeEngine) and engine.prefix_cache is not None
+    plan = engine.cache_plan
+    assert plan.capacity_bytes == engine.prefix_cache.capacity_bytes > 0
+    assert plan.rule.startswith("auto: ")
+    engine.run(decision_batch(tiny_qwen3.path))
+    cache = engine.prefix_cache
+    assert cache.cached_tokens > 0
+    assert cache.bytes_used == cache.cached_tokens * kv_bytes_per_token(tiny_qwen3.text_config, tiny_qwen3.dtype)
+
+
+def test_auto_plan_takes_the_smaller_of_the_contexts_and_the_memory_share() -> None:
+    mib = 1024 * 1024
+    # Plenty of memory: 8 contexts of 4,096 tokens at 1 KiB each.
+    roomy = auto_plan(per_token=1024, context=4096, free_bytes=64 * 1024 * mib, share=0.1, heads_share=(1, 1))
+    assert roomy == CachePlan(AUTO_CONTEXTS * 4096 * 1024, "auto: 32 MiB, 32768 tokens (8 prompts of 4096 tokens)")
+    # Under AUTO_MIN_BYTES: off, saying why.
+    assert auto_plan(1024, 4096, 100 * mib, 0.1, (1, 1)) == CachePlan.off(
+        "auto: off, 10 MiB (10% of the 100 MiB free) is under 16 MiB"
+    )
+    assert auto_plan(1024, 1000, 64 * 1024 * mib, 0.1, (1, 1)).rule == (
+        "auto: off, 7 MiB (8 prompts of 1000 tokens) is under 16 MiB"
+    )
+    # Memory bound: a 10% share of 4 GiB.
+    tight = auto_plan(per_token=1 << 20, context=100_000, free_bytes=4096 * mib, share=0.1, heads_share=(1, 1))
+    assert tight.capacity_bytes == int(0.1 * 4096 * mib)
+    assert tight.rule == "auto: 409 MiB, 409 tokens (10% of the 4096 MiB free)"
+    # A rank holding a quarter of the heads stores a quarter of each token: the whole-model budget is 4x larger.
+    quarter = auto_plan(per_token=1 << 20, context=100_000, free_bytes=4096 * mib, share=0.1, heads_share=(1, 4))
+    assert quarter.capacity_bytes == int(0.1 * 4096 * mib * 4)
+
+
+def test_free_memory_is_lowered_to_the_containers_limit() -> None:
+    files = {"/proc/meminfo": "MemTotal: 1000 kB\nMemAvailable:    8000000 kB\n"}
+    host = free_memory_bytes(torch.device("cpu"), files.get)
+    assert host == 8_000_000 * 1024
+    limited = dict(files, **{"/sys/fs/cgroup/memory.max": "3000000000\n", "/sys/fs/cgroup/memory.current": "1000\n"})
+    assert free_memory_bytes(torch.device("cpu"), limited.get) == 3_000_000_000 - 1000
+    unlimited = dict(files, **{"/sys/fs/cgroup/memory.max": "max\n", "/sys/fs/cgroup/memory.current": "1000\n"})
+    assert free_memory_bytes(torch.device("cpu"), unlimited.get) == host
+
+
+def test_plans_name_why_there_is_no_cache(tiny_qwen3: LoadedModel) -> None:
+    off = make_engine("tree", tiny_qwen3, prefix_cache_mb=0)
+    assert isinstance(off, TreeEngine) and off.prefix_cache is None
+    assert off.cache_plan == CachePlan.off("off: --prefix-cache-mb 0")
+    naive = make_engine("naive", tiny_qwen3, prefix_cache_mb="auto")
+    assert naive.cache_plan == CachePlan.off("off: the naive engine keeps no prefixes")
+    fixed = make_engine("tree", tiny_qwen3, prefix_cache_mb=3)
+    assert fixed.cache_plan == CachePlan(3 * 1024 * 1024, "--prefix-cache-mb 3")
+    with pytest.raises(ValueError, match="auto or 0 or more"):
+        make_engine("tree", tiny_qwen3, prefix_cache_mb=-1)
+
+
+def test_info_reports_the_plan(tiny_qwen3: LoadedModel, shard: Any) -> None:
+    from decision_server.pb import decision_pb2
+
+    engine = make_engine("tree", tiny_qwen3, prefix_cache_mb="auto")
+    with shard(tiny_qwen3, engine) as stub:
+        info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
+    assert info.prefix_cache_bytes == engine.cache_plan.capacity_bytes > 0
+    assert info.prefix_cache_rule == engine.cache_plan.rule

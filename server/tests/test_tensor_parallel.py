@@ -29,7 +29,8 @@ from decision_server.pb import decision_pb2, decision_pb2_grpc
 
 COMMAND = [sys.executable, "-m", "decision_server.cli"]
 STARTUP_TIMEOUT_S = 180.0
-PREFIX_CACHE_MB = 16
+# Sized by the auto rule: each rank measures the free memory itself, and the ranks must agree on one budget.
+PREFIX_CACHE_MB = "auto"
 COLLECTIVE_TIMEOUT_S = 30
 TOLERANCE = 1e-4
 
@@ -179,6 +180,8 @@ def _check_two_ranks_equal_one_shard(name: str, model: Any, ranks: list[Rank], e
     infos = [rank.stub.Info(decision_pb2.InfoRequest(), timeout=30) for rank in ranks]
     assert [(i.world_size, i.rank) for i in infos] == [(2, 0), (2, 1)]
     assert {(i.architecture, i.vocab_size, i.engine) for i in infos} == {(model.architecture, model.vocab_size, "tree")}
+    assert len({(i.prefix_cache_bytes, i.prefix_cache_rule) for i in infos}) == 1, infos
+    assert infos[0].prefix_cache_bytes > 0 and infos[0].prefix_cache_rule.startswith("auto: "), infos[0]
     got = [read_all(ranks, r) for r in _requests(model.path)]
     worst = max(_max_difference(a, b) for a, b in zip(expected, got, strict=True))
     print(f"{name}: max |1 shard - 2 shards| over {sum(len(r.results) for r in got)} reads = {worst:.3g}")

@@ -589,6 +589,7 @@ pub fn error_body(error: &DecisionError) -> Value {
             ("rate_limit_error", Some("rate_limit_exceeded"), None)
         }
         DecisionError::Timeout { .. } => ("server_error", Some("timeout"), None),
+        DecisionError::BodyTooSlow { .. } => ("invalid_request_error", Some("timeout"), None),
         DecisionError::NotServable(_) => (
             "invalid_request_error",
             Some("model_not_supported"),

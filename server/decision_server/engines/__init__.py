@@ -24,7 +24,15 @@ from decision_server.engines.types import (
     ReadSpec,
 )
 from decision_server.model_base import LoadedModel
-from decision_server.prefix_cache import PrefixCache
+from decision_server.prefix_cache import (
+    AUTO_DEVICE_SHARE,
+    AUTO_HOST_SHARE,
+    CachePlan,
+    PrefixCache,
+    auto_plan,
+    free_memory_bytes,
+    kv_bytes_per_token,
+)
 
 # Keyed by architectures.ENGINE_NAMES (the registry names engines without importing them; a test checks both agree).
 ENGINES: dict[str, type[Engine]] = {"tree": TreeEngine, "fork": ForkEngine, "naive": NaiveEngine}
@@ -32,43 +40,64 @@ ENGINES: dict[str, type[Engine]] = {"tree": TreeEngine, "fork": ForkEngine, "nai
 logger = logging.getLogger(__name__)
 
 
-def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int = 0) -> Engine | CanvasEngine | PooledEngine:
-    """The engine for --read-mode `mode` (auto, tree, fork, naive); a prefix cache of `prefix_cache_mb` MiB when
-    the tree engine can use one. Raises EngineRefusedError for tree on a model it would read wrongly. A
-    block-diffusion model gets the canvas engine (its architecture decides; `mode` must be auto, or canvas)."""
-    if prefix_cache_mb < 0:
-        raise ValueError(f"--prefix-cache-mb must be 0 or more, got {prefix_cache_mb}")
+def make_engine(
+    mode: str, model: LoadedModel, prefix_cache_mb: int | str = 0
+) -> Engine | CanvasEngine | PooledEngine:
+    """The engine for --read-mode `mode` (auto, tree, fork, naive), with the prefix cache `prefix_cache_mb` asks
+    for (MiB, 0 for none, or "auto": `plan_prefix_cache`); its `cache_plan` says what it got. Raises
+    EngineRefusedError for tree on a model it would read wrongly. A block-diffusion model gets the canvas engine
+    (its architecture decides; `mode` must be auto, or canvas)."""
     name = (
         mode
         if mode in (CANVAS_ENGINE, POOLED_ENGINE)
         else choose_engine(mode, model.architecture, model.text_config, model.path)
     )
+    plan = plan_prefix_cache(name, model, prefix_cache_mb)
+    engine: Engine | CanvasEngine | PooledEngine
     if name == POOLED_ENGINE:
-        if prefix_cache_mb:
-            logger.warning("prefix cache ignored by the pooled engine", extra={"fields": {"mb": prefix_cache_mb}})
         if not hasattr(model, "score_pooled"):
             raise ValueError(f"{model.path}: a joint-schema folder loaded without its head")
         pooled: PooledModel = model  # type: ignore[assignment]
-        return PooledEngine(pooled)
-    if name == CANVAS_ENGINE:
-        if prefix_cache_mb:
-            logger.warning("prefix cache ignored by the canvas engine", extra={"fields": {"mb": prefix_cache_mb}})
-        return CanvasEngine(model)
-    if name != "tree":
-        if prefix_cache_mb:
-            # The naive engine is the reference every other path is checked against: it never reuses anything;
-            # the fork engine keeps states within a batch only.
-            logger.warning(f"prefix cache ignored by the {name} engine", extra={"fields": {"mb": prefix_cache_mb}})
-        return ENGINES[name](model)
-    cache = None
-    if prefix_cache_mb:
-        reason = model.supports_prefix_cache()
-        if reason is None:
-            # The budget is the whole model's; each tensor-parallel rank holds its share of the heads.
-            cache = PrefixCache(prefix_cache_mb * 1024 * 1024, heads_share=model.kv_heads_share)
-        else:
-            logger.warning("prefix cache disabled", extra={"fields": {"reason": reason, "mb": prefix_cache_mb}})
-    return TreeEngine(model, prefix_cache=cache)
+        engine = PooledEngine(pooled)
+    elif name == CANVAS_ENGINE:
+        engine = CanvasEngine(model)
+    elif name != "tree":
+        engine = ENGINES[name](model)
+    else:
+        # The budget is the whole model's; each tensor-parallel rank holds its share of the heads.
+        cache = PrefixCache(plan.capacity_bytes, heads_share=model.kv_heads_share) if plan.capacity_bytes else None
+        engine = TreeEngine(model, prefix_cache=cache)
+    engine.cache_plan = plan
+    return engine
+
+
+def plan_prefix_cache(engine: str, model: LoadedModel, requested: int | str) -> CachePlan:
+    """The prefix cache `engine` runs with for --prefix-cache-mb `requested`: a number of MiB as given (0: off), or
+    "auto", sized from the model's key/value bytes per token and the memory free (`prefix_cache.auto_plan`).
+    Every rank of a tensor-parallel group gets the same plan (the smallest), so their caches evict alike."""
+    if requested != "auto" and (not isinstance(requested, int) or requested < 0):
+        raise ValueError(f"--prefix-cache-mb must be auto or 0 or more, got {requested!r}")
+    if requested == 0:
+        return CachePlan.off("off: --prefix-cache-mb 0")
+    if engine != "tree":
+        # The naive engine is the reference every other path is checked against: it never reuses anything; the
+        # fork engine keeps states within a batch only; canvas and pooled reads are one pass per request.
+        reason = f"off: the {engine} engine keeps no prefixes"
+    else:
+        reason = model.supports_prefix_cache() or ""
+    if reason:
+        if requested != "auto":
+            logger.warning("prefix cache disabled", extra={"fields": {"reason": reason, "mb": requested}})
+        return CachePlan.off(reason if reason.startswith("off:") else f"off: {reason}")
+    if requested != "auto":
+        return CachePlan(int(requested) * 1024 * 1024, f"--prefix-cache-mb {requested}")
+    per_token = kv_bytes_per_token(model.text_config, model.dtype)
+    free = model.agree_min(free_memory_bytes(model.device))
+    # On CPU the ranks of a group share the host's memory, so the whole model's cache takes the host share; on CUDA
+    # each rank holds its part of every token on its own device.
+    on_device = model.device.type == "cuda"
+    share = AUTO_DEVICE_SHARE if on_device else AUTO_HOST_SHARE
+    return auto_plan(per_token, model.max_position_embeddings, free, share, model.kv_heads_share if on_device else (1, 1))
 
 
 __all__ = [
@@ -92,6 +121,7 @@ __all__ = [
     "ReadSpec",
     "TreeEngine",
     "make_engine",
+    "plan_prefix_cache",
     "validate_canvas",
     "validate_read",
 ]

@@ -11,6 +11,7 @@ import torch
 from decision_server.engines.media import run_media_read
 from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadSpec
 from decision_server.model_base import LoadedModel
+from decision_server.prefix_cache import CachePlan
 
 
 def validate_read(read: ReadSpec, token_limit: int, max_positions: int) -> None:
@@ -50,6 +51,8 @@ class Engine(ABC):
     name: str
     # The proto read kind these engines compute.
     read_kind = "next_token"
+    # The prefix cache it runs with (`make_engine` sets it); Info reports it.
+    cache_plan = CachePlan.off("off")
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = model

@@ -19,6 +19,7 @@ from decision_server.engines.types import (
     InvalidReadError,
 )
 from decision_server.model_base import LoadedModel
+from decision_server.prefix_cache import CachePlan
 
 READ_KIND = "canvas"
 # Prompts sharing fewer leading tokens than this are encoded whole: a copied cache would cost more than it saves.
@@ -105,6 +106,7 @@ class CanvasEngine:
 
     name = READ_KIND
     read_kind = READ_KIND
+    cache_plan = CachePlan.off("off")
 
     def __init__(self, model: LoadedModel) -> None:
         module = getattr(model, "module", None)

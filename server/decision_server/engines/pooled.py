@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from decision_server.engines.types import InvalidReadError
 from decision_server.joint_head import QUESTION_TYPES, PooledQuestion
 from decision_server.media import MediaItem, MediaPrompt
+from decision_server.prefix_cache import CachePlan
 
 if TYPE_CHECKING:
     from decision_server.joint_schema import PooledScores
@@ -85,6 +86,7 @@ class PooledEngine:
     """Runs pooled reads; `name` is what Info reports."""
 
     name = "pooled"
+    cache_plan = CachePlan.off("off")
 
     def __init__(self, model: PooledModel) -> None:
         self.model = model
