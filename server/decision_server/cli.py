@@ -31,7 +31,6 @@ FIXTURE_NAMES = (
 )
 
 
-
 def cache_size(text: str) -> int | str:
     """--prefix-cache-mb: "auto" or a whole number of MiB (0: off)."""
     if text == "auto":
@@ -39,6 +38,7 @@ def cache_size(text: str) -> int | str:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected auto or a whole number of MiB, got {text!r}")
     return int(text)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(

@@ -40,9 +40,7 @@ ENGINES: dict[str, type[Engine]] = {"tree": TreeEngine, "fork": ForkEngine, "nai
 logger = logging.getLogger(__name__)
 
 
-def make_engine(
-    mode: str, model: LoadedModel, prefix_cache_mb: int | str = 0
-) -> Engine | CanvasEngine | PooledEngine:
+def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int | str = 0) -> Engine | CanvasEngine | PooledEngine:
     """The engine for --read-mode `mode` (auto, tree, fork, naive), with the prefix cache `prefix_cache_mb` asks
     for (MiB, 0 for none, or "auto": `plan_prefix_cache`); its `cache_plan` says what it got. Raises
     EngineRefusedError for tree on a model it would read wrongly. A block-diffusion model gets the canvas engine
@@ -97,7 +95,8 @@ def plan_prefix_cache(engine: str, model: LoadedModel, requested: int | str) -> 
     # each rank holds its part of every token on its own device.
     on_device = model.device.type == "cuda"
     share = AUTO_DEVICE_SHARE if on_device else AUTO_HOST_SHARE
-    return auto_plan(per_token, model.max_position_embeddings, free, share, model.kv_heads_share if on_device else (1, 1))
+    heads_share = model.kv_heads_share if on_device else (1, 1)
+    return auto_plan(per_token, model.max_position_embeddings, free, share, heads_share)
 
 
 __all__ = [
