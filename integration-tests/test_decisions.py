@@ -165,7 +165,9 @@ def test_a_decision_replays_through_v1_score(http: httpx2.Client) -> None:
     assert body["usage"]["prompt_tokens"] == sum(len(ids) for ids in items)
     for question, scores, logprobs in zip(SGLANG_QUESTIONS, body["scores"], body["token_logprobs"]):
         expected = list(answers[question["id"]]["probabilities"].values())
-        assert max(abs(a - b) for a, b in zip(scores, expected)) < 1e-6, (question["id"], scores, expected)
+        # Within float32 tolerance, not bit for bit: the replay continues from the prefix cache's keys/values of
+        # the decision's own read, a pass of another shape (1.2e-6 seen).
+        assert max(abs(a - b) for a, b in zip(scores, expected)) < 1e-5, (question["id"], scores, expected)
         assert len(logprobs) == len(expected) and all(lp <= 0 for lp in logprobs)
     # Raw scores: one flat label list shared by every item; the query split off the front gives the same ids.
     first = items[0]
