@@ -119,7 +119,7 @@ class PrefixCache:
         supplied = provide(position)
         if supplied is None:
             return
-        keys, values = supplied
+        keys, values = (_owned(tensor) for tensor in supplied)
         leaf = Segment(
             uid=next(self._uids),
             start=position,
@@ -185,6 +185,14 @@ class PrefixCache:
     @property
     def cached_tokens(self) -> int:
         return sum(len(segment.tokens) for segment in self._segments())
+
+
+def _owned(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in storage of its own size: a slice of a whole pass's keys would keep that pass's storage alive
+    while the budget counts only the slice (a soak grew the shard 1 GB past its cache budget that way)."""
+    if tensor.untyped_storage().nbytes() > tensor.nbytes:
+        return tensor.clone()
+    return tensor
 
 
 def _common_length(stored: Sequence[int], tokens: Sequence[int], offset: int) -> int:

@@ -256,3 +256,17 @@ def test_info_reports_the_plan(tiny_qwen3: LoadedModel, shard: Any) -> None:
         info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
     assert info.prefix_cache_bytes == engine.cache_plan.capacity_bytes > 0
     assert info.prefix_cache_rule == engine.cache_plan.rule
+
+
+def test_a_cached_slice_does_not_keep_its_whole_pass_alive() -> None:
+    """The budget counts what the cache holds: a segment supplied as a slice of a larger pass's keys is copied
+    into storage of its own size, so the pass's tensor can be freed (it was kept whole, past the budget)."""
+    cache = PrefixCache(capacity_bytes=1 << 30)
+    pass_keys = torch.zeros(2, 1, 1000, 4)  # a whole pass: 1,000 tokens
+    tokens = list(range(10))
+    cache.insert("", tokens, lambda start: (pass_keys[:, :, 500 + start : 510], pass_keys[:, :, 500 + start : 510]))
+    (segment,) = cache._root("").children.values()
+    assert segment.keys is not None and segment.values is not None
+    assert segment.keys.untyped_storage().nbytes() == segment.keys.nbytes == 2 * 10 * 4 * 4
+    assert segment.values.untyped_storage().nbytes() == segment.values.nbytes
+    assert cache.bytes_used == 2 * segment.keys.nbytes
