@@ -6,7 +6,13 @@ use clap::ValueEnum;
 
 use crate::error::DecisionError;
 use crate::ir::{Answer, QuestionKind, Usage};
-use crate::limits::Limits;
+use crate::limits::{Limits, DIGIT_LABELS, LETTER_LABELS};
+
+/// vLLM's question limit (seeds 000/001 "Limits", and its OpenAI MVP's "1–64 questions").
+pub const VLLM_MAX_QUESTIONS: usize = 64;
+/// OpenAI's upstream schema limits (seed 000: "Upstream permits 200 questions and 255 choices").
+pub const OPENAI_MAX_QUESTIONS: usize = 200;
+pub const OPENAI_MAX_CHOICES: usize = 255;
 use crate::probability;
 use crate::prompt::wording::Wording;
 
@@ -54,14 +60,6 @@ impl Compat {
         }
     }
 
-    /// vLLM refuses choices beyond 26 options; the others read them (exact codes or two-letter tokens).
-    pub fn max_choice_options(&self, default: usize) -> usize {
-        match self {
-            Compat::Vllm => 26,
-            _ => default,
-        }
-    }
-
     /// The request limits of a shape under this profile: the operator's limits (`base`, the default
     /// profile's), narrowed where the profile's seed says less. vLLM (seeds 000/001): 64 questions,
     /// 26 options, 10 levels, a score with at least two levels, on every route. OpenAI's shape keeps
@@ -69,15 +67,15 @@ impl Compat {
     pub fn limits(&self, shape: Shape, base: &Limits) -> Limits {
         match (self, shape) {
             (Compat::Vllm, _) => Limits {
-                max_questions: base.max_questions.min(64),
-                max_choices: base.max_choices.min(26),
-                max_levels: base.max_levels.min(10),
+                max_questions: base.max_questions.min(VLLM_MAX_QUESTIONS),
+                max_choices: base.max_choices.min(LETTER_LABELS),
+                max_levels: base.max_levels.min(DIGIT_LABELS),
                 min_levels: base.min_levels.max(2),
                 ..base.clone()
             },
             (_, Shape::OpenAi) => Limits {
-                max_questions: base.max_questions.min(200),
-                max_choices: base.max_choices.min(255),
+                max_questions: base.max_questions.min(OPENAI_MAX_QUESTIONS),
+                max_choices: base.max_choices.min(OPENAI_MAX_CHOICES),
                 ..base.clone()
             },
             _ => base.clone(),
@@ -113,6 +111,21 @@ impl Compat {
                 StatusCode::BAD_REQUEST
             }
             other => other.status(),
+        }
+    }
+
+    /// The System One body's `error_type` of an error under this profile: TypeSafe's vocabulary, kept
+    /// consistent with the status the profile gives it. A refusal SGLang answers with 400 (a label
+    /// that is not one token, a model it cannot serve: seed 003, "other refusals return 400") is an
+    /// `invalid_request` there, not the default profile's `not_implemented` (501).
+    pub fn error_type(&self, error: &DecisionError, shape: Shape) -> &'static str {
+        match error {
+            DecisionError::NotServable(_)
+                if self.status(error, shape) == StatusCode::BAD_REQUEST =>
+            {
+                "invalid_request"
+            }
+            other => other.error_type(),
         }
     }
 
@@ -208,6 +221,32 @@ mod tests {
         assert_eq!(
             Compat::Typesafe.status(&refusal, Shape::SystemOne).as_u16(),
             501
+        );
+    }
+
+    #[test]
+    fn error_type_follows_the_profile_status() {
+        let refusal = DecisionError::NotServable("label 'BQ' is not one token".into());
+        assert_eq!(
+            Compat::Sglang.error_type(&refusal, Shape::SystemOne),
+            "invalid_request"
+        );
+        assert_eq!(
+            Compat::Typesafe.error_type(&refusal, Shape::SystemOne),
+            "not_implemented"
+        );
+        assert_eq!(
+            Compat::Vllm.error_type(&refusal, Shape::SystemOne),
+            "not_implemented"
+        );
+        let long = DecisionError::PromptTooLong {
+            question: "q".into(),
+            got: 2,
+            limit: 1,
+        };
+        assert_eq!(
+            Compat::Sglang.error_type(&long, Shape::SystemOne),
+            "tokens_exceeded"
         );
     }
 
