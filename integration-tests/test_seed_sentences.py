@@ -765,10 +765,10 @@ def test_003_question_descriptions_and_levels_may_be_json(servers: dict[str, str
 
 
 # ---- the coverage table (no server needed) ----
-def tested(sentence: Sentence) -> bool:
+def is_tested(sentence: Sentence) -> bool:
     if sentence.where == "=000":
         same = [s for s in SENTENCES if s.seed == "000" and s.section == sentence.section and s.text == sentence.text]
-        return bool(same) and tested(same[0])
+        return bool(same) and is_tested(same[0])
     return not sentence.where.startswith("untested:")
 
 
@@ -785,11 +785,11 @@ def coverage_markdown() -> str:
         rows.setdefault((sentence.seed, sentence.section), []).append(sentence)
     lines = ["| seed | section | testable sentences | tested | untested, with the reason |", "|---|---|---|---|---|"]
     for (seed, section), sentences in rows.items():
-        missing = [s for s in sentences if not tested(s)]
+        missing = [s for s in sentences if not is_tested(s)]
         reasons = "<br>".join(f"“{s.text}”: {untested_reason(s)}" for s in missing) or "—"
         lines.append(f"| {seed} | {section} | {len(sentences)} | {len(sentences) - len(missing)} | {reasons} |")
     total = len(SENTENCES)
-    done = sum(tested(s) for s in SENTENCES)
+    done = sum(is_tested(s) for s in SENTENCES)
     lines.append(f"| **all** | | **{total}** | **{done}** | |")
     return "\n".join(lines)
 
