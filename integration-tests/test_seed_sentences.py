@@ -54,7 +54,7 @@ SENTENCES: list[Sentence] = [
     S("000", "How it works", "Each question is one read", "test_profiles.py::test_vllm_and_sglang_profiles"),
     S("000", "How it works", "The user message is the state, followed by the question and its options with the type's labels, and an instruction to answer with one label", "router/src/prompt/wording.rs::spec_example_choice_with_json_state"),
     S("000", "How it works", "The read is the reply's first token", "router/src/prompt/next_token.rs::qwen3_reply_prefix_is_after_the_empty_think_block"),
-    S("000", "How it works", "Each label must be one token there, or the request returns 400", "router/src/prompt/next_token.rs::a_template_that_splits_labels_refuses_them"),
+    S("000", "How it works", "Each label must be one token there, or the request returns 400", "router/src/profile.rs::label_refusals_are_400_under_vllm_and_unservable_models_501"),
     S("000", "How it works", "Softmax over the labels gives the answer's probabilities", "test_systemone.py::test_all_three_types_match_the_reference"),
     S("000", "How it works", "Thinking is off unless chat_template_kwargs turns it on", HERE_CASE),
     S("000", "How it works", "Probabilities can differ between identical requests (batch composition, prefix cache)", "untested: a permission, not a requirement; ours do not move with the batch (test_systemone.py::test_invariant_under_concurrent_requests)"),

@@ -82,6 +82,33 @@ impl Compat {
         }
     }
 
+    /// Why System One refuses a question id: blank ids by default, empty ones under vLLM ("a question
+    /// id is a non-empty string", seeds 000/001, and vLLM 0.32's `if not qid`), none under SGLang
+    /// (seed 003: "empty or blank question ids are accepted, as the System One schema allows").
+    pub fn question_id_problem(&self, id: &str) -> Option<&'static str> {
+        match self {
+            Compat::Typesafe if id.trim().is_empty() => {
+                Some("question ids must be non-blank strings")
+            }
+            Compat::Vllm if id.is_empty() => Some("question ids must be non-empty strings"),
+            _ => None,
+        }
+    }
+
+    /// Whether a `noul` with neither instructions nor descriptions is read: vLLM 0.32 reads it as "yes /
+    /// no / Answer with yes or no only."; the default and SGLang refuse it (seed 003: "the SDK's bare
+    /// `Noul()`, is refused").
+    pub fn reads_bare_noul(&self) -> bool {
+        *self == Compat::Vllm
+    }
+
+    /// Whether the OpenAI shape's `input` is text from user messages only (vLLM's MVP, seed 000: "an
+    /// array of user messages with string content or input_text parts"; "Image inputs, other message
+    /// roles ... are outside this MVP"). The other profiles join every role and read `input_image`.
+    pub fn openai_input_is_user_text_only(&self) -> bool {
+        *self == Compat::Vllm
+    }
+
     /// The HTTP status of an error in a shape under this profile.
     pub fn status(&self, error: &DecisionError, shape: Shape) -> StatusCode {
         match error {
@@ -100,10 +127,15 @@ impl Compat {
             DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
+            // vLLM (seeds 000/001): "Each label must be one token there, or the request returns 400";
+            // a model without a read strategy stays a 501 there ("Models without a supported read
+            // strategy return 501").
+            DecisionError::Unlabelable(_) if *self == Compat::Vllm => StatusCode::BAD_REQUEST,
             // SGLang (seed 003, "Errors"): a label that is not one token, a prompt over the context and
             // a model it cannot serve are 400s, on its shape and on System One under its profile
             // ("other refusals return 400"), never a 413 or a 501 that clients might retry.
             DecisionError::NotServable(_)
+            | DecisionError::Unlabelable(_)
             | DecisionError::PromptTooLong { .. }
             | DecisionError::TokensExceeded { .. }
                 if shape == Shape::Sglang || *self == Compat::Sglang =>
@@ -120,7 +152,7 @@ impl Compat {
     /// `invalid_request` there, not the default profile's `not_implemented` (501).
     pub fn error_type(&self, error: &DecisionError, shape: Shape) -> &'static str {
         match error {
-            DecisionError::NotServable(_)
+            DecisionError::NotServable(_) | DecisionError::Unlabelable(_)
                 if self.status(error, shape) == StatusCode::BAD_REQUEST =>
             {
                 "invalid_request"
@@ -224,9 +256,27 @@ mod tests {
         );
     }
 
+    /// Seeds 000/001: a label that is not one token is a 400 under vLLM, while a model without a read
+    /// strategy stays a 501; the default profile answers both with 501.
+    #[test]
+    fn label_refusals_are_400_under_vllm_and_unservable_models_501() {
+        let refusal = DecisionError::Unlabelable("label 'A' is not one token".into());
+        let unserved = DecisionError::NotServable("no read strategy".into());
+        for shape in [Shape::SystemOne, Shape::OpenAi] {
+            assert_eq!(Compat::Vllm.status(&refusal, shape).as_u16(), 400);
+            assert_eq!(Compat::Vllm.status(&unserved, shape).as_u16(), 501);
+            assert_eq!(Compat::Typesafe.status(&refusal, shape).as_u16(), 501);
+            assert_eq!(Compat::Sglang.status(&refusal, shape).as_u16(), 400);
+        }
+        assert_eq!(
+            Compat::Typesafe.status(&refusal, Shape::Sglang).as_u16(),
+            400
+        );
+    }
+
     #[test]
     fn error_type_follows_the_profile_status() {
-        let refusal = DecisionError::NotServable("label 'BQ' is not one token".into());
+        let refusal = DecisionError::Unlabelable("label 'BQ' is not one token".into());
         assert_eq!(
             Compat::Sglang.error_type(&refusal, Shape::SystemOne),
             "invalid_request"
@@ -237,7 +287,16 @@ mod tests {
         );
         assert_eq!(
             Compat::Vllm.error_type(&refusal, Shape::SystemOne),
+            "invalid_request"
+        );
+        let unserved = DecisionError::NotServable("no read strategy".into());
+        assert_eq!(
+            Compat::Vllm.error_type(&unserved, Shape::SystemOne),
             "not_implemented"
+        );
+        assert_eq!(
+            Compat::Sglang.error_type(&unserved, Shape::SystemOne),
+            "invalid_request"
         );
         let long = DecisionError::PromptTooLong {
             question: "q".into(),

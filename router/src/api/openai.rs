@@ -165,8 +165,9 @@ fn input_text(
                     Some("user") => {}
                     // vLLM (seed 000): "input accepts a string or an array of user messages"; other
                     // roles are outside its MVP. The default profile joins them like the adapter.
-                    Some("system" | "developer" | "assistant") if compat != Compat::Vllm => {}
-                    Some(role) if compat == Compat::Vllm => errors.push(err(
+                    Some("system" | "developer" | "assistant")
+                        if !compat.openai_input_is_user_text_only() => {}
+                    Some(role) if compat.openai_input_is_user_text_only() => errors.push(err(
                         &[at[0].clone(), at[1].clone(), "role".into()],
                         "invalid_value",
                         format!("input[{i}]: only user messages are accepted under --compat vllm, got role '{role}'"),
@@ -196,7 +197,7 @@ fn input_text(
                                 },
                                 // vLLM (seed 000): "Image inputs ... are outside this MVP", "a string or an
                                 // array of user messages with string content or input_text parts".
-                                (Some("input_image"), _) if compat == Compat::Vllm => errors.push(err(&ploc, "unsupported_value", "input_image parts are outside vLLM's text-only /v1/decisions (--compat vllm); send images to /v1/systemone's `images` on a model that takes them")),
+                                (Some("input_image"), _) if compat.openai_input_is_user_text_only() => errors.push(err(&ploc, "unsupported_value", "input_image parts are outside vLLM's text-only /v1/decisions (--compat vllm); send images to /v1/systemone's `images` on a model that takes them")),
                                 (Some("input_image"), _) => match part.get("image_url") {
                                     Some(Value::String(url)) if !url.is_empty() => images.push(url.clone()),
                                     _ => errors.push(err(&ploc, "invalid_value", "an input_image part needs an image_url (a URL or data URL); file_id is not supported")),
@@ -392,15 +393,15 @@ fn parse_question(
                         "each choice needs a 'value' that is a string or a boolean",
                     )),
                 }
-                if let Some(extra) = choice.as_object().and_then(|c| {
-                    c.keys()
-                        .find(|k| !matches!(k.as_str(), "value" | "description"))
-                }) {
-                    errors.push(err(
+                if let Some(fields) = choice.as_object() {
+                    fields::unknown_keys(
+                        fields,
+                        &["value", "description"],
                         &cloc,
                         "unknown_parameter",
-                        format!("unknown field '{extra}' in a choice"),
-                    ));
+                        |key| format!("unknown field '{key}' in a choice"),
+                        errors,
+                    );
                 }
             }
             (
@@ -450,15 +451,15 @@ fn parse_question(
                         "each level needs a non-empty string 'label'",
                     )),
                 }
-                if let Some(extra) = level.as_object().and_then(|c| {
-                    c.keys()
-                        .find(|k| !matches!(k.as_str(), "label" | "description"))
-                }) {
-                    errors.push(err(
+                if let Some(fields) = level.as_object() {
+                    fields::unknown_keys(
+                        fields,
+                        &["label", "description"],
                         &lloc,
                         "unknown_parameter",
-                        format!("unknown field '{extra}' in a level"),
-                    ));
+                        |key| format!("unknown field '{key}' in a level"),
+                        errors,
+                    );
                 }
             }
             (
@@ -585,6 +586,11 @@ pub fn error_body(error: &DecisionError) -> Value {
             Some("model_not_supported"),
             Some("model".into()),
         ),
+        DecisionError::Unlabelable(_) => (
+            "invalid_request_error",
+            Some("unsupported_labels"),
+            Some("questions".into()),
+        ),
         _ => ("server_error", None, None),
     };
     json!({"error": {"message": error.to_string(), "type": kind, "param": param, "code": code}})
@@ -632,6 +638,24 @@ mod tests {
             );
             assert_eq!(errors[0].param(), "input.0.content.0", "{errors:?}");
         }
+    }
+
+    /// Unknown keys in a choice or a level are each named at their own path, as in the other shapes
+    /// (they were reported once, at the choice, naming only the first).
+    #[test]
+    fn every_unknown_key_of_a_choice_or_level_is_named() {
+        let errors = invalid(json!({"model": "m", "input": "x", "questions": [
+            {"type": "choice", "instructions": "i", "choices": [{"value": "a", "colour": 1, "size": 2}, {"value": "b"}]},
+            {"type": "score", "instructions": "i", "levels": [{"label": "a"}, {"label": "b", "weight": 3}]}]}));
+        let params: Vec<String> = errors.iter().map(FieldError::param).collect();
+        assert_eq!(
+            params,
+            [
+                "questions.0.choices.0.colour",
+                "questions.0.choices.0.size",
+                "questions.1.levels.1.weight"
+            ]
+        );
     }
 
     /// Seed 000: "Image inputs ... are outside this MVP"; `--compat vllm` refuses them, naming the part.

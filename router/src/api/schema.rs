@@ -115,7 +115,7 @@ pub struct ValidationDetail {
 
 /// 422 (400 under `--compat vllm`): `detail` is a list of field errors; other errors: `detail` is
 /// `{error_type, message}`, the type matching the status the profile gives it (`invalid_request` for a
-/// refusal `--compat sglang` answers with 400).
+/// label refusal that `--compat vllm` or `--compat sglang` answers with 400).
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct SystemOneError {
     pub detail: Value,

@@ -170,17 +170,6 @@ fn text_field(value: &Value, loc: Vec<Loc>, errors: &mut Vec<FieldError>) -> Opt
     }
 }
 
-/// Which question ids a profile refuses: blank ones by default, empty ones under vLLM ("a question id
-/// is a non-empty string", seeds 000/001, and vLLM 0.32's `if not qid`), none under SGLang (seed 003:
-/// "empty or blank question ids are accepted, as the System One schema allows").
-fn id_problem(id: &str, compat: Compat) -> Option<&'static str> {
-    match compat {
-        Compat::Typesafe if id.trim().is_empty() => Some("question ids must be non-blank strings"),
-        Compat::Vllm if id.is_empty() => Some("question ids must be non-empty strings"),
-        _ => None,
-    }
-}
-
 fn parse_questions(
     map: &Map<String, Value>,
     limits: &Limits,
@@ -194,7 +183,7 @@ fn parse_questions(
     let mut questions = Vec::with_capacity(map.len());
     for (id, spec) in map {
         let qloc = at(&base, id.clone());
-        if let Some(problem) = id_problem(id, compat) {
+        if let Some(problem) = compat.question_id_problem(id) {
             errors.push(FieldError::new(qloc.clone(), "value_error", problem));
         }
         if let Some(q) = parse_question(id, spec, &qloc, limits, compat, errors) {
@@ -371,9 +360,7 @@ fn parse_noul(
     }
     let has_instructions = instructions.is_some_and(|s| !s.trim().is_empty());
     let described = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.trim().is_empty());
-    // vLLM 0.32 reads a bare noul (no instructions, no descriptions) as "yes / no / Answer with yes
-    // or no only."; the default and SGLang profiles refuse it (seed 003: "the SDK's bare Noul()").
-    if compat != Compat::Vllm && !has_instructions && !described(&yes) && !described(&no) {
+    if !compat.reads_bare_noul() && !has_instructions && !described(&yes) && !described(&no) {
         errors.push(FieldError::new(
             qloc.to_vec(),
             "value_error",
