@@ -157,7 +157,7 @@ SENTENCES: list[Sentence] = [
     S("001", "Liquid d1", "A choice whose option names are all single letters is labeled with those letters", "=000"),
     # ---- seed 003 (SGLang: Decision models) ----
     S("003", "Overview", "each answer comes back with the probability of every option, read from the model's next-token scores at the answer position", "test_seed_sentences.py::test_003_the_example_request_answers_every_type"),
-    S("003", "Supported models", "Qwen3.8-27B and Qwen3.5-35B-A3B validated on one H200 in BF16", "untested: needs 27B / 35B checkpoints and a GPU; the tiny Qwen3 and Qwen3.5 fixtures read the same architectures"),
+    S("003", "Supported models", "Qwen3.8-27B and Qwen3.5-35B-A3B validated on one H200 in BF16", "untested: needs the 27B / 35B checkpoints (not shippable, GPU-sized); tiny random Qwen3, Qwen3.5 and Qwen3.5-MoE fixtures stand in (test_architectures.py)"),
     S("003", "Supported models", "The server checks these per request and returns a 400 that names the reason when one fails", HERE_CASE),
     S("003", "Supported models", "inspect prompt_token_ids from return_prompt_token_ids", "test_seed_sentences.py::test_003_the_example_request_answers_every_type"),
     S("003", "Launch", "No extra flag is needed", HERE_CASE),
