@@ -140,9 +140,10 @@ pub struct Config {
     #[arg(long, env = "MAX_BATCH_WAIT_MS", default_value_t = 2)]
     pub max_batch_wait_ms: u64,
 
-    /// Longest prompt, in tokens, that one read may have; longer requests are refused.
-    #[arg(long, env = "MAX_INPUT_TOKENS", default_value_t = 65536)]
-    pub max_input_tokens: u32,
+    /// Unique prompt tokens one request may need; larger requests are refused (413, 400 under
+    /// `--compat sglang`). Unset: the router's default (`decision-router --help`), which is defined there only.
+    #[arg(long, env = "MAX_INPUT_TOKENS")]
+    pub max_input_tokens: Option<u32>,
 
     /// Reads that may wait in the router's queue; beyond that requests are refused with Retry-After.
     #[arg(long, env = "MAX_QUEUED_READS", default_value_t = 4096)]
@@ -464,7 +465,7 @@ mod tests {
         assert_eq!(config.api_key, None);
         assert_eq!(config.max_batch_prefill_tokens, 8192);
         assert_eq!(config.max_batch_wait_ms, 2);
-        assert_eq!(config.max_input_tokens, 65536);
+        assert_eq!(config.max_input_tokens, None, "the router owns the default");
         assert_eq!(config.max_queued_reads, 4096);
         assert!(config.media_allow_hosts.is_empty());
         assert_eq!(config.media_fetch_timeout_secs, 10);

@@ -40,11 +40,16 @@ pub fn spec(
         config.max_batch_prefill_tokens.to_string().into(),
         "--max-batch-wait-ms".into(),
         config.max_batch_wait_ms.to_string().into(),
-        "--max-input-tokens".into(),
-        config.max_input_tokens.to_string().into(),
         "--max-queued-reads".into(),
         config.max_queued_reads.to_string().into(),
     ];
+    // Forwarded only when set: the router defines the default (router/src/limits.rs).
+    if let Some(tokens) = config.max_input_tokens {
+        args.splice(
+            args.len() - 2..args.len() - 2,
+            ["--max-input-tokens".into(), tokens.to_string().into()],
+        );
+    }
     let hosts: Vec<&str> = config
         .media_allow_hosts
         .iter()
@@ -302,6 +307,8 @@ mod tests {
         // Fetching stays off: no allow-list flag at all, the limits at their defaults.
         assert!(!spec.args.contains(&OsString::from("--media-allow-hosts")));
         assert!(!spec.args.contains(&OsString::from("--public-ops")));
+        // The token limit's default is the router's own.
+        assert!(!spec.args.contains(&OsString::from("--max-input-tokens")));
         let after = |flag: &str| {
             let at = spec.args.iter().position(|a| a == flag).expect(flag);
             spec.args[at + 1].clone()

@@ -124,13 +124,13 @@ pub struct Config {
     #[arg(long, env = "MAX_BATCH_WAIT_MS", default_value_t = 2)]
     pub max_batch_wait_ms: u64,
     /// Unique prompt tokens one request may need; larger requests get 413 naming the limit.
-    #[arg(long, env = "MAX_INPUT_TOKENS", default_value_t = 65_536)]
+    #[arg(long, env = "MAX_INPUT_TOKENS", default_value_t = crate::limits::DEFAULT_MAX_INPUT_TOKENS)]
     pub max_input_tokens: usize,
     /// Reads that may wait at once; beyond it requests get 529 (429 in other profiles) with Retry-After.
     #[arg(long, env = "MAX_QUEUED_READS", default_value_t = 4096)]
     pub max_queued_reads: usize,
     /// Largest accepted request body after decompression, in bytes.
-    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = 8 << 20)]
+    #[arg(long, env = "MAX_BODY_BYTES", default_value_t = crate::limits::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
     /// Hosts whose `http(s)` media URLs the router fetches (images, audio, videos): a comma list of host
     /// names, IP addresses and `*.domain` patterns, or `*` for any public host. Loopback, link-local,

@@ -117,6 +117,11 @@ pub enum DecisionError {
     Timeout { limit_secs: u64 },
     #[error("{0}")]
     NotServable(String),
+    /// A question's answers cannot be labelled for this tokenizer (a label that is not one token at
+    /// the answer position, more answers than the strategy labels). 501 by default, like a question
+    /// type the model cannot serve; a 400 under vLLM's and SGLang's profiles (their seeds).
+    #[error("{0}")]
+    Unlabelable(String),
     #[error("model shard failed: {0}")]
     Shard(String),
     #[error("model shard is unavailable: {0}")]
@@ -144,7 +149,9 @@ impl DecisionError {
             }
             DecisionError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             DecisionError::BodyTooSlow { .. } => StatusCode::REQUEST_TIMEOUT,
-            DecisionError::NotServable(_) => StatusCode::NOT_IMPLEMENTED,
+            DecisionError::NotServable(_) | DecisionError::Unlabelable(_) => {
+                StatusCode::NOT_IMPLEMENTED
+            }
             DecisionError::Shard(_) | DecisionError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -169,7 +176,7 @@ impl DecisionError {
             }
             DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => "overloaded",
             DecisionError::Timeout { .. } | DecisionError::BodyTooSlow { .. } => "timeout",
-            DecisionError::NotServable(_) => "not_implemented",
+            DecisionError::NotServable(_) | DecisionError::Unlabelable(_) => "not_implemented",
             // A rank that is down or restarting (retry later) apart from one that failed a read.
             DecisionError::ShardUnavailable(_) => "shard_unavailable",
             DecisionError::Shard(_) => "shard_error",

@@ -1,4 +1,14 @@
-//! Every request limit in one place; the defaults are the default profile's (spec/API.md §4).
+//! Every request limit in one place; the defaults are the default profile's (spec/API.md §4). The CLI
+//! defaults (`config.rs`) and the profile narrowing (`profile.rs`) read these constants.
+
+/// Options a choice can label with one letter each (`A` to `Z`): vLLM's and SGLang's option limit.
+pub const LETTER_LABELS: usize = 26;
+/// Levels a score can label with one digit each (`0` to `9`).
+pub const DIGIT_LABELS: usize = 10;
+/// Unique prompt tokens one request may need, unless `--max-input-tokens` says otherwise.
+pub const DEFAULT_MAX_INPUT_TOKENS: usize = 65_536;
+/// Decompressed request body bytes, unless `--max-body-bytes` says otherwise.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -18,10 +28,10 @@ impl Default for Limits {
         Limits {
             max_questions: 512,
             max_choices: 255,
-            max_levels: 10,
+            max_levels: DIGIT_LABELS,
             min_levels: 1,
-            max_input_tokens: 65_536,
-            max_body_bytes: 8 << 20,
+            max_input_tokens: DEFAULT_MAX_INPUT_TOKENS,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
 }

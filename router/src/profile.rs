@@ -6,7 +6,13 @@ use clap::ValueEnum;
 
 use crate::error::DecisionError;
 use crate::ir::{Answer, QuestionKind, Usage};
-use crate::limits::Limits;
+use crate::limits::{Limits, DIGIT_LABELS, LETTER_LABELS};
+
+/// vLLM's question limit (seeds 000/001 "Limits", and its OpenAI MVP's "1–64 questions").
+pub const VLLM_MAX_QUESTIONS: usize = 64;
+/// OpenAI's upstream schema limits (seed 000: "Upstream permits 200 questions and 255 choices").
+pub const OPENAI_MAX_QUESTIONS: usize = 200;
+pub const OPENAI_MAX_CHOICES: usize = 255;
 use crate::probability;
 use crate::prompt::wording::Wording;
 
@@ -54,14 +60,6 @@ impl Compat {
         }
     }
 
-    /// vLLM refuses choices beyond 26 options; the others read them (exact codes or two-letter tokens).
-    pub fn max_choice_options(&self, default: usize) -> usize {
-        match self {
-            Compat::Vllm => 26,
-            _ => default,
-        }
-    }
-
     /// The request limits of a shape under this profile: the operator's limits (`base`, the default
     /// profile's), narrowed where the profile's seed says less. vLLM (seeds 000/001): 64 questions,
     /// 26 options, 10 levels, a score with at least two levels, on every route. OpenAI's shape keeps
@@ -69,19 +67,46 @@ impl Compat {
     pub fn limits(&self, shape: Shape, base: &Limits) -> Limits {
         match (self, shape) {
             (Compat::Vllm, _) => Limits {
-                max_questions: base.max_questions.min(64),
-                max_choices: base.max_choices.min(26),
-                max_levels: base.max_levels.min(10),
+                max_questions: base.max_questions.min(VLLM_MAX_QUESTIONS),
+                max_choices: base.max_choices.min(LETTER_LABELS),
+                max_levels: base.max_levels.min(DIGIT_LABELS),
                 min_levels: base.min_levels.max(2),
                 ..base.clone()
             },
             (_, Shape::OpenAi) => Limits {
-                max_questions: base.max_questions.min(200),
-                max_choices: base.max_choices.min(255),
+                max_questions: base.max_questions.min(OPENAI_MAX_QUESTIONS),
+                max_choices: base.max_choices.min(OPENAI_MAX_CHOICES),
                 ..base.clone()
             },
             _ => base.clone(),
         }
+    }
+
+    /// Why System One refuses a question id: blank ids by default, empty ones under vLLM ("a question
+    /// id is a non-empty string", seeds 000/001, and vLLM 0.32's `if not qid`), none under SGLang
+    /// (seed 003: "empty or blank question ids are accepted, as the System One schema allows").
+    pub fn question_id_problem(&self, id: &str) -> Option<&'static str> {
+        match self {
+            Compat::Typesafe if id.trim().is_empty() => {
+                Some("question ids must be non-blank strings")
+            }
+            Compat::Vllm if id.is_empty() => Some("question ids must be non-empty strings"),
+            _ => None,
+        }
+    }
+
+    /// Whether a `noul` with neither instructions nor descriptions is read: vLLM 0.32 reads it as "yes /
+    /// no / Answer with yes or no only."; the default and SGLang refuse it (seed 003: "the SDK's bare
+    /// `Noul()`, is refused").
+    pub fn reads_bare_noul(&self) -> bool {
+        *self == Compat::Vllm
+    }
+
+    /// Whether the OpenAI shape's `input` is text from user messages only (vLLM's MVP, seed 000: "an
+    /// array of user messages with string content or input_text parts"; "Image inputs, other message
+    /// roles ... are outside this MVP"). The other profiles join every role and read `input_image`.
+    pub fn openai_input_is_user_text_only(&self) -> bool {
+        *self == Compat::Vllm
     }
 
     /// The HTTP status of an error in a shape under this profile.
@@ -102,10 +127,15 @@ impl Compat {
             DecisionError::Overloaded { .. } | DecisionError::Backlogged { .. } => {
                 StatusCode::TOO_MANY_REQUESTS
             }
+            // vLLM (seeds 000/001): "Each label must be one token there, or the request returns 400";
+            // a model without a read strategy stays a 501 there ("Models without a supported read
+            // strategy return 501").
+            DecisionError::Unlabelable(_) if *self == Compat::Vllm => StatusCode::BAD_REQUEST,
             // SGLang (seed 003, "Errors"): a label that is not one token, a prompt over the context and
             // a model it cannot serve are 400s, on its shape and on System One under its profile
             // ("other refusals return 400"), never a 413 or a 501 that clients might retry.
             DecisionError::NotServable(_)
+            | DecisionError::Unlabelable(_)
             | DecisionError::PromptTooLong { .. }
             | DecisionError::TokensExceeded { .. }
                 if shape == Shape::Sglang || *self == Compat::Sglang =>
@@ -113,6 +143,21 @@ impl Compat {
                 StatusCode::BAD_REQUEST
             }
             other => other.status(),
+        }
+    }
+
+    /// The System One body's `error_type` of an error under this profile: TypeSafe's vocabulary, kept
+    /// consistent with the status the profile gives it. A refusal SGLang answers with 400 (a label
+    /// that is not one token, a model it cannot serve: seed 003, "other refusals return 400") is an
+    /// `invalid_request` there, not the default profile's `not_implemented` (501).
+    pub fn error_type(&self, error: &DecisionError, shape: Shape) -> &'static str {
+        match error {
+            DecisionError::NotServable(_) | DecisionError::Unlabelable(_)
+                if self.status(error, shape) == StatusCode::BAD_REQUEST =>
+            {
+                "invalid_request"
+            }
+            other => other.error_type(),
         }
     }
 
@@ -208,6 +253,59 @@ mod tests {
         assert_eq!(
             Compat::Typesafe.status(&refusal, Shape::SystemOne).as_u16(),
             501
+        );
+    }
+
+    /// Seeds 000/001: a label that is not one token is a 400 under vLLM, while a model without a read
+    /// strategy stays a 501; the default profile answers both with 501.
+    #[test]
+    fn label_refusals_are_400_under_vllm_and_unservable_models_501() {
+        let refusal = DecisionError::Unlabelable("label 'A' is not one token".into());
+        let unserved = DecisionError::NotServable("no read strategy".into());
+        for shape in [Shape::SystemOne, Shape::OpenAi] {
+            assert_eq!(Compat::Vllm.status(&refusal, shape).as_u16(), 400);
+            assert_eq!(Compat::Vllm.status(&unserved, shape).as_u16(), 501);
+            assert_eq!(Compat::Typesafe.status(&refusal, shape).as_u16(), 501);
+            assert_eq!(Compat::Sglang.status(&refusal, shape).as_u16(), 400);
+        }
+        assert_eq!(
+            Compat::Typesafe.status(&refusal, Shape::Sglang).as_u16(),
+            400
+        );
+    }
+
+    #[test]
+    fn error_type_follows_the_profile_status() {
+        let refusal = DecisionError::Unlabelable("label 'BQ' is not one token".into());
+        assert_eq!(
+            Compat::Sglang.error_type(&refusal, Shape::SystemOne),
+            "invalid_request"
+        );
+        assert_eq!(
+            Compat::Typesafe.error_type(&refusal, Shape::SystemOne),
+            "not_implemented"
+        );
+        assert_eq!(
+            Compat::Vllm.error_type(&refusal, Shape::SystemOne),
+            "invalid_request"
+        );
+        let unserved = DecisionError::NotServable("no read strategy".into());
+        assert_eq!(
+            Compat::Vllm.error_type(&unserved, Shape::SystemOne),
+            "not_implemented"
+        );
+        assert_eq!(
+            Compat::Sglang.error_type(&unserved, Shape::SystemOne),
+            "invalid_request"
+        );
+        let long = DecisionError::PromptTooLong {
+            question: "q".into(),
+            got: 2,
+            limit: 1,
+        };
+        assert_eq!(
+            Compat::Sglang.error_type(&long, Shape::SystemOne),
+            "tokens_exceeded"
         );
     }
 

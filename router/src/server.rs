@@ -517,7 +517,9 @@ fn error_response(state: &AppState, shape: Shape, error: DecisionError) -> Respo
         tracing::info!(%status, "{error}");
     }
     let body = match shape {
-        Shape::SystemOne => systemone::error_body(&error),
+        Shape::SystemOne => {
+            systemone::error_body(&error, state.config.compat.error_type(&error, shape))
+        }
         Shape::OpenAi => openai::error_body(&error),
         Shape::Sglang => sglang::error_body(&error, status.as_u16()),
     };
@@ -583,6 +585,7 @@ async fn decisions_handler(
         refuse_when_draining(&state)?;
         let limits = &state.decider.limits;
         if shape == Shape::Sglang {
+            let limits = &state.config.compat.limits(Shape::Sglang, limits);
             let parsed = sglang::parse(&value, limits, state.decider.prompt_format())?;
             let (temperature, keep) = (parsed.temperature, parsed.return_prompt_token_ids);
             let decided = state

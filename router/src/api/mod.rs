@@ -1,64 +1,15 @@
 //! Wire shapes: each parses into the decision IR and formats answers and errors its own way.
 
+pub(crate) mod fields;
 pub mod openai;
 pub mod score;
 pub mod sglang;
 pub mod systemone;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::error::{DecisionError, FieldError, Loc};
-use crate::limits::Limits;
+use crate::error::DecisionError;
 use crate::profile::Shape;
-
-/// `chat_template_kwargs`: absent or null is empty; anything but an object is a field error of `type_kind`.
-pub(crate) fn template_kwargs(
-    obj: &Map<String, Value>,
-    type_kind: &'static str,
-    errors: &mut Vec<FieldError>,
-) -> Map<String, Value> {
-    match obj.get("chat_template_kwargs") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => {
-            errors.push(FieldError::new(
-                vec!["body".into(), "chat_template_kwargs".into()],
-                type_kind,
-                "chat_template_kwargs must be an object",
-            ));
-            Map::new()
-        }
-    }
-}
-
-/// The `questions` list of the list-shaped requests, within the question limit; `None` after a field error.
-pub(crate) fn question_items<'a>(
-    obj: &'a Map<String, Value>,
-    limits: &Limits,
-    type_kind: &'static str,
-    errors: &mut Vec<FieldError>,
-) -> Option<&'a Vec<Value>> {
-    let loc = || vec![Loc::from("body"), Loc::from("questions")];
-    let (kind, msg) = match obj.get("questions") {
-        Some(Value::Array(items)) if items.is_empty() => (
-            "too_short",
-            "questions must hold at least one question".to_owned(),
-        ),
-        Some(Value::Array(items)) if items.len() > limits.max_questions => (
-            "too_long",
-            format!(
-                "at most {} questions per request (max_questions), got {}",
-                limits.max_questions,
-                items.len()
-            ),
-        ),
-        Some(Value::Array(items)) => return Some(items),
-        None => ("missing", "questions is required".to_owned()),
-        Some(_) => (type_kind, "questions must be a list".to_owned()),
-    };
-    errors.push(FieldError::new(loc(), kind, msg));
-    None
-}
 
 /// Tells the two `/v1/decisions` shapes apart by their fields (spec/API.md §3); a request that
 /// mixes them is refused with a message that says so.

@@ -3,6 +3,7 @@
 
 use serde_json::{json, Value};
 
+use super::fields::{self, field_error as err};
 use crate::error::{DecisionError, FieldError, Loc};
 use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind};
 use crate::json_text::{self, Separators};
@@ -42,37 +43,25 @@ pub struct Parsed {
     pub echo: Vec<Echo>,
 }
 
+#[cfg(test)]
 fn loc(path: &[Loc]) -> Vec<Loc> {
-    std::iter::once(Loc::from("body"))
-        .chain(path.iter().cloned())
-        .collect()
-}
-
-fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
-    FieldError::new(loc(path), kind, msg)
+    fields::body_loc(path)
 }
 
 pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, DecisionError> {
     let limits = &compat.limits(crate::profile::Shape::OpenAi, limits);
-    let obj = body.as_object().ok_or_else(|| {
-        DecisionError::Invalid(vec![err(
-            &[],
-            "type_error",
-            "the body must be a JSON object",
-        )])
-    })?;
+    let obj = fields::body_object(body, "type_error")?;
     let mut errors = Vec::new();
-    for key in obj.keys() {
-        if !TOP_LEVEL.contains(&key.as_str()) {
-            errors.push(err(
-                &[key.as_str().into()],
-                "unknown_parameter",
-                format!("Unrecognized request argument supplied: {key}"),
-            ));
-        }
-    }
+    fields::unknown_keys(
+        obj,
+        &TOP_LEVEL,
+        &[],
+        "unknown_parameter",
+        |key| format!("Unrecognized request argument supplied: {key}"),
+        &mut errors,
+    );
     match obj.get("model") {
-        Some(Value::String(name)) => super::systemone::check_model_name(name)?,
+        Some(Value::String(name)) => fields::check_model_name(name)?,
         None => errors.push(err(&["model".into()], "missing", "model is required")),
         Some(_) => errors.push(err(
             &["model".into()],
@@ -99,11 +88,11 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         }
         Some(v) => input_text(v, compat, &mut images, &mut errors),
     };
-    let chat_template_kwargs = super::template_kwargs(obj, "invalid_type", &mut errors);
+    let chat_template_kwargs = fields::template_kwargs(obj, "invalid_type", &mut errors);
     let max_choices = limits.max_choices;
     let mut questions = Vec::new();
     let mut echo = Vec::new();
-    for (i, item) in super::question_items(obj, limits, "invalid_type", &mut errors)
+    for (i, item) in fields::question_items(obj, limits, "invalid_type", &mut errors)
         .into_iter()
         .flatten()
         .enumerate()
@@ -176,8 +165,9 @@ fn input_text(
                     Some("user") => {}
                     // vLLM (seed 000): "input accepts a string or an array of user messages"; other
                     // roles are outside its MVP. The default profile joins them like the adapter.
-                    Some("system" | "developer" | "assistant") if compat != Compat::Vllm => {}
-                    Some(role) if compat == Compat::Vllm => errors.push(err(
+                    Some("system" | "developer" | "assistant")
+                        if !compat.openai_input_is_user_text_only() => {}
+                    Some(role) if compat.openai_input_is_user_text_only() => errors.push(err(
                         &[at[0].clone(), at[1].clone(), "role".into()],
                         "invalid_value",
                         format!("input[{i}]: only user messages are accepted under --compat vllm, got role '{role}'"),
@@ -205,6 +195,9 @@ fn input_text(
                                     Some(j) => part_texts.push(json_text::dumps(j, Separators::Default)),
                                     None => errors.push(err(&ploc, "missing", "a json part needs 'json'")),
                                 },
+                                // vLLM (seed 000): "Image inputs ... are outside this MVP", "a string or an
+                                // array of user messages with string content or input_text parts".
+                                (Some("input_image"), _) if compat.openai_input_is_user_text_only() => errors.push(err(&ploc, "unsupported_value", "input_image parts are outside vLLM's text-only /v1/decisions (--compat vllm); send images to /v1/systemone's `images` on a model that takes them")),
                                 (Some("input_image"), _) => match part.get("image_url") {
                                     Some(Value::String(url)) if !url.is_empty() => images.push(url.clone()),
                                     _ => errors.push(err(&ploc, "invalid_value", "an input_image part needs an image_url (a URL or data URL); file_id is not supported")),
@@ -317,15 +310,14 @@ fn parse_question(
             return None;
         }
     };
-    for key in obj.keys() {
-        if !allowed.contains(&key.as_str()) {
-            errors.push(err(
-                &sub(key),
-                "unknown_parameter",
-                format!("unknown field '{key}' for a {kind} question"),
-            ));
-        }
-    }
+    fields::unknown_keys(
+        obj,
+        allowed,
+        &at,
+        "unknown_parameter",
+        |key| format!("unknown field '{key}' for a {kind} question"),
+        errors,
+    );
     let name = match obj.get("name") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -401,15 +393,15 @@ fn parse_question(
                         "each choice needs a 'value' that is a string or a boolean",
                     )),
                 }
-                if let Some(extra) = choice.as_object().and_then(|c| {
-                    c.keys()
-                        .find(|k| !matches!(k.as_str(), "value" | "description"))
-                }) {
-                    errors.push(err(
+                if let Some(fields) = choice.as_object() {
+                    fields::unknown_keys(
+                        fields,
+                        &["value", "description"],
                         &cloc,
                         "unknown_parameter",
-                        format!("unknown field '{extra}' in a choice"),
-                    ));
+                        |key| format!("unknown field '{key}' in a choice"),
+                        errors,
+                    );
                 }
             }
             (
@@ -459,15 +451,15 @@ fn parse_question(
                         "each level needs a non-empty string 'label'",
                     )),
                 }
-                if let Some(extra) = level.as_object().and_then(|c| {
-                    c.keys()
-                        .find(|k| !matches!(k.as_str(), "label" | "description"))
-                }) {
-                    errors.push(err(
+                if let Some(fields) = level.as_object() {
+                    fields::unknown_keys(
+                        fields,
+                        &["label", "description"],
                         &lloc,
                         "unknown_parameter",
-                        format!("unknown field '{extra}' in a level"),
-                    ));
+                        |key| format!("unknown field '{key}' in a level"),
+                        errors,
+                    );
                 }
             }
             (
@@ -595,6 +587,11 @@ pub fn error_body(error: &DecisionError) -> Value {
             Some("model_not_supported"),
             Some("model".into()),
         ),
+        DecisionError::Unlabelable(_) => (
+            "invalid_request_error",
+            Some("unsupported_labels"),
+            Some("questions".into()),
+        ),
         _ => ("server_error", None, None),
     };
     json!({"error": {"message": error.to_string(), "type": kind, "param": param, "code": code}})
@@ -641,6 +638,44 @@ mod tests {
                 "input": [{"role": "user", "content": [part]}]}),
             );
             assert_eq!(errors[0].param(), "input.0.content.0", "{errors:?}");
+        }
+    }
+
+    /// Unknown keys in a choice or a level are each named at their own path, as in the other shapes
+    /// (they were reported once, at the choice, naming only the first).
+    #[test]
+    fn every_unknown_key_of_a_choice_or_level_is_named() {
+        let errors = invalid(json!({"model": "m", "input": "x", "questions": [
+            {"type": "choice", "instructions": "i", "choices": [{"value": "a", "colour": 1, "size": 2}, {"value": "b"}]},
+            {"type": "score", "instructions": "i", "levels": [{"label": "a"}, {"label": "b", "weight": 3}]}]}));
+        let params: Vec<String> = errors.iter().map(FieldError::param).collect();
+        assert_eq!(
+            params,
+            [
+                "questions.0.choices.0.colour",
+                "questions.0.choices.0.size",
+                "questions.1.levels.1.weight"
+            ]
+        );
+    }
+
+    /// Seed 000: "Image inputs ... are outside this MVP"; `--compat vllm` refuses them, naming the part.
+    #[test]
+    fn vllm_profile_refuses_input_image_parts() {
+        let body = json!({"model": "m", "questions": [{"type": "predicate", "instructions": "i"}],
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "t"},
+                {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]});
+        assert!(parse(&body, &Limits::default(), Compat::Typesafe).is_ok());
+        match parse(&body, &Limits::default(), Compat::Vllm) {
+            Err(DecisionError::Invalid(f)) => {
+                assert_eq!(f[0].param(), "input.0.content.1");
+                assert!(
+                    f[0].msg.contains("outside vLLM's text-only"),
+                    "{}",
+                    f[0].msg
+                );
+            }
+            other => panic!("{:?}", other.map(|p| p.echo)),
         }
     }
 

@@ -24,9 +24,12 @@ pub struct SystemOneQuestion {
     /// `choice` | `noul` | `score`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// Optional. A `noul` needs it or a `true` / `false` description, except under `--compat vllm`
+    /// (vLLM reads a bare noul).
     pub instructions: Option<Text>,
-    /// choice: option name → description or null (1..255 options); noul: optional `true` / `false`
-    /// descriptions; score: ordered list of 1..10 levels.
+    /// choice: option name → description or null (1..255 options; 1..26 under `--compat vllm`); noul:
+    /// optional `true` / `false` descriptions; score: ordered list of 1..10 levels (2..10 under
+    /// `--compat vllm`). Any other key in a question is refused.
     pub criteria: Option<Value>,
 }
 
@@ -37,7 +40,8 @@ pub struct SystemOneRequest {
     /// A string, or any JSON rendered as text.
     pub state: Value,
     pub instructions: Option<Text>,
-    /// Ordered map of question id → question (ids are any non-empty strings).
+    /// Ordered map of question id → question: 1..512 questions (64 under `--compat vllm`). Ids are
+    /// non-blank by default, non-empty under `--compat vllm`, anything under `--compat sglang`.
     pub questions: BTreeMap<String, SystemOneQuestion>,
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
     pub cache_salt: Option<String>,
@@ -51,6 +55,10 @@ pub struct SystemOneRequest {
     /// canvases, numbered answer lines on as few even chunks as fit the model's canvas (one question reads
     /// on its own). Models that read each question on their own answer 400 naming `joint`.
     pub joint: Option<bool>,
+    /// `--compat sglang`: `/v1/decisions` fields, refused here unless null (422).
+    pub temperature: Option<Value>,
+    pub prompt_format_version: Option<Value>,
+    pub return_prompt_token_ids: Option<Value>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -64,8 +72,12 @@ pub struct SystemOneAnswer {
     /// score: Σ i·p_i.
     pub score: Option<f64>,
     pub legend: Option<BTreeMap<String, Value>>,
+    /// choice: by option name; score: by level index; noul: `yes` / `no` under `--compat vllm` only.
     pub probabilities: Option<BTreeMap<String, f64>>,
+    /// Absent on a noul answer except under `--compat vllm`.
     pub confidence: Option<f64>,
+    /// `--compat sglang`: the labels' full-vocabulary probability.
+    pub x_label_mass: Option<f64>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -79,8 +91,18 @@ pub struct SystemOneResponse {
     pub model: String,
     pub answers: BTreeMap<String, SystemOneAnswer>,
     pub usage: SystemOneUsage,
-    /// Per question: `label_mass` and `argmax_is_label`.
+    /// Default profile. Per question: `label_mass` and `argmax_is_label`.
     pub x_diagnostics: Option<BTreeMap<String, Value>>,
+    /// Default profile: prompt tokens read from the prefix cache.
+    pub x_cached_tokens: Option<u64>,
+    /// `--compat vllm`: `decision-…`.
+    pub id: Option<String>,
+    /// `--compat vllm`: `structured_decision`.
+    pub object: Option<String>,
+    /// `--compat vllm`: Unix seconds.
+    pub created: Option<u64>,
+    /// `--compat vllm`: `x_diagnostics` under vLLM's name.
+    pub diagnostics: Option<BTreeMap<String, Value>>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -91,7 +113,9 @@ pub struct ValidationDetail {
     pub kind: String,
 }
 
-/// 422: `detail` is a list of field errors; other errors: `detail` is `{error_type, message}`.
+/// 422 (400 under `--compat vllm`): `detail` is a list of field errors; other errors: `detail` is
+/// `{error_type, message}`, the type matching the status the profile gives it (`invalid_request` for a
+/// label refusal that `--compat vllm` or `--compat sglang` answers with 400).
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct SystemOneError {
     pub detail: Value,
@@ -108,17 +132,21 @@ pub struct OpenAiQuestion {
     pub levels: Option<Vec<Value>>,
 }
 
-/// SGLang shape: `choice` (2..26 options) | `score` (2..10 levels) | `yes_no`.
+/// SGLang shape: `choice` (2..26 options) | `score` (2..10 levels) | `yes_no`. Text fields are
+/// non-blank strings, or JSON objects / arrays rendered as compact JSON; any other key is a 400.
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct SglangQuestion {
+    /// Non-blank, unique in the request.
     pub id: String,
     #[serde(rename = "type")]
     pub kind: String,
-    pub question: Option<String>,
+    pub question: Option<Text>,
+    /// `{name, description?}`: names non-blank, without control or line-break characters, distinct
+    /// after trimming and case folding.
     pub options: Option<Vec<Value>>,
-    pub levels: Option<Vec<String>>,
-    pub yes: Option<String>,
-    pub no: Option<String>,
+    pub levels: Option<Vec<Text>>,
+    pub yes: Option<Text>,
+    pub no: Option<Text>,
 }
 
 /// `/v1/decisions` takes OpenAI's shape (`model`, `input`, `questions` with `instructions`/`name`/`choices`)
@@ -144,6 +172,8 @@ pub struct DecisionsRequest {
 }
 
 /// OpenAI: `{model, answers: [...], usage}`; SGLang: `{object: "decisions", model, prompt_format_version, answers: {...}, usage}`.
+/// An SGLang answer has `type`, `probabilities` (by option name, level index, or `yes`/`no`), `choice`
+/// or `score`, `label_mass`, and with `return_prompt_token_ids` its `prompt_token_ids` and `label_token_ids`.
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct DecisionsResponse {
     pub model: String,
@@ -205,12 +235,13 @@ fn score() {}
 #[utoipa::path(post, path = "/v1/systemone", request_body = SystemOneRequest,
     responses((status = 200, body = SystemOneResponse), (status = 422, body = SystemOneError),
               (status = 400, body = SystemOneError), (status = 401, body = SystemOneError), (status = 413, body = SystemOneError),
-              (status = 501, body = SystemOneError), (status = 529, body = SystemOneError)))]
+              (status = 429, body = SystemOneError), (status = 501, body = SystemOneError), (status = 529, body = SystemOneError)))]
 fn systemone() {}
 
 #[utoipa::path(post, path = "/v1/decisions", request_body = DecisionsRequest,
     responses((status = 200, body = DecisionsResponse), (status = 400, body = DecisionsError),
-              (status = 401, body = DecisionsError), (status = 413, body = DecisionsError), (status = 429, body = DecisionsError)))]
+              (status = 401, body = DecisionsError), (status = 413, body = DecisionsError), (status = 429, body = DecisionsError),
+              (status = 501, body = DecisionsError)))]
 fn decisions() {}
 
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "TypeSafe's model list, with an OpenAI-style `data` list")))]

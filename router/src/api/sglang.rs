@@ -10,7 +10,11 @@ use crate::limits::Limits;
 use crate::probability;
 use crate::prompt::wording::PromptFormat;
 use crate::prompt::{LabelGroup, PreparedRead};
-const MAX_OPTIONS: usize = 26;
+
+use super::fields::{self, field_error as err};
+
+/// Options per choice: one letter label each (seed 003: "2 to 26 objects").
+const MAX_OPTIONS: usize = crate::limits::LETTER_LABELS;
 /// Every field of the request (anything else is refused).
 const FIELDS: &[&str] = &[
     "input",
@@ -31,16 +35,6 @@ pub struct Parsed {
     pub model: String,
 }
 
-fn err(path: &[Loc], kind: &'static str, msg: impl Into<String>) -> FieldError {
-    FieldError::new(
-        std::iter::once(Loc::from("body"))
-            .chain(path.iter().cloned())
-            .collect(),
-        kind,
-        msg,
-    )
-}
-
 /// `served` is the wording this server renders in (`None` when the model has no strategy: the
 /// request is then refused with a 501 after parsing).
 pub fn parse(
@@ -48,43 +42,25 @@ pub fn parse(
     limits: &Limits,
     served: Option<PromptFormat>,
 ) -> Result<Parsed, DecisionError> {
-    let obj = body.as_object().ok_or_else(|| {
-        DecisionError::Invalid(vec![err(
-            &[],
-            "type_error",
-            "the body must be a JSON object",
-        )])
-    })?;
+    let obj = fields::body_object(body, "type_error")?;
     let mut errors = Vec::new();
     // Seed 003: "an unknown field anywhere in the request" is a 400.
-    for key in obj.keys() {
-        if !FIELDS.contains(&key.as_str()) {
-            errors.push(err(
-                &[Loc::from(key.as_str())],
-                "extra_forbidden",
-                format!(
-                    "unknown field '{key}'; the request takes {}",
-                    FIELDS.join(", ")
-                ),
-            ));
-        }
-    }
+    fields::unknown_keys(
+        obj,
+        FIELDS,
+        &[],
+        "extra_forbidden",
+        |key| {
+            format!(
+                "unknown field '{key}'; the request takes {}",
+                FIELDS.join(", ")
+            )
+        },
+        &mut errors,
+    );
     // Echoed in the response, `default` when omitted (seed 003's `model` row).
-    let mut model = "default".to_owned();
-    if let Some(value) = obj.get("model") {
-        match value {
-            Value::Null => {}
-            Value::String(name) => {
-                super::systemone::check_model_name(name)?;
-                model = name.clone();
-            }
-            _ => errors.push(err(
-                &["model".into()],
-                "type_error",
-                "model must be a string",
-            )),
-        }
-    }
+    let model =
+        fields::model_name(obj, "type_error", &mut errors)?.unwrap_or_else(|| "default".to_owned());
     let state = match obj.get("input") {
         Some(Value::String(s)) if !s.trim().is_empty() => Value::String(s.clone()),
         Some(v @ (Value::Object(_) | Value::Array(_))) if !is_empty_container(v) => v.clone(),
@@ -124,33 +100,12 @@ pub fn parse(
             not_served(other, f),
         )),
     }
-    let return_prompt_token_ids = match obj.get("return_prompt_token_ids") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            errors.push(err(
-                &["return_prompt_token_ids".into()],
-                "type_error",
-                "return_prompt_token_ids must be a boolean",
-            ));
-            false
-        }
-    };
-    let joint = match obj.get("joint") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            errors.push(err(
-                &["joint".into()],
-                "type_error",
-                "joint must be a boolean",
-            ));
-            false
-        }
-    };
-    let chat_template_kwargs = super::template_kwargs(obj, "type_error", &mut errors);
+    let return_prompt_token_ids =
+        fields::optional_bool(obj, "return_prompt_token_ids", "type_error", &mut errors);
+    let joint = fields::optional_bool(obj, "joint", "type_error", &mut errors);
+    let chat_template_kwargs = fields::template_kwargs(obj, "type_error", &mut errors);
     let mut questions: Vec<Question> = Vec::new();
-    for (i, item) in super::question_items(obj, limits, "type_error", &mut errors)
+    for (i, item) in fields::question_items(obj, limits, "type_error", &mut errors)
         .into_iter()
         .flatten()
         .enumerate()
@@ -246,33 +201,6 @@ fn text(
     }
 }
 
-/// Why an option name cannot be used (seed 003): blank, with control or line-break characters, or the
-/// same as an earlier one after trimming and case folding.
-fn option_name_problem(name: &str, earlier: &[ChoiceOption]) -> Option<String> {
-    if name.trim().is_empty() {
-        return Some("the name is blank".into());
-    }
-    if name
-        .chars()
-        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{85}'))
-    {
-        return Some(format!(
-            "the name {name:?} contains a control or line-break character"
-        ));
-    }
-    let folded = fold(name);
-    earlier.iter().find(|o| fold(&o.name) == folded).map(|o| {
-        format!(
-            "the name {name:?} repeats {:?} (names are compared trimmed and case-folded)",
-            o.name
-        )
-    })
-}
-
-fn fold(name: &str) -> String {
-    name.trim().to_lowercase()
-}
-
 fn is_empty_container(v: &Value) -> bool {
     matches!(v, Value::Object(m) if m.is_empty()) || matches!(v, Value::Array(a) if a.is_empty())
 }
@@ -323,15 +251,14 @@ fn parse_question(
             return None;
         }
     };
-    for key in obj.keys() {
-        if !allowed.contains(&key.as_str()) {
-            errors.push(err(
-                &at(key),
-                "extra_forbidden",
-                format!("unknown field '{key}' for a {kind} question"),
-            ));
-        }
-    }
+    fields::unknown_keys(
+        obj,
+        allowed,
+        &["questions".into(), Loc::Index(i)],
+        "extra_forbidden",
+        |key| format!("unknown field '{key}' for a {kind} question"),
+        errors,
+    );
     let kind = match kind {
         "choice" => {
             let Some(items) = obj.get("options").and_then(Value::as_array) else {
@@ -358,7 +285,7 @@ fn parse_question(
                     Loc::Index(j),
                 ];
                 let who = name_of(&id, i);
-                let Some(fields) = option.as_object() else {
+                let Some(option_fields) = option.as_object() else {
                     errors.push(err(
                         &oloc,
                         "type_error",
@@ -366,20 +293,26 @@ fn parse_question(
                     ));
                     continue;
                 };
-                for key in fields
-                    .keys()
-                    .filter(|k| !matches!(k.as_str(), "name" | "description"))
-                {
-                    let mut loc = oloc.clone();
-                    loc.push(Loc::from(key.as_str()));
-                    errors.push(err(&loc, "extra_forbidden", format!("question {who}: unknown field '{key}' in option {j} (an option has name and description)")));
-                }
-                let description = match fields.get("description") {
+                fields::unknown_keys(
+                    option_fields,
+                    &["name", "description"],
+                    &oloc,
+                    "extra_forbidden",
+                    |key| {
+                        format!("question {who}: unknown field '{key}' in option {j} (an option has name and description)")
+                    },
+                    errors,
+                );
+                let description = match option_fields.get("description") {
                     None | Some(Value::Null) => None,
                     Some(value) => text(value, &oloc, "description", &id, i, errors),
                 };
-                let name = fields.get("name").and_then(Value::as_str);
-                match name.map(|n| (n, option_name_problem(n, &options))) {
+                let name = option_fields.get("name").and_then(Value::as_str);
+                let earlier: Vec<(String, &str)> = options
+                    .iter()
+                    .map(|o| (fields::folded(&o.name), o.name.as_str()))
+                    .collect();
+                match name.map(|n| (n, fields::option_name_problem(n, &earlier))) {
                     Some((n, None)) => options.push(ChoiceOption {
                         name: n.to_owned(),
                         description,
@@ -688,6 +621,12 @@ mod tests {
             json!({"input": "x", "questions": [{"id": "s", "type": "score", "question": "q", "levels": ["a", null]}]}),
             "questions.0.levels.1",
             "level 1 must be",
+        );
+        // Case folding, not lower-casing (Python's `casefold`, as SGLang compares): ß folds to ss.
+        refused(
+            q(json!({"options": [{"name": "Straße"}, {"name": "STRASSE"}]})),
+            "questions.0.options.1",
+            "repeats \"Straße\"",
         );
         let parsed = parse(
             &json!({"input": "x", "model": "my-model", "questions": [{"id": "u", "type": "yes_no", "question": {"ask": "late?", "n": [1, 2]}, "yes": ["a", 1]},

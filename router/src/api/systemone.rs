@@ -3,6 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
+use super::fields;
 use crate::error::{DecisionError, FieldError, Loc};
 use crate::ir::{ChoiceOption, Decision, DecisionRequest, Media, Modality, Question, QuestionKind};
 use crate::limits::Limits;
@@ -17,24 +18,8 @@ pub fn parse(
 ) -> Result<DecisionRequest, DecisionError> {
     let limits = &compat.limits(crate::profile::Shape::SystemOne, limits);
     let mut errors = Vec::new();
-    let Some(obj) = body.as_object() else {
-        return Err(DecisionError::Invalid(vec![FieldError::new(
-            vec!["body".into()],
-            "model_attributes_type",
-            "the body must be a JSON object",
-        )]));
-    };
-    if let Some(model) = obj.get("model") {
-        match model {
-            Value::Null => {}
-            Value::String(name) => check_model_name(name)?,
-            _ => errors.push(FieldError::new(
-                loc(&["model"]),
-                "string_type",
-                "model must be a string",
-            )),
-        }
-    }
+    let obj = fields::body_object(body, "model_attributes_type")?;
+    fields::model_name(obj, "string_type", &mut errors)?;
     if compat == Compat::Sglang {
         // Seed 003: the `/v1/decisions` fields are refused here unless null.
         for key in [
@@ -66,7 +51,7 @@ pub fn parse(
         None | Some(Value::Null) => None,
         Some(v) => text_field(v, loc(&["instructions"]), &mut errors),
     };
-    let chat_template_kwargs = super::template_kwargs(obj, "dict_type", &mut errors);
+    let chat_template_kwargs = fields::template_kwargs(obj, "dict_type", &mut errors);
     let cache_salt = match obj.get("cache_salt") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
@@ -80,18 +65,7 @@ pub fn parse(
         }
     };
     let media = parse_media(obj, &mut errors);
-    let joint = match obj.get("joint") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            errors.push(FieldError::new(
-                loc(&["joint"]),
-                "bool_type",
-                "joint must be a boolean",
-            ));
-            false
-        }
-    };
+    let joint = fields::optional_bool(obj, "joint", "bool_type", &mut errors);
     let questions = match obj.get("questions") {
         None => {
             errors.push(FieldError::new(
@@ -101,10 +75,7 @@ pub fn parse(
             ));
             Vec::new()
         }
-        // SGLang's profile accepts blank question ids, as the System One schema allows (seed 003).
-        Some(Value::Object(map)) => {
-            parse_questions(map, limits, compat != Compat::Sglang, &mut errors)
-        }
+        Some(Value::Object(map)) => parse_questions(map, limits, compat, &mut errors),
         Some(_) => {
             errors.push(FieldError::new(
                 loc(&["questions"]),
@@ -170,24 +141,8 @@ fn parse_media(obj: &Map<String, Value>, errors: &mut Vec<FieldError>) -> Media 
     media
 }
 
-/// Any model name is accepted and answered as the served model, except the `base:adapter` form.
-pub fn check_model_name(name: &str) -> Result<(), DecisionError> {
-    if name.contains(':') {
-        return Err(DecisionError::BadRequest {
-            param: Some("model".into()),
-            message: format!(
-                "model '{name}': adapters ('base:adapter') are not supported by this server"
-            ),
-        });
-    }
-    Ok(())
-}
-
 fn loc(path: &[&str]) -> Vec<Loc> {
-    std::iter::once("body")
-        .chain(path.iter().copied())
-        .map(Loc::from)
-        .collect()
+    fields::body_loc(&path.iter().copied().map(Loc::from).collect::<Vec<_>>())
 }
 
 fn at(base: &[Loc], more: impl Into<Loc>) -> Vec<Loc> {
@@ -218,40 +173,20 @@ fn text_field(value: &Value, loc: Vec<Loc>, errors: &mut Vec<FieldError>) -> Opt
 fn parse_questions(
     map: &Map<String, Value>,
     limits: &Limits,
-    refuse_blank_ids: bool,
+    compat: Compat,
     errors: &mut Vec<FieldError>,
 ) -> Vec<Question> {
     let base = loc(&["questions"]);
-    if map.is_empty() {
-        errors.push(FieldError::new(
-            base.clone(),
-            "too_short",
-            "questions must hold at least one question",
-        ));
-    }
-    if map.len() > limits.max_questions {
-        errors.push(FieldError::new(
-            base.clone(),
-            "too_long",
-            format!(
-                "at most {} questions per request (max_questions), got {}",
-                limits.max_questions,
-                map.len()
-            ),
-        ));
+    if !fields::question_count(map.len(), limits, errors) {
         return Vec::new();
     }
     let mut questions = Vec::with_capacity(map.len());
     for (id, spec) in map {
         let qloc = at(&base, id.clone());
-        if refuse_blank_ids && id.trim().is_empty() {
-            errors.push(FieldError::new(
-                qloc.clone(),
-                "value_error",
-                "question ids must be non-blank strings",
-            ));
+        if let Some(problem) = compat.question_id_problem(id) {
+            errors.push(FieldError::new(qloc.clone(), "value_error", problem));
         }
-        if let Some(q) = parse_question(id, spec, &qloc, limits, errors) {
+        if let Some(q) = parse_question(id, spec, &qloc, limits, compat, errors) {
             questions.push(q);
         }
     }
@@ -263,6 +198,7 @@ fn parse_question(
     spec: &Value,
     qloc: &[Loc],
     limits: &Limits,
+    compat: Compat,
     errors: &mut Vec<FieldError>,
 ) -> Option<Question> {
     let Some(obj) = spec.as_object() else {
@@ -274,15 +210,14 @@ fn parse_question(
         return None;
     };
     let before = errors.len();
-    for key in obj.keys() {
-        if !matches!(key.as_str(), "type" | "instructions" | "criteria") {
-            errors.push(FieldError::new(
-                at(qloc, key.clone()),
-                "extra_forbidden",
-                format!("unknown field '{key}' (a question has type, instructions and criteria)"),
-            ));
-        }
-    }
+    fields::unknown_keys(
+        obj,
+        &["type", "instructions", "criteria"],
+        &qloc[1..],
+        "extra_forbidden",
+        |key| format!("unknown field '{key}' (a question has type, instructions and criteria)"),
+        errors,
+    );
     let instructions = match obj.get("instructions") {
         None | Some(Value::Null) => None,
         Some(v) => text_field(v, at(qloc, "instructions"), errors),
@@ -300,7 +235,7 @@ fn parse_question(
         }
         Some(Value::String(t)) if t == "choice" => parse_choice(criteria, &cloc, limits, errors),
         Some(Value::String(t)) if t == "noul" => {
-            parse_noul(criteria, instructions.as_deref(), qloc, errors)
+            parse_noul(criteria, instructions.as_deref(), qloc, compat, errors)
         }
         Some(Value::String(t)) if t == "score" => parse_score(criteria, &cloc, limits, errors),
         Some(other) => {
@@ -365,28 +300,14 @@ fn parse_choice(
         ));
         return None;
     }
-    let mut seen: Vec<String> = Vec::with_capacity(map.len());
+    let mut seen: Vec<(String, &str)> = Vec::with_capacity(map.len());
     let mut options = Vec::with_capacity(map.len());
     for (name, description) in map {
         let oloc = at(cloc, name.clone());
-        if name.trim().is_empty() {
-            errors.push(FieldError::new(
-                oloc.clone(),
-                "value_error",
-                "option names must be non-blank",
-            ));
-        } else if name.chars().any(is_line_break_or_control) {
-            errors.push(FieldError::new(
-                oloc.clone(),
-                "value_error",
-                "option names must not contain control or line-break characters",
-            ));
+        if let Some(problem) = fields::option_name_problem(name, &seen) {
+            errors.push(FieldError::new(oloc.clone(), "value_error", problem));
         }
-        let folded = caseless::default_case_fold_str(name.trim());
-        if seen.contains(&folded) {
-            errors.push(FieldError::new(oloc.clone(), "value_error", format!("option '{name}' duplicates another option (names are compared trimmed and case-folded)")));
-        }
-        seen.push(folded);
+        seen.push((fields::folded(name), name));
         let description = match description {
             Value::Null => None,
             v => text_field(v, oloc, errors),
@@ -399,15 +320,11 @@ fn parse_choice(
     Some(QuestionKind::Choice { options })
 }
 
-/// Control characters and everything Python's `str.splitlines` breaks on (U+2028, U+2029 included).
-fn is_line_break_or_control(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{2028}' | '\u{2029}')
-}
-
 fn parse_noul(
     criteria: &Value,
     instructions: Option<&str>,
     qloc: &[Loc],
+    compat: Compat,
     errors: &mut Vec<FieldError>,
 ) -> Option<QuestionKind> {
     let cloc = at(qloc, "criteria");
@@ -443,7 +360,7 @@ fn parse_noul(
     }
     let has_instructions = instructions.is_some_and(|s| !s.trim().is_empty());
     let described = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.trim().is_empty());
-    if !has_instructions && !described(&yes) && !described(&no) {
+    if !compat.reads_bare_noul() && !has_instructions && !described(&yes) && !described(&no) {
         errors.push(FieldError::new(
             qloc.to_vec(),
             "value_error",
@@ -613,8 +530,9 @@ pub fn format(
     out
 }
 
-/// This shape's error body: a `detail` list for validation, a `detail` object otherwise.
-pub fn error_body(error: &DecisionError) -> Value {
+/// This shape's error body: a `detail` list for validation, a `detail` object otherwise, with the
+/// `error_type` the profile gives the error (`Compat::error_type`).
+pub fn error_body(error: &DecisionError, error_type: &str) -> Value {
     match error {
         DecisionError::Invalid(fields) => json!({
             "detail": fields.iter().map(|f| json!({
@@ -624,7 +542,7 @@ pub fn error_body(error: &DecisionError) -> Value {
             })).collect::<Vec<_>>()
         }),
         other => {
-            json!({"detail": {"error_type": other.error_type(), "message": other.to_string()}})
+            json!({"detail": {"error_type": error_type, "message": other.to_string()}})
         }
     }
 }
@@ -894,16 +812,22 @@ mod tests {
 
     #[test]
     fn error_bodies() {
-        let v = error_body(&DecisionError::Invalid(vec![FieldError::new(
-            loc(&["questions", "tone", "criteria"]),
-            "list_type",
-            "m",
-        )]));
+        let v = error_body(
+            &DecisionError::Invalid(vec![FieldError::new(
+                loc(&["questions", "tone", "criteria"]),
+                "list_type",
+                "m",
+            )]),
+            "invalid_request",
+        );
         assert_eq!(
             v,
             json!({"detail": [{"loc": ["body", "questions", "tone", "criteria"], "msg": "m", "type": "list_type"}]})
         );
-        let v = error_body(&DecisionError::Unauthorized);
+        let v = error_body(
+            &DecisionError::Unauthorized,
+            DecisionError::Unauthorized.error_type(),
+        );
         assert_eq!(v["detail"]["error_type"], "authentication_error");
     }
 
@@ -989,6 +913,33 @@ mod tests {
             sglang["usage"],
             json!({"input_tokens": 100, "output_tokens": 0})
         );
+    }
+
+    /// vLLM 0.32 reads a bare noul (`instructions` defaults to "", criteria to null) and refuses only an
+    /// empty id; the default profile refuses both a bare noul and a blank id, SGLang's a bare noul only.
+    #[test]
+    fn bare_noul_and_question_ids_per_profile() {
+        let bare = json!({"state": "s", "questions": {"q": {"type": "noul"}}});
+        assert!(parse(&bare, &limits(), Compat::Vllm).is_ok());
+        assert!(parse(&bare, &limits(), Compat::Typesafe).is_err());
+        assert!(parse(&bare, &limits(), Compat::Sglang).is_err());
+        let id = |id: &str| json!({"state": "s", "questions": {id: {"type": "noul", "instructions": "x"}}});
+        for (compat, empty_ok, blank_ok) in [
+            (Compat::Typesafe, false, false),
+            (Compat::Vllm, false, true),
+            (Compat::Sglang, true, true),
+        ] {
+            assert_eq!(
+                parse(&id(""), &limits(), compat).is_ok(),
+                empty_ok,
+                "{compat:?}"
+            );
+            assert_eq!(
+                parse(&id("  "), &limits(), compat).is_ok(),
+                blank_ok,
+                "{compat:?}"
+            );
+        }
     }
 
     #[test]

@@ -108,10 +108,10 @@ impl ReadStrategy for NextTokenStrategy {
         for question in &request.questions {
             let labels = self
                 .label_sequences(&question.kind, self.wording)
-                .map_err(DecisionError::NotServable)?;
+                .map_err(DecisionError::Unlabelable)?;
             let max = self.wording.max_arity(&question.kind);
             if question.kind.arity() > max {
-                return Err(DecisionError::NotServable(format!(
+                return Err(DecisionError::Unlabelable(format!(
                     "question '{}': {} answers, but this read strategy labels at most {max}",
                     question.id,
                     question.kind.arity()

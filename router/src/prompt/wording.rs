@@ -55,7 +55,7 @@ pub const YES_NO_REPLY: &str = "Answer with yes or no only.";
 pub const SCORE_REPLY: &str = "Answer with the number of one level only.";
 
 /// Letters A..Z: the choice labels of the next-token wording.
-pub const LETTERS: [&str; 26] = [
+pub const LETTERS: [&str; crate::limits::LETTER_LABELS] = [
     "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S",
     "T", "U", "V", "W", "X", "Y", "Z",
 ];
