@@ -216,7 +216,7 @@ SENTENCES: list[Sentence] = [
     S("003", "Errors", "Errors about one question name its id or its position in questions", HERE_CASE),
     S("003", "Pin and replay", "Every response carries prompt_format_version", "test_seed_sentences.py::test_003_the_example_request_answers_every_type"),
     S("003", "Pin and replay", "The replayed scores equal the answer's probabilities when both requests use the same temperature", "test_decisions.py::test_a_decision_replays_through_v1_score"),
-    S("003", "Pin and replay", "A replay right after the decision reuses its cached prefix, so it can differ slightly", "untested: a caveat about SGLang's radix cache; our replay is equal to 1e-6 (test_decisions.py::test_a_decision_replays_through_v1_score)"),
+    S("003", "Pin and replay", "A replay right after the decision reuses its cached prefix, so it can differ slightly", "test_decisions.py::test_a_decision_replays_through_v1_score"),
     S("003", "Pin and replay", "/v1/score: token ids outside the vocabulary, empty items, over-long items are a 400 naming the item", "test_decisions.py::test_v1_score_refusals_name_the_item"),
     S("003", "Thinking models", "/v1/decisions turns thinking off for every question, refuses a request that turns it back on", HERE_CASE),
     S("003", "Thinking models", "refuses a rendered prompt that leaves a reasoning block open, so the answer is never read inside the reasoning", "test_seed_sentences.py::test_003_thinking_stays_off_the_prompt_closes_the_think_block"),
