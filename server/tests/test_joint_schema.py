@@ -435,6 +435,10 @@ def test_clef_fixtures_ship_what_vllm_needs() -> None:
         if "omni" in name:
             vision = config["thinker_config"]["vision_config"]
             assert vision["apply_vit_abs_pos_embed"] is True and vision["image_size"] == 768
+        # transformers always interleaves these models' M-RoPE sections; vLLM only when the config says
+        # `mrope_interleaved` (without it, image reads were 4.6e-3 off vLLM's: bench/results/2026-12-02-clef).
+        text = (config.get("thinker_config") or config)["text_config"]
+        assert text["rope_parameters"]["mrope_interleaved"] is True
         weights, head_config = head_weights(folder)
         assert head_config["hidden_size"] == 128
         # Random, not default-initialised, scalars and norm gains.
