@@ -101,28 +101,79 @@ class JointSchemaModel(TransformersModel):
         hidden: torch.Tensor = output.last_hidden_state[0]
         return hidden
 
+    def padded_hidden_states(self, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """`[L_i, hidden]` final hidden states of several text-only prompts from one forward, right-padded to the
+        longest. Exact to each prompt's own pass up to float rounding, with no padding mask: the backbone is causal
+        (attention, and Qwen3.5's gated delta nets and their causal convolutions), so pads after every real token
+        change nothing before them, and a row's positions are 0..L-1 as alone. The mask is all ones on purpose: a
+        mask over the pads would only hide them from themselves, and it takes attention off its causal kernel (the
+        padded forward measured slower than the reads one by one with it, faster without)."""
+        device = self.device
+        longest = max(len(ids) for ids in prompts)
+        pad = int(getattr(self.text_config, "pad_token_id", None) or 0)
+        ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
+        ids = ids.to(device)
+        if self.prepare_forward is not None:
+            self.prepare_forward(self.module)
+        with torch.inference_mode():
+            output = self._backbone()(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+        hidden: torch.Tensor = output.last_hidden_state
+        return [hidden[row, : len(prompt)] for row, prompt in enumerate(prompts)]
+
     def score_pooled(
         self, input_ids: Sequence[int], questions: Sequence[PooledQuestion], media: MediaPrompt | None = None
     ) -> PooledScores:
-        if self.head is None:
-            raise RuntimeError("a joint-schema model without its head")
         started = time.perf_counter()
         ids = media.input_ids if media is not None else tuple(input_ids)
         hidden = self.hidden_states(ids, media.tensors if media is not None else None)
         self.synchronize()
         backbone = time.perf_counter() - started
-        with torch.inference_mode():
-            token_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-            logits = self.head(hidden, token_ids, self.output_embedding(), questions)
-            values = [[float(v) for v in row.float().tolist()] for row in logits]
-        head = time.perf_counter() - started - backbone
+        logits, head = self._head(hidden, ids, questions)
         return PooledScores(
-            logits=values,
+            logits=logits,
             tokens=len(ids),
             media_tokens=media.media_tokens if media is not None else 0,
             backbone_seconds=backbone,
             head_seconds=head,
         )
+
+    def score_pooled_padded(
+        self, reads: Sequence[tuple[Sequence[int], Sequence[PooledQuestion]]]
+    ) -> list[PooledScores]:
+        """Several text-only pooled reads: one padded backbone forward (`padded_hidden_states`), then the head on each
+        read's own hidden states. The forward's time is shared out by tokens."""
+        started = time.perf_counter()
+        hiddens = self.padded_hidden_states([ids for ids, _ in reads])
+        self.synchronize()
+        backbone = time.perf_counter() - started
+        total = sum(len(ids) for ids, _ in reads)
+        scores = []
+        for (ids, questions), hidden in zip(reads, hiddens, strict=True):
+            logits, head = self._head(hidden, ids, questions)
+            scores.append(
+                PooledScores(
+                    logits=logits,
+                    tokens=len(ids),
+                    media_tokens=0,
+                    backbone_seconds=backbone * len(ids) / total,
+                    head_seconds=head,
+                )
+            )
+        return scores
+
+    def _head(
+        self, hidden: torch.Tensor, ids: Sequence[int], questions: Sequence[PooledQuestion]
+    ) -> tuple[list[list[float]], float]:
+        if self.head is None:
+            raise RuntimeError("a joint-schema model without its head")
+        started = time.perf_counter()
+        with torch.inference_mode():
+            token_ids = torch.tensor(list(ids), dtype=torch.long, device=self.device)
+            logits = self.head(hidden, token_ids, self.output_embedding(), questions)
+            values = [[float(v) for v in row.float().tolist()] for row in logits]
+        return values, time.perf_counter() - started
 
     def prepare_pooled_media(
         self, read_id: int, prompt: Sequence[int], media_range: tuple[int, int], items: Sequence[MediaItem]

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from decision_server.architectures import EngineRefusedError, choose_engine
 from decision_server.engines import PooledSpec, make_engine
+from decision_server.engines.pooled import PooledEngine, padded_groups
 from decision_server.fixtures import make_fixture
 from decision_server.joint_head import HEAD_CONFIG, HEAD_WEIGHTS, HeadConfigError, PooledQuestion
 from decision_server.model import LoadedModel, load_model
@@ -276,6 +277,47 @@ def test_a_pooled_read_equals_transformers_then_the_reference(clef: tuple[str, L
     assert outcome.tokens_computed == len(ids)
 
 
+def test_padded_pooled_reads_equal_their_solo_reads(clef: tuple[str, LoadedModel]) -> None:
+    """Text reads of one batch share a right-padded forward; each equals its own read alone within 1e-6 (float32),
+    and the padded hidden states equal transformers' solo forward of that prompt."""
+    name, model = clef
+    folder = _folder(name)
+    tokenizer = model.processor.tokenizer  # type: ignore[attr-defined]
+    ids, questions = sample_read(tokenizer)
+    lead = tokenizer("A much longer state: the parcel came late, opened and half empty. " * 3, add_special_tokens=False)
+    prompts = [ids, lead["input_ids"] + ids, tokenizer("Short.", add_special_tokens=False)["input_ids"] + ids]
+    specs = [PooledSpec(id=n, prompt=tuple(p), questions=tuple(questions)) for n, p in enumerate(prompts)]
+    engine = make_engine("auto", model)
+    solo = [engine.run([spec]).outcomes[0] for spec in specs]
+    together = engine.run(specs)
+    assert together.forward_passes == 1
+    assert [o.id for o in together.outcomes] == [0, 1, 2]
+    for alone, shared in zip(solo, together.outcomes, strict=True):
+        assert shared.tokens_computed == alone.tokens_computed
+        worst = max(
+            abs(a - b) for r, s in zip(alone.logits, shared.logits, strict=True) for a, b in zip(r, s, strict=True)
+        )
+        assert worst <= 1e-6, (alone.id, worst)
+    padded = model.padded_hidden_states(prompts)  # type: ignore[attr-defined]
+    for prompt, hidden in zip(prompts, padded, strict=True):
+        expected, _ = transformers_hidden(folder, prompt)
+        assert hidden.shape == expected.shape
+        assert float((hidden - expected).abs().max()) < 1e-5
+    # A tight budget splits the batch (longest first) and changes nothing.
+    split = PooledEngine(model, padded_tokens=2 * len(prompts[1])).run(specs)  # type: ignore[arg-type]
+    assert split.forward_passes == 2
+    for alone, shared in zip(solo, split.outcomes, strict=True):
+        for r, s in zip(alone.logits, shared.logits, strict=True):
+            assert s == pytest.approx(r, abs=1e-6)
+
+
+def test_padded_groups_take_the_longest_first_within_the_budget() -> None:
+    assert padded_groups([10, 30, 20, 5], budget=60) == [[1, 2], [0, 3]]
+    assert padded_groups([10, 30, 20, 5], budget=100) == [[1, 2, 0], [3]]
+    assert padded_groups([100, 3], budget=50) == [[0], [1]]
+    assert padded_groups([], budget=50) == []
+
+
 def _png(seed: int, size: tuple[int, int]) -> bytes:
     import numpy as np
     from PIL import Image
@@ -374,7 +416,9 @@ def test_the_shard_batches_pooled_reads_and_refuses_other_kinds(clef: tuple[str,
         for single, batched in zip(alone, both.results, strict=True):
             a = [list(q.option_logits) for q in single.results[0].pooled.questions]
             b = [list(q.option_logits) for q in batched.pooled.questions]
-            assert a == b
+            assert [len(r) for r in a] == [len(r) for r in b]
+            for r, s in zip(a, b, strict=True):
+                assert s == pytest.approx(r, abs=1e-6)
             assert batched.tokens_computed == single.results[0].tokens_computed
         next_token = decision_pb2.Read(id=5, next_token=decision_pb2.NextTokenRead(token_ids=ids))
         with pytest.raises(grpc.RpcError) as err:
