@@ -574,3 +574,57 @@ def test_audio_with_soundtrack_videos_is_refused_and_flash_takes_no_audio() -> N
     assert flash.modalities == ("image", "video")
     with pytest.raises(MediaError, match=r"audio\.0: this model does not take audio inputs"):
         flash.prepare_pooled_media(1, prompt, (0, len(stretch)), items[:1])  # type: ignore[attr-defined]
+
+
+def test_two_ranks_read_what_one_shard_reads_on_clef_flash() -> None:
+    """Tensor parallelism for the backbone: two `decision-server serve` ranks (gloo on CPU; transformers' plan splits
+    the text model's heads and MLPs) answer pooled reads, alone and batched, as one shard does, within float rounding
+    of the all-reduces; every rank answers the same; each holds about half the backbone's split weights."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_tensor_parallel import _logged, sharded
+
+    folder = _folder("tiny-clef-flash")
+    model = load_model(folder, dtype="float32")
+    tokenizer = model.processor.tokenizer  # type: ignore[attr-defined]
+    ids, questions = sample_read(tokenizer)
+    other = tokenizer("Another state entirely", add_special_tokens=False)["input_ids"] + ids
+    requests = [
+        decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions)]),
+        decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions), pooled_read(1, other, questions)]),
+    ]
+    with running_shard(model, make_engine("auto", model)) as stub:
+        expected = [stub.Read(r, timeout=120) for r in requests]
+
+    def logits(response: decision_pb2.ReadResponse) -> list[list[list[float]]]:
+        return [[list(q.option_logits) for q in r.pooled.questions] for r in response.results]
+
+    with sharded(folder, read_mode="auto") as ranks:
+        infos = [rank.stub.Info(decision_pb2.InfoRequest(), timeout=30) for rank in ranks]
+        assert [(i.world_size, i.rank, i.engine) for i in infos] == [(2, 0, "pooled"), (2, 1, "pooled")]
+        worst = 0.0
+        for request, alone in zip(requests, expected, strict=True):
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                answers = [f.result() for f in [pool.submit(rank.stub.Read, request, timeout=120) for rank in ranks]]
+            assert logits(answers[1]) == logits(answers[0])
+            for a, b in zip(logits(alone), logits(answers[0]), strict=True):
+                for row_a, row_b in zip(a, b, strict=True):
+                    assert len(row_a) == len(row_b)
+                    worst = max([worst, *(abs(x - y) for x, y in zip(row_a, row_b, strict=True))])
+        print(f"tiny-clef-flash: max |1 shard - 2 shards| pooled logit = {worst:.3g}")
+        assert worst < 1e-5
+        loaded = [_logged(rank, "model loaded") for rank in ranks]
+        assert [r["world_size"] for r in loaded] == [2, 2]
+        assert all(r["weight_bytes"] < model.weight_bytes() for r in loaded)
+
+
+def test_tensor_parallel_refuses_a_text_model_whose_heads_do_not_split() -> None:
+    import transformers
+
+    from decision_server.joint_schema import _tensor_parallel_refusal
+
+    omni = transformers.AutoConfig.from_pretrained(_folder("tiny-clef-omni")).thinker_config.get_text_config()
+    assert _tensor_parallel_refusal(omni, 2) == "its 1 key/value heads do not split evenly over 2 ranks"
+    flash = transformers.AutoConfig.from_pretrained(_folder("tiny-clef-flash")).get_text_config()
+    assert _tensor_parallel_refusal(flash, 2) is None
+    assert _tensor_parallel_refusal(flash, 3) == "its 4 attention heads do not split evenly over 3 ranks"
