@@ -576,22 +576,55 @@ def test_audio_with_soundtrack_videos_is_refused_and_flash_takes_no_audio() -> N
         flash.prepare_pooled_media(1, prompt, (0, len(stretch)), items[:1])  # type: ignore[attr-defined]
 
 
-def test_two_ranks_read_what_one_shard_reads_on_clef_flash() -> None:
+def _omni_with_two_kv_heads(tmp: Path) -> Path:
+    """tiny-clef-omni's config with two key/value heads (one per rank; the fixture's one does not split), fresh
+    random backbone weights, the fixture's tokenizer, processor and head."""
+    import json
+
+    import transformers
+
+    source = _folder("tiny-clef-omni")
+    config = json.loads((source / "config.json").read_text())
+    config["thinker_config"]["text_config"]["num_key_value_heads"] = 2
+    torch.manual_seed(0)
+    module = transformers.Qwen3OmniMoeForConditionalGeneration(transformers.Qwen3OmniMoeConfig.from_dict(config))
+    out = tmp / "tiny-clef-omni-kv2"
+    module.to(torch.float32).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json"):
+        shutil.copy(source / name, out / name)
+    for name in (HEAD_CONFIG, HEAD_WEIGHTS):
+        shutil.copy(source / name, out / name)
+    return out
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_two_ranks_read_what_one_shard_reads(name: str, tmp_path: Path) -> None:
     """Tensor parallelism for the backbone: two `decision-server serve` ranks (gloo on CPU; transformers' plan splits
-    the text model's heads and MLPs) answer pooled reads, alone and batched, as one shard does, within float rounding
-    of the all-reduces; every rank answers the same; each holds about half the backbone's split weights."""
+    the text model's heads, MLPs and experts) answer pooled reads, alone, batched and with an image, as one shard
+    does, within float rounding of the all-reduces; every rank answers the same; each holds less than the whole."""
+    import hashlib
     from concurrent.futures import ThreadPoolExecutor
 
     from test_tensor_parallel import _logged, sharded
 
-    folder = _folder("tiny-clef-flash")
+    folder = _folder(name) if "flash" in name else _omni_with_two_kv_heads(tmp_path)
     model = load_model(folder, dtype="float32")
     tokenizer = model.processor.tokenizer  # type: ignore[attr-defined]
     ids, questions = sample_read(tokenizer)
     other = tokenizer("Another state entirely", add_special_tokens=False)["input_ids"] + ids
+    head_ids = tokenizer("<|im_start|>user\nSTATE:\n", add_special_tokens=False)["input_ids"]
+    media_ids = tokenizer(IMAGE, add_special_tokens=False)["input_ids"]
+    data = _png(1, (80, 48))
+    with_image = pooled_read(2, head_ids + media_ids + ids, questions)
+    with_image.pooled.media_start, with_image.pooled.media_end = len(head_ids), len(head_ids) + len(media_ids)
+    with_image.media.append(
+        decision_pb2.MediaItem(
+            modality=decision_pb2.IMAGE, data=data, sha256=hashlib.sha256(data).hexdigest(), name="images.0"
+        )
+    )
     requests = [
         decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions)]),
-        decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions), pooled_read(1, other, questions)]),
+        decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions), pooled_read(1, other, questions), with_image]),
     ]
     with running_shard(model, make_engine("auto", model)) as stub:
         expected = [stub.Read(r, timeout=120) for r in requests]
@@ -607,12 +640,14 @@ def test_two_ranks_read_what_one_shard_reads_on_clef_flash() -> None:
             with ThreadPoolExecutor(max_workers=2) as pool:
                 answers = [f.result() for f in [pool.submit(rank.stub.Read, request, timeout=120) for rank in ranks]]
             assert logits(answers[1]) == logits(answers[0])
+            assert [r.media_tokens for r in answers[0].results] == [r.media_tokens for r in alone.results]
             for a, b in zip(logits(alone), logits(answers[0]), strict=True):
                 for row_a, row_b in zip(a, b, strict=True):
                     assert len(row_a) == len(row_b)
                     worst = max([worst, *(abs(x - y) for x, y in zip(row_a, row_b, strict=True))])
-        print(f"tiny-clef-flash: max |1 shard - 2 shards| pooled logit = {worst:.3g}")
+        print(f"{name}: max |1 shard - 2 shards| pooled logit = {worst:.3g}")
         assert worst < 1e-5
+        assert expected[1].results[2].media_tokens > 0
         loaded = [_logged(rank, "model loaded") for rank in ranks]
         assert [r["world_size"] for r in loaded] == [2, 2]
         assert all(r["weight_bytes"] < model.weight_bytes() for r in loaded)
