@@ -147,8 +147,8 @@ class JointSchemaModel(TransformersModel):
         longest. Exact to each prompt's own pass up to float rounding, with no padding mask: the backbone is causal
         (attention, and Qwen3.5's gated delta nets and their causal convolutions), so pads after every real token
         change nothing before them, and a row's positions are 0..L-1 as alone. The mask is all ones on purpose: a
-        mask over the pads would only hide them from themselves, and it takes attention off its causal kernel (the
-        padded forward measured slower than the reads one by one with it, faster without)."""
+        mask over the pads would only hide them from themselves, and an explicit mask takes attention off the causal
+        path a solo read runs on."""
         device = self.device
         longest = max(len(ids) for ids in prompts)
         pad = int(getattr(self.text_config, "pad_token_id", None) or 0)
