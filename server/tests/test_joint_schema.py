@@ -663,3 +663,9 @@ def test_tensor_parallel_refuses_a_text_model_whose_heads_do_not_split() -> None
     flash = transformers.AutoConfig.from_pretrained(_folder("tiny-clef-flash")).get_text_config()
     assert _tensor_parallel_refusal(flash, 2) is None
     assert _tensor_parallel_refusal(flash, 3) == "its 4 attention heads do not split evenly over 3 ranks"
+    # At startup, before joining any group (nothing listens on port 9).
+    from decision_server.decoder import UnsupportedModelError
+    from decision_server.distributed import ParallelConfig
+
+    with pytest.raises(UnsupportedModelError, match=r"cannot serve Clef-Omni with --world-size 2: its 1 key/value"):
+        load_model(_folder("tiny-clef-omni"), dtype="float32", parallel=ParallelConfig(world_size=2, master_port=9))
