@@ -74,11 +74,16 @@ PROCESSOR_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl
 DIFFUSION_FIXTURES := tiny-diffusiongemma
 # Joint-schema (Clef-Flash, Clef-Omni): tiny Qwen3.5 / Qwen3-Omni thinker backbones with a random head of a small config.
 CLEF_FIXTURES := tiny-clef-flash tiny-clef-omni
+# Their builder's revision (fixtures_clef.CLEF_FIXTURE_REVISION), recorded in each folder's completion marker; a cached
+# copy of another revision is rebuilt.
+CLEF_FIXTURE_REVISION := 2
 fixtures: venv
 	@$(VENV)/bin/decision-server export-default --out $(CACHE_DIR)/models/SmolLM2-135M-Instruct
 	@# Folders are published atomically, so one with a config.json is complete (skips a 10 s torch import each).
 	@for name in tiny-qwen3 $(HYBRID_FIXTURES) $(DIFFUSION_FIXTURES) $(CLEF_FIXTURES); do test -f $(CACHE_DIR)/models/$$name/config.json && \
-		{ [[ " $(PROCESSOR_FIXTURES) " != *" $$name "* ]] || test -f $(CACHE_DIR)/models/$$name/processor_config.json; } || \
+		{ [[ " $(PROCESSOR_FIXTURES) " != *" $$name "* ]] || test -f $(CACHE_DIR)/models/$$name/processor_config.json; } && \
+		{ [[ " $(CLEF_FIXTURES) " != *" $$name "* ]] || \
+		  grep -q '"revision": $(CLEF_FIXTURE_REVISION)' $(CACHE_DIR)/models/$$name/.decision-complete.json 2>/dev/null; } || \
 		$(VENV)/bin/decision-server make-fixture $$name --out $(CACHE_DIR)/models/$$name || exit 1; done
 
 test: lock-check install fixtures image test-rust test-python test-integration

@@ -28,6 +28,9 @@ CLEF_FILES = (
     HEAD_WEIGHTS,
 )
 CLEF_FIXTURE_NAMES: tuple[str, ...] = ("tiny-clef-flash", "tiny-clef-omni")
+# Recorded in the completion marker and checked by `make fixtures` (CLEF_FIXTURE_REVISION there): bumped whenever the
+# folders change, so a cached older build is rebuilt. 2: Omni's text config says `mrope_interleaved` (see below).
+CLEF_FIXTURE_REVISION = 2
 HIDDEN_SIZE = 128
 # A small head: two heads of 32, one routing layer, two field layers.
 HEAD_SIZES = {"hidden_size": HIDDEN_SIZE, "width": 64, "routing_layers": 1, "layers": 2, "heads": 2, "feedforward": 128}
@@ -86,7 +89,7 @@ def make_clef_fixture(name: str, out: Path, seed: int = 0) -> bool:
     def build(tmp: Path) -> dict[str, Any]:
         return _build(name, seed, tmp)
 
-    built = build_folder_atomically(out, CLEF_FILES, build)
+    built = build_folder_atomically(out, CLEF_FILES, build, revision=CLEF_FIXTURE_REVISION)
     if not built:
         logger.info("fixture already complete", extra={"fields": {"path": str(out)}})
     return built
@@ -226,12 +229,16 @@ def _omni_model() -> Any:
         "moe_intermediate_size": 64,
         "num_experts": 4,
         "num_experts_per_tok": 2,
-        # Qwen3-Omni's interleaved M-RoPE, its 24/20/20 sections scaled to head_dim 64.
+        # Qwen3-Omni's interleaved M-RoPE, its 24/20/20 sections scaled to head_dim 64. The real thinker config says
+        # so twice, `interleaved` and `mrope_interleaved`: transformers always interleaves (it reads neither), vLLM
+        # reads only `mrope_interleaved` and without it rotates T/H/W in contiguous sections, which leaves text
+        # alone (all three position rows are equal there) but moved image reads 4.6e-3 off.
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 1000000.0,
             "mrope_section": [12, 10, 10],
             "interleaved": True,
+            "mrope_interleaved": True,
         },
         "tie_word_embeddings": False,
         "pad_token_id": 151643,

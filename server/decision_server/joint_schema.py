@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from decision_server.architectures import JointSchemaFamily, joint_schema_family
+from decision_server.distributed import ParallelConfig, ShardGroup, join_group
 from decision_server.engines.types import InvalidReadError
 from decision_server.joint_head import JointSchemaHead, PooledQuestion, load_head
 from decision_server.media import (
@@ -56,6 +58,31 @@ class JointSchemaModel(TransformersModel):
     family: JointSchemaFamily | None = None
     processor: Any = None
     pooled_modalities: tuple[str, ...] = field(default_factory=tuple)
+    # Above world size 1 the backbone is split by transformers' tensor-parallel plan over this group; the head (and
+    # the vision and audio towers) run whole on every rank, on the backbone's replicated final hidden states.
+    group: ShardGroup | None = None
+    _lexical: torch.Tensor | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank if self.group is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size if self.group is not None else 1
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+
+    def weight_bytes(self) -> int:
+        """Bytes this rank holds: a split parameter counts its local shard."""
+        total = 0
+        for parameter in self.module.parameters():
+            local = getattr(parameter, "to_local", None)
+            tensor = local() if callable(local) else parameter
+            total += tensor.numel() * tensor.element_size()
+        return total
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -72,9 +99,22 @@ class JointSchemaModel(TransformersModel):
         return thinker.model if thinker is not None else self.module.model
 
     def output_embedding(self) -> torch.Tensor:
-        thinker = getattr(self.module, "thinker", None)
-        weight: torch.Tensor = (thinker or self.module).lm_head.weight
-        return weight
+        if self._lexical is None:
+            thinker = getattr(self.module, "thinker", None)
+            # Whole on every rank: under tensor parallelism the LM head may be a sharded DTensor.
+            self._lexical = _whole((thinker or self.module).lm_head.weight)
+        return self._lexical
+
+    def _same_pass(self, rows: Sequence[Sequence[int]], tensors: dict[str, torch.Tensor] | None = None) -> None:
+        """Every rank must run the same backbone forward (the router sends every rank the same reads); a rank
+        that would not is an error here, before the forward's collectives, never a silently wrong result."""
+        if self.group is None:
+            return
+        flat = [value for row in rows for value in (len(row), *row)]
+        digest = zlib.crc32(torch.tensor(flat, dtype=torch.int64).numpy().tobytes())
+        self.group.check_same(
+            "the pooled forward (prompts, media tensors, digest)", [len(rows), len(tensors or {}), digest]
+        )
 
     def probe(self) -> float:
         weight = self.output_embedding()
@@ -93,36 +133,89 @@ class JointSchemaModel(TransformersModel):
                 continue
             value = value.to(device)
             extra[key] = value.to(self.dtype) if value.is_floating_point() else value
+        self._same_pass([list(input_ids)], tensors)
         if self.prepare_forward is not None:
             self.prepare_forward(self.module)
         with torch.inference_mode():
             # An explicit mask: Qwen3-Omni drops its M-RoPE media positions without one.
             output = self._backbone()(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra)
-        hidden: torch.Tensor = output.last_hidden_state[0]
+        hidden: torch.Tensor = _whole(output.last_hidden_state)[0]
         return hidden
+
+    def padded_hidden_states(self, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """`[L_i, hidden]` final hidden states of several text-only prompts from one forward, right-padded to the
+        longest. Exact to each prompt's own pass up to float rounding, with no padding mask: the backbone is causal
+        (attention, and Qwen3.5's gated delta nets and their causal convolutions), so pads after every real token
+        change nothing before them, and a row's positions are 0..L-1 as alone. The mask is all ones on purpose: a
+        mask over the pads would only hide them from themselves, and an explicit mask takes attention off the causal
+        path a solo read runs on."""
+        device = self.device
+        longest = max(len(ids) for ids in prompts)
+        pad = int(getattr(self.text_config, "pad_token_id", None) or 0)
+        ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(list(prompt), dtype=torch.long)
+        ids = ids.to(device)
+        self._same_pass(prompts)
+        if self.prepare_forward is not None:
+            self.prepare_forward(self.module)
+        with torch.inference_mode():
+            output = self._backbone()(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+        hidden: torch.Tensor = _whole(output.last_hidden_state)
+        return [hidden[row, : len(prompt)] for row, prompt in enumerate(prompts)]
 
     def score_pooled(
         self, input_ids: Sequence[int], questions: Sequence[PooledQuestion], media: MediaPrompt | None = None
     ) -> PooledScores:
-        if self.head is None:
-            raise RuntimeError("a joint-schema model without its head")
         started = time.perf_counter()
         ids = media.input_ids if media is not None else tuple(input_ids)
         hidden = self.hidden_states(ids, media.tensors if media is not None else None)
         self.synchronize()
         backbone = time.perf_counter() - started
-        with torch.inference_mode():
-            token_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-            logits = self.head(hidden, token_ids, self.output_embedding(), questions)
-            values = [[float(v) for v in row.float().tolist()] for row in logits]
-        head = time.perf_counter() - started - backbone
+        logits, head = self._head(hidden, ids, questions)
         return PooledScores(
-            logits=values,
+            logits=logits,
             tokens=len(ids),
             media_tokens=media.media_tokens if media is not None else 0,
             backbone_seconds=backbone,
             head_seconds=head,
         )
+
+    def score_pooled_padded(
+        self, reads: Sequence[tuple[Sequence[int], Sequence[PooledQuestion]]]
+    ) -> list[PooledScores]:
+        """Several text-only pooled reads: one padded backbone forward (`padded_hidden_states`), then the head on each
+        read's own hidden states. The forward's time is shared out by tokens."""
+        started = time.perf_counter()
+        hiddens = self.padded_hidden_states([ids for ids, _ in reads])
+        self.synchronize()
+        backbone = time.perf_counter() - started
+        total = sum(len(ids) for ids, _ in reads)
+        scores = []
+        for (ids, questions), hidden in zip(reads, hiddens, strict=True):
+            logits, head = self._head(hidden, ids, questions)
+            scores.append(
+                PooledScores(
+                    logits=logits,
+                    tokens=len(ids),
+                    media_tokens=0,
+                    backbone_seconds=backbone * len(ids) / total,
+                    head_seconds=head,
+                )
+            )
+        return scores
+
+    def _head(
+        self, hidden: torch.Tensor, ids: Sequence[int], questions: Sequence[PooledQuestion]
+    ) -> tuple[list[list[float]], float]:
+        if self.head is None:
+            raise RuntimeError("a joint-schema model without its head")
+        started = time.perf_counter()
+        with torch.inference_mode():
+            token_ids = torch.tensor(list(ids), dtype=torch.long, device=self.device)
+            logits = self.head(hidden, token_ids, self.output_embedding(), questions)
+            values = [[float(v) for v in row.float().tolist()] for row in logits]
+        return values, time.perf_counter() - started
 
     def prepare_pooled_media(
         self, read_id: int, prompt: Sequence[int], media_range: tuple[int, int], items: Sequence[MediaItem]
@@ -233,6 +326,12 @@ class JointSchemaModel(TransformersModel):
         return video
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel DTensor gathered whole on this rank; any other tensor as it is."""
+    full = getattr(tensor, "full_tensor", None)
+    return full() if callable(full) else tensor
+
+
 OMNI_MAX_FRAME_PIXELS = 256 * 32 * 32
 
 
@@ -251,13 +350,18 @@ def cap_frame_pixels(frames: Any) -> Any:
     return resized.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
 
 
-def load_joint_schema_model(path: Path, torch_dtype: torch.dtype, device: torch.device) -> JointSchemaModel:
-    """The backbone through transformers, then the head (refused, naming the tensor, if its config and weights
-    disagree), then the processor when the folder ships one."""
+def load_joint_schema_model(
+    path: Path, torch_dtype: torch.dtype, device: torch.device, parallel: ParallelConfig | None = None
+) -> JointSchemaModel:
+    """The backbone through transformers (above world size 1 split by transformers' tensor-parallel plan for the
+    text model), then the head (refused, naming the tensor, if its config and weights disagree), then the processor
+    when the folder ships one."""
     import transformers
 
     from decision_server.architectures import architecture_of
+    from decision_server.decoder import UnsupportedModelError
 
+    parallel = parallel or ParallelConfig()
     config = transformers.AutoConfig.from_pretrained(path)
     architecture = architecture_of(config)
     family = joint_schema_family(architecture, path)
@@ -269,8 +373,30 @@ def load_joint_schema_model(path: Path, torch_dtype: torch.dtype, device: torch.
     if family.omni:
         # The talker and the vocoder speak; a decision model only reads.
         kwargs["enable_audio_output"] = False
-    module = model_class.from_pretrained(path, **kwargs)
-    module.to(device)
+    group: ShardGroup | None = None
+    if parallel.world_size > 1:
+        text = (getattr(config, "thinker_config", None) or config).get_text_config()
+        split = _tensor_parallel_refusal(text, parallel.world_size)
+        if split is not None:
+            raise UnsupportedModelError(
+                f"{path}: cannot serve {family.name} with --world-size {parallel.world_size}: {split}"
+            )
+        from transformers.distributed import DistributedConfig
+
+        # transformers' plan splits the text model's attention heads and MLPs (column then row, one all-reduce
+        # each) over the default process group, which join_group has just formed.
+        group = join_group(parallel, device)
+        kwargs["distributed_config"] = DistributedConfig(tp_size=parallel.world_size)
+    try:
+        module = model_class.from_pretrained(path, **kwargs)
+        if group is not None:
+            group.startup_barrier()
+    except BaseException:
+        if group is not None:
+            group.close()
+        raise
+    if group is None:
+        module.to(device)
     module.eval()
     module.requires_grad_(False)
     model = JointSchemaModel(
@@ -285,8 +411,10 @@ def load_joint_schema_model(path: Path, torch_dtype: torch.dtype, device: torch.
         attn_implementation=attn,
         prepare_forward=family.prepare_forward,
         family=family,
+        group=group,
     )
     text = model.text_config
+    # Gathered whole here, while every rank loads in step: Health's probe reads it and must never run a collective.
     lm_head = model.output_embedding()
     model.vocab_size = int(lm_head.shape[0])
     model.embedding_rows = int(model._backbone().get_input_embeddings().weight.shape[0])
@@ -302,6 +430,30 @@ def load_joint_schema_model(path: Path, torch_dtype: torch.dtype, device: torch.
         )
     logger.info(
         "joint-schema head loaded",
-        extra={"fields": {"path": str(path), "family": family.name, "modalities": list(model.pooled_modalities)}},
+        extra={
+            "fields": {
+                "path": str(path),
+                "family": family.name,
+                "modalities": list(model.pooled_modalities),
+                "rank": model.rank,
+                "world_size": model.world_size,
+            }
+        },
     )
     return model
+
+
+def _tensor_parallel_refusal(text_config: Any, world_size: int) -> str | None:
+    """Why transformers' plan cannot split this text model over `world_size` ranks (None when it can): it splits
+    attention by whole heads (query and key/value) and the MLPs by columns, so each must divide evenly."""
+    counts = {
+        "attention heads": getattr(text_config, "num_attention_heads", None),
+        "key/value heads": getattr(text_config, "num_key_value_heads", None),
+        "MLP columns": getattr(text_config, "intermediate_size", None),
+    }
+    if getattr(text_config, "num_experts", None):
+        counts["expert MLP columns"] = getattr(text_config, "moe_intermediate_size", None)
+    for what, count in counts.items():
+        if count is not None and int(count) % world_size:
+            return f"its {int(count)} {what} do not split evenly over {world_size} ranks"
+    return None

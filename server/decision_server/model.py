@@ -92,14 +92,9 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, device)
     family = joint_schema_family(architecture.name, path)
     if family is not None:
-        if parallel.world_size > 1:
-            raise UnsupportedModelError(
-                f"{path}: cannot serve {family.name} with --world-size {parallel.world_size}: its backbone runs on "
-                "transformers' modeling, which has no tensor-parallel implementation. Serve it with --world-size 1."
-            )
         from decision_server.joint_schema import load_joint_schema_model
 
-        pooled = load_joint_schema_model(path, torch_dtype, device)
+        pooled = load_joint_schema_model(path, torch_dtype, device, parallel)
         logger.info(
             "model loaded",
             extra={
@@ -111,6 +106,8 @@ def load_model(
                     "dtype": dtype_name(torch_dtype),
                     "device": pooled.device_name,
                     "weight_bytes": pooled.weight_bytes(),
+                    "rank": pooled.rank,
+                    "world_size": pooled.world_size,
                     "threads": torch.get_num_threads(),
                 }
             },

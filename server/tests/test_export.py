@@ -172,3 +172,33 @@ def test_incomplete_folder_is_replaced_and_missing_files_refused(tmp_path: Path)
     with pytest.raises(RuntimeError, match=r"did not produce weights\.bin"):
         build_folder_atomically(tmp_path / "other", ["weights.bin"], good)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_folder_of_another_revision_is_rebuilt(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    builds: list[str] = []
+
+    def build(text: str) -> Any:
+        def write(tmp: Path) -> dict[str, Any]:
+            builds.append(text)
+            (tmp / "config.json").write_text(text)
+            return {"kind": "test"}
+
+        return write
+
+    assert build_folder_atomically(out, ["config.json"], build("old")) is True  # before revisions existed
+    assert build_folder_atomically(out, ["config.json"], build("v2"), revision=2) is True
+    assert (out / "config.json").read_text() == "v2"
+    assert json.loads((out / MARKER_NAME).read_text()) == {"kind": "test", "revision": 2}
+    assert build_folder_atomically(out, ["config.json"], build("again"), revision=2) is False
+    assert build_folder_atomically(out, ["config.json"], build("v3"), revision=3) is True
+    assert builds == ["old", "v2", "v3"]
+
+
+def test_makefile_checks_the_clef_fixture_revision() -> None:
+    """`make fixtures` skips a cached Clef folder by its marker's revision; it must be the builder's."""
+    from decision_server.fixtures_clef import CLEF_FIXTURE_REVISION
+
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert f"CLEF_FIXTURE_REVISION := {CLEF_FIXTURE_REVISION}\n" in makefile
+    assert "grep -q '\"revision\": $(CLEF_FIXTURE_REVISION)'" in makefile

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from decision_server.architectures import EngineRefusedError, choose_engine
 from decision_server.engines import PooledSpec, make_engine
+from decision_server.engines.pooled import PooledEngine, padded_groups
 from decision_server.fixtures import make_fixture
 from decision_server.joint_head import HEAD_CONFIG, HEAD_WEIGHTS, HeadConfigError, PooledQuestion
 from decision_server.model import LoadedModel, load_model
@@ -276,6 +277,47 @@ def test_a_pooled_read_equals_transformers_then_the_reference(clef: tuple[str, L
     assert outcome.tokens_computed == len(ids)
 
 
+def test_padded_pooled_reads_equal_their_solo_reads(clef: tuple[str, LoadedModel]) -> None:
+    """Text reads of one batch share a right-padded forward; each equals its own read alone within 1e-6 (float32),
+    and the padded hidden states equal transformers' solo forward of that prompt."""
+    name, model = clef
+    folder = _folder(name)
+    tokenizer = model.processor.tokenizer  # type: ignore[attr-defined]
+    ids, questions = sample_read(tokenizer)
+    lead = tokenizer("A much longer state: the parcel came late, opened and half empty. " * 3, add_special_tokens=False)
+    prompts = [ids, lead["input_ids"] + ids, tokenizer("Short.", add_special_tokens=False)["input_ids"] + ids]
+    specs = [PooledSpec(id=n, prompt=tuple(p), questions=tuple(questions)) for n, p in enumerate(prompts)]
+    engine = make_engine("auto", model)
+    solo = [engine.run([spec]).outcomes[0] for spec in specs]
+    together = engine.run(specs)
+    assert together.forward_passes == 1
+    assert [o.id for o in together.outcomes] == [0, 1, 2]
+    for alone, shared in zip(solo, together.outcomes, strict=True):
+        assert shared.tokens_computed == alone.tokens_computed
+        worst = max(
+            abs(a - b) for r, s in zip(alone.logits, shared.logits, strict=True) for a, b in zip(r, s, strict=True)
+        )
+        assert worst <= 1e-6, (alone.id, worst)
+    padded = model.padded_hidden_states(prompts)  # type: ignore[attr-defined]
+    for prompt, hidden in zip(prompts, padded, strict=True):
+        expected, _ = transformers_hidden(folder, prompt)
+        assert hidden.shape == expected.shape
+        assert float((hidden - expected).abs().max()) < 1e-5
+    # A tight budget splits the batch (longest first) and changes nothing.
+    split = PooledEngine(model, padded_tokens=2 * len(prompts[1])).run(specs)  # type: ignore[arg-type]
+    assert split.forward_passes == 2
+    for alone, shared in zip(solo, split.outcomes, strict=True):
+        for r, s in zip(alone.logits, shared.logits, strict=True):
+            assert s == pytest.approx(r, abs=1e-6)
+
+
+def test_padded_groups_take_the_longest_first_within_the_budget() -> None:
+    assert padded_groups([10, 30, 20, 5], budget=60) == [[1, 2], [0, 3]]
+    assert padded_groups([10, 30, 20, 5], budget=100) == [[1, 2, 0], [3]]
+    assert padded_groups([100, 3], budget=50) == [[0], [1]]
+    assert padded_groups([], budget=50) == []
+
+
 def _png(seed: int, size: tuple[int, int]) -> bytes:
     import numpy as np
     from PIL import Image
@@ -374,7 +416,9 @@ def test_the_shard_batches_pooled_reads_and_refuses_other_kinds(clef: tuple[str,
         for single, batched in zip(alone, both.results, strict=True):
             a = [list(q.option_logits) for q in single.results[0].pooled.questions]
             b = [list(q.option_logits) for q in batched.pooled.questions]
-            assert a == b
+            assert [len(r) for r in a] == [len(r) for r in b]
+            for r, s in zip(a, b, strict=True):
+                assert s == pytest.approx(r, abs=1e-6)
             assert batched.tokens_computed == single.results[0].tokens_computed
         next_token = decision_pb2.Read(id=5, next_token=decision_pb2.NextTokenRead(token_ids=ids))
         with pytest.raises(grpc.RpcError) as err:
@@ -435,6 +479,10 @@ def test_clef_fixtures_ship_what_vllm_needs() -> None:
         if "omni" in name:
             vision = config["thinker_config"]["vision_config"]
             assert vision["apply_vit_abs_pos_embed"] is True and vision["image_size"] == 768
+        # transformers always interleaves these models' M-RoPE sections; vLLM only when the config says
+        # `mrope_interleaved` (without it, image reads were 4.6e-3 off vLLM's: bench/results/2026-12-02-clef).
+        text = (config.get("thinker_config") or config)["text_config"]
+        assert text["rope_parameters"]["mrope_interleaved"] is True
         weights, head_config = head_weights(folder)
         assert head_config["hidden_size"] == 128
         # Random, not default-initialised, scalars and norm gains.
@@ -526,3 +574,98 @@ def test_audio_with_soundtrack_videos_is_refused_and_flash_takes_no_audio() -> N
     assert flash.modalities == ("image", "video")
     with pytest.raises(MediaError, match=r"audio\.0: this model does not take audio inputs"):
         flash.prepare_pooled_media(1, prompt, (0, len(stretch)), items[:1])  # type: ignore[attr-defined]
+
+
+def _omni_with_two_kv_heads(tmp: Path) -> Path:
+    """tiny-clef-omni's config with two key/value heads (one per rank; the fixture's one does not split), fresh
+    random backbone weights, the fixture's tokenizer, processor and head."""
+    import json
+
+    import transformers
+
+    source = _folder("tiny-clef-omni")
+    config = json.loads((source / "config.json").read_text())
+    config["thinker_config"]["text_config"]["num_key_value_heads"] = 2
+    torch.manual_seed(0)
+    module = transformers.Qwen3OmniMoeForConditionalGeneration(transformers.Qwen3OmniMoeConfig.from_dict(config))
+    out = tmp / "tiny-clef-omni-kv2"
+    module.to(torch.float32).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json"):
+        shutil.copy(source / name, out / name)
+    for name in (HEAD_CONFIG, HEAD_WEIGHTS):
+        shutil.copy(source / name, out / name)
+    return out
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_two_ranks_read_what_one_shard_reads(name: str, tmp_path: Path) -> None:
+    """Tensor parallelism for the backbone: two `decision-server serve` ranks (gloo on CPU; transformers' plan splits
+    the text model's heads, MLPs and experts) answer pooled reads, alone, batched and with an image, as one shard
+    does, within float rounding of the all-reduces; every rank answers the same; each holds less than the whole."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_tensor_parallel import _logged, sharded
+
+    folder = _folder(name) if "flash" in name else _omni_with_two_kv_heads(tmp_path)
+    model = load_model(folder, dtype="float32")
+    tokenizer = model.processor.tokenizer  # type: ignore[attr-defined]
+    ids, questions = sample_read(tokenizer)
+    other = tokenizer("Another state entirely", add_special_tokens=False)["input_ids"] + ids
+    head_ids = tokenizer("<|im_start|>user\nSTATE:\n", add_special_tokens=False)["input_ids"]
+    media_ids = tokenizer(IMAGE, add_special_tokens=False)["input_ids"]
+    data = _png(1, (80, 48))
+    with_image = pooled_read(2, head_ids + media_ids + ids, questions)
+    with_image.pooled.media_start, with_image.pooled.media_end = len(head_ids), len(head_ids) + len(media_ids)
+    with_image.media.append(
+        decision_pb2.MediaItem(
+            modality=decision_pb2.IMAGE, data=data, sha256=hashlib.sha256(data).hexdigest(), name="images.0"
+        )
+    )
+    requests = [
+        decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions)]),
+        decision_pb2.ReadRequest(reads=[pooled_read(0, ids, questions), pooled_read(1, other, questions), with_image]),
+    ]
+    with running_shard(model, make_engine("auto", model)) as stub:
+        expected = [stub.Read(r, timeout=120) for r in requests]
+
+    def logits(response: decision_pb2.ReadResponse) -> list[list[list[float]]]:
+        return [[list(q.option_logits) for q in r.pooled.questions] for r in response.results]
+
+    with sharded(folder, read_mode="auto") as ranks:
+        infos = [rank.stub.Info(decision_pb2.InfoRequest(), timeout=30) for rank in ranks]
+        assert [(i.world_size, i.rank, i.engine) for i in infos] == [(2, 0, "pooled"), (2, 1, "pooled")]
+        worst = 0.0
+        for request, alone in zip(requests, expected, strict=True):
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                answers = [f.result() for f in [pool.submit(rank.stub.Read, request, timeout=120) for rank in ranks]]
+            assert logits(answers[1]) == logits(answers[0])
+            assert [r.media_tokens for r in answers[0].results] == [r.media_tokens for r in alone.results]
+            for a, b in zip(logits(alone), logits(answers[0]), strict=True):
+                for row_a, row_b in zip(a, b, strict=True):
+                    assert len(row_a) == len(row_b)
+                    worst = max([worst, *(abs(x - y) for x, y in zip(row_a, row_b, strict=True))])
+        print(f"{name}: max |1 shard - 2 shards| pooled logit = {worst:.3g}")
+        assert worst < 1e-5
+        assert expected[1].results[2].media_tokens > 0
+        loaded = [_logged(rank, "model loaded") for rank in ranks]
+        assert [r["world_size"] for r in loaded] == [2, 2]
+        assert all(r["weight_bytes"] < model.weight_bytes() for r in loaded)
+
+
+def test_tensor_parallel_refuses_a_text_model_whose_heads_do_not_split() -> None:
+    import transformers
+
+    from decision_server.joint_schema import _tensor_parallel_refusal
+
+    omni = transformers.AutoConfig.from_pretrained(_folder("tiny-clef-omni")).thinker_config.get_text_config()
+    assert _tensor_parallel_refusal(omni, 2) == "its 1 key/value heads do not split evenly over 2 ranks"
+    flash = transformers.AutoConfig.from_pretrained(_folder("tiny-clef-flash")).get_text_config()
+    assert _tensor_parallel_refusal(flash, 2) is None
+    assert _tensor_parallel_refusal(flash, 3) == "its 4 attention heads do not split evenly over 3 ranks"
+    # At startup, before joining any group (nothing listens on port 9).
+    from decision_server.decoder import UnsupportedModelError
+    from decision_server.distributed import ParallelConfig
+
+    with pytest.raises(UnsupportedModelError, match=r"cannot serve Clef-Omni with --world-size 2: its 1 key/value"):
+        load_model(_folder("tiny-clef-omni"), dtype="float32", parallel=ParallelConfig(world_size=2, master_port=9))

@@ -1,6 +1,7 @@
-"""The pooled engine: joint-schema reads (Clef). Each read is one backbone forward over its whole prompt (media
-expanded) and one pass of the model's head, which returns every question's option logits. Reads of a batch run one
-after another: their prompts differ in length and media, and the head reads each prompt's own hidden states."""
+"""The pooled engine: joint-schema reads (Clef). Each read is a backbone forward over its whole prompt (media
+expanded) and one pass of the model's head on that prompt's hidden states, which returns every question's option
+logits. Text-only reads of a batch share padded forwards (longest first, at most `PADDED_TOKENS` per forward); a read
+with media runs alone (its processor tensors and M-RoPE positions are its own)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from decision_server.joint_schema import PooledScores
 
 READ_KIND = "pooled"
+# Padded tokens (reads x the longest) of one shared forward: the router's default prefill budget, so a batch it sends
+# runs in one forward unless its lengths are far apart, and the pads cost at most as much as the batch itself.
+PADDED_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,23 @@ class PooledModel(Protocol):
         self, input_ids: Sequence[int], questions: Sequence[PooledQuestion], media: MediaPrompt | None = None
     ) -> PooledScores: ...
 
+    def score_pooled_padded(
+        self, reads: Sequence[tuple[Sequence[int], Sequence[PooledQuestion]]]
+    ) -> list[PooledScores]: ...
+
+
+def padded_groups(lengths: Sequence[int], budget: int = PADDED_TOKENS) -> list[list[int]]:
+    """Indices of reads grouped for shared padded forwards: longest first, a group grows while its reads times its
+    longest stay within `budget` (a read longer than the budget is a group of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for index in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
 
 def absolute_questions(read: PooledSpec, length: int) -> list[PooledQuestion]:
     """The read's spans as positions of a prompt of `length` tokens, each checked to be a non-empty stretch of it."""
@@ -88,8 +109,9 @@ class PooledEngine:
     name = "pooled"
     cache_plan = CachePlan.off("off")
 
-    def __init__(self, model: PooledModel) -> None:
+    def __init__(self, model: PooledModel, padded_tokens: int = PADDED_TOKENS) -> None:
         self.model = model
+        self.padded_tokens = padded_tokens
 
     def run(self, reads: Sequence[PooledSpec]) -> PooledBatchOutcome:
         # Every read is checked before any forward: one bad read fails the batch without wasted work.
@@ -110,11 +132,25 @@ class PooledEngine:
                 raise InvalidReadError(read.id, f"token id {bad} is outside the vocabulary ({self.model.token_limit})")
             prepared.append((read, absolute_questions(read, len(ids))))
         batch = PooledBatchOutcome(outcomes=[])
-        for read, questions in prepared:
-            scores = self.model.score_pooled(read.prompt, questions, read.media_prompt)
+        scored: dict[int, PooledScores] = {}
+        text = [n for n, (read, _) in enumerate(prepared) if read.media_prompt is None]
+        for group in padded_groups([len(prepared[n][0].prompt) for n in text], self.padded_tokens):
+            members = [text[g] for g in group]
+            if len(members) == 1:
+                read, questions = prepared[members[0]]
+                scored[members[0]] = self.model.score_pooled(read.prompt, questions)
+            else:
+                reads_of = [(prepared[n][0].prompt, prepared[n][1]) for n in members]
+                scored.update(zip(members, self.model.score_pooled_padded(reads_of), strict=True))
+            batch.forward_passes += 1
+        for n, (read, questions) in enumerate(prepared):
+            if read.media_prompt is not None:
+                scored[n] = self.model.score_pooled(read.prompt, questions, read.media_prompt)
+                batch.forward_passes += 1
+        for n, (read, _) in enumerate(prepared):
+            scores = scored[n]
             batch.forward_seconds += scores.backbone_seconds + scores.head_seconds
             batch.head_seconds += scores.head_seconds
-            batch.forward_passes += 1
             batch.packed_tokens += scores.tokens
             batch.outcomes.append(
                 PooledOutcome(
