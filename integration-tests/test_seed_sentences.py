@@ -677,7 +677,7 @@ def test_003_temperature_divides_the_label_logits_and_not_label_mass(servers: di
     for qid in ("u", "c"):
         p1, ph = list(at_1[qid]["probabilities"].values()), list(at_half[qid]["probabilities"].values())
         assert math.isclose(math.log(ph[0] / ph[1]), 2 * math.log(p1[0] / p1[1]), rel_tol=1e-4, abs_tol=1e-6), (qid, p1, ph)
-        assert math.isclose(at_1[qid]["label_mass"], at_half[qid]["label_mass"], rel_tol=1e-6)
+        assert math.isclose(at_1[qid]["label_mass"], at_half[qid]["label_mass"], rel_tol=1e-5)  # prefix cache: float32
     explicit = ok(servers, "sglang", "/v1/decisions", sg(*questions, temperature=1))["answers"]
     assert all(math.isclose(a, b, abs_tol=1e-9) for a, b in zip(explicit["u"]["probabilities"].values(), at_1["u"]["probabilities"].values()))
 
