@@ -89,6 +89,7 @@ mod tests {
     use super::*;
     use axum::routing::post;
     use axum::Router;
+    use futures::StreamExt as _;
     use http_body_util::BodyExt as _;
     use tower::ServiceExt as _;
 
@@ -108,8 +109,6 @@ mod tests {
             .chain(futures::stream::pending());
         Body::from_stream(stream)
     }
-
-    use futures::StreamExt as _;
 
     #[tokio::test(start_paused = true)]
     async fn a_body_that_stops_arriving_fails_at_the_limit_naming_it() {
