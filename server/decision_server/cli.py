@@ -147,15 +147,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def quiet_idle_openmp_threads(environ: MutableMapping[str, str]) -> None:
-    """OpenMP worker threads sleep when a parallel region ends instead of spinning (unless the caller chose).
+# Where Linux says which logical CPUs share a physical core (SMT siblings, "hyperthreads").
+SYSFS_CPUS = Path("/sys/devices/system/cpu")
 
-    Must run before torch loads OpenMP. A forward runs hundreds of parallel regions with serial work between
-    them; spinning workers take that work's CPU, or its core's other hyperthread. Measured on 2 vCPUs (one
-    core, two threads), Qwen3-0.6B-shaped, 8 questions over 512 tokens: 1.19x and 1.26x the questions/s of
-    spinning workers (bench/results/JOURNAL.md).
+
+def cpu_siblings(cpu: int, sysfs: Path = SYSFS_CPUS) -> set[int]:
+    """The logical CPUs sharing `cpu`'s core, itself included (just itself where the system does not say)."""
+    try:
+        text = (sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text().strip()
+    except OSError:
+        return {cpu}
+    siblings: set[int] = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        siblings.update(range(int(first), int(last or first) + 1))
+    return siblings or {cpu}
+
+
+def openmp_should_sleep(cpus: set[int], threads: int | None, world_size: int, sysfs: Path = SYSFS_CPUS) -> bool:
+    """Whether the shard's idle OpenMP workers must sleep at once (`OMP_WAIT_POLICY=PASSIVE`) rather than spin
+    briefly first (libgomp's default: about 300,000 spins, then sleep).
+
+    A forward runs hundreds of parallel regions with serial work between them. A worker spinning there takes CPU
+    only where another thread needs the same core: the core's other hyperthread (SMT), or more threads than CPUs.
+    Qwen3-0.6B-shaped, 8 questions over 512 tokens, float32:
+    - 2 vCPUs that are one core's two hyperthreads: sleeping was 1.19x and 1.26x the questions/s of spinning;
+    - 2 vCPUs on 2 cores: sleeping cost 1.15-1.5x the forward time (bench/results/2026-12-02-per-token/).
     """
-    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if any(len(cpu_siblings(cpu, sysfs) & cpus) > 1 for cpu in cpus):
+        return True
+    # Ranks on one CPU split its cores (model.load_model); only an explicit --threads can oversubscribe them.
+    return threads is not None and threads * world_size > len(cpus)
+
+
+def set_openmp_wait_policy(environ: MutableMapping[str, str], threads: int | None, world_size: int) -> None:
+    """`OMP_WAIT_POLICY=PASSIVE` where `openmp_should_sleep`, unless the caller chose a policy. Must run before
+    torch loads OpenMP, which reads the variable once."""
+    if "OMP_WAIT_POLICY" in environ:
+        return
+    if openmp_should_sleep(set(os.sched_getaffinity(0)), threads, world_size):
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level.upper())
     # Nothing the shard does may reach a model hub; every model is a local folder or a packaged file.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    quiet_idle_openmp_threads(os.environ)
+    set_openmp_wait_policy(os.environ, getattr(args, "threads", None), getattr(args, "world_size", 1))
     try:
         return _dispatch(args)
     except KeyboardInterrupt:

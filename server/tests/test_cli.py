@@ -137,15 +137,48 @@ def test_only_sockets_are_removed_as_stale(tmp_path: Path) -> None:
     remove_stale_socket(tmp_path / "absent.sock")  # nothing there: nothing to do
 
 
-def test_idle_openmp_threads_sleep_unless_the_caller_chose() -> None:
-    from decision_server.cli import quiet_idle_openmp_threads
+def fake_topology(root: Path, siblings: dict[int, str]) -> Path:
+    """A sysfs cpu folder where cpu N's thread_siblings_list reads `siblings[N]`."""
+    for cpu, text in siblings.items():
+        folder = root / f"cpu{cpu}" / "topology"
+        folder.mkdir(parents=True)
+        (folder / "thread_siblings_list").write_text(text + "\n")
+    return root
 
-    environ: dict[str, str] = {}
-    quiet_idle_openmp_threads(environ)
-    assert environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+def test_cpu_siblings_reads_lists_and_ranges(tmp_path: Path) -> None:
+    from decision_server.cli import cpu_siblings
+
+    sysfs = fake_topology(tmp_path, {0: "0-1", 2: "2,6", 3: "3"})
+    assert cpu_siblings(0, sysfs) == {0, 1}
+    assert cpu_siblings(2, sysfs) == {2, 6}
+    assert cpu_siblings(3, sysfs) == {3}
+    assert cpu_siblings(9, sysfs) == {9}  # the system does not say: a core of its own
+
+
+def test_openmp_workers_sleep_only_where_spinning_takes_a_cpu_from_other_work(tmp_path: Path) -> None:
+    from decision_server.cli import openmp_should_sleep
+
+    hyperthreads = fake_topology(tmp_path / "smt", {0: "0-1", 1: "0-1"})
+    cores = fake_topology(tmp_path / "cores", {0: "0", 1: "1", 2: "2", 3: "3"})
+    assert openmp_should_sleep({0, 1}, None, 1, hyperthreads)  # one core's two hyperthreads
+    assert openmp_should_sleep({0, 1}, 2, 1, hyperthreads)
+    assert not openmp_should_sleep({0}, None, 1, hyperthreads)  # pinned to one of them: no sibling to take
+    assert not openmp_should_sleep({0, 1}, None, 1, cores)  # two cores
+    assert not openmp_should_sleep({0, 1, 2, 3}, 2, 2, cores)  # two ranks of two threads on four cores
+    assert openmp_should_sleep({0, 1, 2, 3}, 4, 2, cores)  # eight threads on four cores
+    assert openmp_should_sleep({0, 1}, 3, 1, cores)
+
+
+def test_the_wait_policy_is_left_to_a_caller_who_chose_one() -> None:
+    from decision_server.cli import set_openmp_wait_policy
+
     chosen = {"OMP_WAIT_POLICY": "ACTIVE"}
-    quiet_idle_openmp_threads(chosen)
+    set_openmp_wait_policy(chosen, threads=64, world_size=1)  # oversubscribed, yet the caller's choice stands
     assert chosen == {"OMP_WAIT_POLICY": "ACTIVE"}
+    oversubscribed: dict[str, str] = {}
+    set_openmp_wait_policy(oversubscribed, threads=4 * len(os.sched_getaffinity(0)), world_size=1)
+    assert oversubscribed == {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def test_the_command_line_sets_openmp_up_before_torch_loads() -> None:
@@ -153,10 +186,12 @@ def test_the_command_line_sets_openmp_up_before_torch_loads() -> None:
     probe = "import sys, decision_server.cli; print('torch' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "False"
-    # main() itself sets the policy: a serve that fails at once (no model) still leaves it in the environment.
+    # main() itself sets the policy from its flags: a serve that fails at once (no model) with more threads than
+    # CPUs still leaves PASSIVE in the environment; without --threads it follows this machine's topology.
+    threads = 4 * len(os.sched_getaffinity(0))
     run_main = (
         "import os, decision_server.cli as cli; "
-        "code = cli.main(['serve', '/nonexistent/model', '--uds-path', '/nonexistent/s']); "
+        f"code = cli.main(['serve', '/nonexistent/model', '--uds-path', '/nonexistent/s', '--threads', '{threads}']); "
         "print(code, os.environ.get('OMP_WAIT_POLICY'))"
     )
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
