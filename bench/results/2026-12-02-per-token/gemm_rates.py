@@ -1,25 +1,49 @@
+# Lab script, kept as it was run for the 2026-12-02 notes (README.md beside it); run from the repository root.
+# ruff: noqa
 import time, sys, torch, torch.nn.functional as F
+
 torch.set_num_threads(2)
-M=int(sys.argv[1]) if len(sys.argv)>1 else 862
-shapes={"qkv":(1024,4096),"o":(2048,1024),"gate_up":(1024,6144),"down":(3072,1024)}
+M = int(sys.argv[1]) if len(sys.argv) > 1 else 862
+shapes = {"qkv": (1024, 4096), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024)}
+
+
 def bench(fn, n=7):
-    fn(); fn(); ts=[]
+    fn()
+    fn()
+    ts = []
     for _ in range(n):
-        t=time.perf_counter(); fn(); ts.append(time.perf_counter()-t)
-    return sorted(ts)[n//2]
-lp=lambda x,w: torch.ops.mkldnn._linear_pointwise(x,w,None,"none",[],"")
-tot={}
-for name,(K,N) in shapes.items():
-    w=torch.randn(N,K)*0.02; x=torch.randn(M,K)
-    ref=(x.double()@w.double().T)
-    r={}; err={}
-    for label,dt,packed in (("f32 mkl",torch.float32,False),("f32 onednn",torch.float32,True),("bf16 onednn",torch.bfloat16,True),("f16 onednn",torch.float16,True),("f16 F.linear",torch.float16,False)):
-        wd=w.to(dt); xd=x.to(dt)
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return sorted(ts)[n // 2]
+
+
+lp = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+tot = {}
+for name, (K, N) in shapes.items():
+    w = torch.randn(N, K) * 0.02
+    x = torch.randn(M, K)
+    ref = x.double() @ w.double().T
+    r = {}
+    err = {}
+    for label, dt, packed in (
+        ("f32 mkl", torch.float32, False),
+        ("f32 onednn", torch.float32, True),
+        ("bf16 onednn", torch.bfloat16, True),
+        ("f16 onednn", torch.float16, True),
+        ("f16 F.linear", torch.float16, False),
+    ):
+        wd = w.to(dt)
+        xd = x.to(dt)
         if packed:
-            p=torch.ops.mkldnn._reorder_linear_weight(wd,None); fn=lambda: lp(xd,p)
-        else: fn=lambda: F.linear(xd,wd)
-        r[label]=bench(fn); err[label]=float((fn().double()-ref).abs().max()/ref.abs().max())
-    fl=2*M*K*N
-    print(name, " | ".join(f"{k}:{fl/v/1e9:.0f}GF/s relerr {err[k]:.1e}" for k,v in r.items()))
-    for k,v in r.items(): tot[k]=tot.get(k,0)+v
-print("per layer ms", {k: round(v*1e3,1) for k,v in tot.items()})
+            p = torch.ops.mkldnn._reorder_linear_weight(wd, None)
+            fn = lambda: lp(xd, p)
+        else:
+            fn = lambda: F.linear(xd, wd)
+        r[label] = bench(fn)
+        err[label] = float((fn().double() - ref).abs().max() / ref.abs().max())
+    fl = 2 * M * K * N
+    print(name, " | ".join(f"{k}:{fl / v / 1e9:.0f}GF/s relerr {err[k]:.1e}" for k, v in r.items()))
+    for k, v in r.items():
+        tot[k] = tot.get(k, 0) + v
+print("per layer ms", {k: round(v * 1e3, 1) for k, v in tot.items()})

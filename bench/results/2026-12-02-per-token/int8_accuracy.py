@@ -8,10 +8,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, "server/tests")
-from test_tree_vs_naive import decision_batch  # noqa: E402
-
-from decision_server.engines import TreeEngine  # noqa: E402
-from decision_server.model import load_model  # noqa: E402
+from decision_server.engines import TreeEngine
+from decision_server.model import load_model
+from test_tree_vs_naive import decision_batch
 
 
 def scales(rows: torch.Tensor) -> torch.Tensor:
@@ -37,13 +36,18 @@ reference = TreeEngine(load_model(folder, dtype="float32")).run(reads)
 for chosen in ("all", "qkv,gate_up", "qkv", "gate_up", "down", "out"):
     model = load_model(folder, dtype="float32")
     for layer in model.network.layers:
-        parts = {"qkv": layer.attention.qkv, "out": layer.attention.out, "gate_up": layer.mlp.gate_up, "down": layer.mlp.down}
+        parts = {
+            "qkv": layer.attention.qkv,
+            "out": layer.attention.out,
+            "gate_up": layer.mlp.gate_up,
+            "down": layer.mlp.down,
+        }
         for name, module in parts.items():
             if chosen == "all" or name in chosen.split(","):
                 quantize(module)
     batch = TreeEngine(model).run(reads)
-    pairs = list(zip(batch.outcomes, reference.outcomes))
-    worst = max(abs(a - b) for o, r in pairs for a, b in zip(o.label_logprobs, r.label_logprobs))
+    pairs = list(zip(batch.outcomes, reference.outcomes, strict=False))
+    worst = max(abs(a - b) for o, r in pairs for a, b in zip(o.label_logprobs, r.label_logprobs, strict=False))
     top = lambda v: max(range(len(v)), key=v.__getitem__)  # noqa: E731
     agree = sum(top(o.label_logprobs) == top(r.label_logprobs) for o, r in pairs)
     print(f"int8 {chosen}: max |dlogprob| {worst:.3f}, top label agrees on {agree}/{len(reads)} reads")
