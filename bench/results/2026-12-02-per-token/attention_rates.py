@@ -1,19 +1,11 @@
 # Lab script, kept as it was run for the 2026-12-02 notes (README.md beside it); run from the repository root.
 # ruff: noqa
+from rates import SHAPES, median_seconds as bench
 import time, torch, torch.nn.functional as F
 
 torch.set_num_threads(2)
 
 
-def bench(fn, n=9):
-    fn()
-    fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return sorted(ts)[n // 2]
 
 
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu

@@ -1,22 +1,14 @@
 # Lab script, kept as it was run for the 2026-12-02 notes (README.md beside it); run from the repository root.
 # ruff: noqa
+from rates import SHAPES, median_seconds as bench
 import time, sys, torch, torch.nn.functional as F
 from vllm import _custom_ops as ops
 
 torch.set_num_threads(2)
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 862
-shapes = {"qkv": (1024, 4096), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024)}
+shapes = SHAPES
 
 
-def bench(fn, n=7):
-    fn()
-    fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return sorted(ts)[n // 2]
 
 
 tot = {}

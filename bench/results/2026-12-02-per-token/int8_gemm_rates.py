@@ -1,21 +1,13 @@
 # Lab script, kept as it was run for the 2026-12-02 notes (README.md beside it); run from the repository root.
 # ruff: noqa
+from rates import SHAPES, median_seconds as bench
 import time, torch, torch.nn.functional as F
 
 torch.set_num_threads(2)
 M = 862
-shapes = {"qkv": (1024, 4096), "o": (2048, 1024), "gate_up": (1024, 6144), "down": (3072, 1024)}
+shapes = SHAPES
 
 
-def bench(fn, n=7):
-    fn()
-    fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return sorted(ts)[n // 2]
 
 
 tot = {}
