@@ -8,16 +8,14 @@ Run: python -m decision_bench.agreement --reference URL --candidate URL --tokeni
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import statistics
 import sys
-import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from decision_bench.runner import SYSTEMONE_PATH
+from decision_bench.runner import SYSTEMONE_PATH, Endpoint
 from decision_bench.tokens import make_counter
 from decision_bench.workload import KINDS, Workload, WorkloadSpec
 
@@ -79,19 +77,13 @@ def summarize(rows: list[QuestionAgreement]) -> dict[str, Any]:
     }
 
 
-def post(url: str, body: bytes, timeout: float) -> dict[str, Any]:
-    parts = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
-    try:
-        connection.request("POST", SYSTEMONE_PATH, body, {"content-type": "application/json"})
-        response = connection.getresponse()
-        payload = response.read()
-    finally:
-        connection.close()
-    if response.status != 200:
-        raise RuntimeError(f"{url}: HTTP {response.status}: {payload[:300]!r}")
-    answer: dict[str, Any] = json.loads(payload)
-    return answer
+def answer(endpoint: Endpoint, body: bytes) -> dict[str, Any]:
+    """The server's `/v1/systemone` response to `body`; anything but a 200 stops the comparison."""
+    reply = endpoint.request("POST", SYSTEMONE_PATH, body)
+    if reply.status != 200:
+        raise RuntimeError(f"HTTP {reply.status}: {reply.body[:300]!r}")
+    parsed: dict[str, Any] = json.loads(reply.body)
+    return parsed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,12 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         mix=tuple(args.mix.split(",")),
     )
     workload = Workload(spec, make_counter(args.tokenizer))
+    reference, candidate = Endpoint(args.reference, args.timeout), Endpoint(args.candidate, args.timeout)
     rows: list[QuestionAgreement] = []
     for index in range(args.requests):
         body = workload.request(index).body
-        reference = post(args.reference, body, args.timeout)
-        candidate = post(args.candidate, body, args.timeout)
-        rows.extend(compare_answers(index, reference, candidate))
+        rows.extend(compare_answers(index, answer(reference, body), answer(candidate, body)))
+    reference.close()
+    candidate.close()
     summary = summarize(rows)
     report = {"tool": "decision_bench.agreement", "label": args.label, "command": " ".join(sys.argv), **summary}
     print(
