@@ -10,6 +10,7 @@ import signal
 import stat
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -27,7 +28,7 @@ from decision_server.engines import (
 )
 from decision_server.model import LoadedModel, ScoreRequest, dtype_name, load_config, load_model
 from decision_server.pb import decision_pb2_grpc
-from decision_server.service import DecisionShardService
+from decision_server.service import DecisionShardService, new_model_thread
 from decision_server.telemetry import tracing_for
 
 logger = logging.getLogger(__name__)
@@ -99,19 +100,26 @@ async def serve(config: ServeConfig) -> None:
     engine_name = choose_engine(
         config.read_mode, architecture_of(hf_config), hf_config.get_text_config(), config.model_dir
     )
-    model = load_model(
-        config.model_dir,
-        dtype=config.dtype,
-        threads=config.threads,
-        needs_custom_mask=engine_name in ("tree", "canvas"),
-        parallel=config.parallel,
-        matmul=config.matmul,
+    # Loading, warm-up and every read run on one thread: a second thread entering OpenMP would make the shard's
+    # workers sleep between parallel regions (`new_model_thread`).
+    model_thread = new_model_thread()
+    loop = asyncio.get_running_loop()
+    model = await loop.run_in_executor(
+        model_thread,
+        partial(
+            load_model,
+            config.model_dir,
+            dtype=config.dtype,
+            threads=config.threads,
+            needs_custom_mask=engine_name in ("tree", "canvas"),
+            parallel=config.parallel,
+            matmul=config.matmul,
+        ),
     )
-    engine = make_engine(engine_name, model, config.prefix_cache_mb)
-    await asyncio.to_thread(warm_up, model, engine)
+    engine = await loop.run_in_executor(model_thread, make_engine, engine_name, model, config.prefix_cache_mb)
+    await loop.run_in_executor(model_thread, warm_up, model, engine)
 
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
 
     def request_stop(reason: str) -> None:
         logger.info("shutdown requested", extra={"fields": {"reason": reason}})
@@ -128,7 +136,7 @@ async def serve(config: ServeConfig) -> None:
         loop.add_signal_handler(signum, request_stop, signal.Signals(signum).name)
 
     tracing = tracing_for(config.otlp_endpoint, model.rank, model.world_size)
-    service = DecisionShardService(model, engine, on_fatal=on_fatal, tracing=tracing)
+    service = DecisionShardService(model, engine, on_fatal=on_fatal, tracing=tracing, model_thread=model_thread)
     server = build_server(service, config.uds_path)
     await server.start()
     try:

@@ -252,6 +252,20 @@ def read_response(
     return decision_pb2.ReadResponse(results=results, forward_micros=round(batch.forward_seconds * 1e6))
 
 
+def new_model_thread() -> ThreadPoolExecutor:
+    """The one thread a shard runs its model work on: loading, warm-up, every read.
+
+    Each thread that enters an OpenMP parallel region gets a team of worker threads of its own, kept for its life.
+    Once libgomp manages more workers than there are CPUs it stops letting idle workers spin and puts them to sleep
+    at once, so every one of a forward's hundreds of parallel regions waits for its workers to wake: the shard ran
+    as if under `OMP_WAIT_POLICY=PASSIVE`. Measured (2-core Intel with AMX, Qwen3-0.6B shape, 8 questions over 540
+    tokens): a tree read took 1.30-1.55 s in bfloat16 on the reads thread of a model loaded on another thread, and
+    0.92-0.99 s with loading and reads on one thread (bench/results/2026-12-02-c16/threads.txt). Health probes
+    (an 8 x 64 product, no parallel region) stay off this thread so a long batch never hides a live shard.
+    """
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+
+
 class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
     def __init__(
         self,
@@ -259,13 +273,15 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         engine: Engine | CanvasEngine | PooledEngine,
         on_fatal: Callable[[BaseException], None] | None = None,
         tracing: ReadTracer | None = None,
+        model_thread: ThreadPoolExecutor | None = None,
     ) -> None:
         self._model = model
         self._tracing: ReadTracer = tracing or NoTracing()
         self._engine = engine
         self._on_fatal = on_fatal
-        # One thread: reads are serialised (each already uses every core) and never race on the model.
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reads")
+        # One thread: reads are serialised (each already uses every core) and never race on the model. `serve`
+        # passes the thread that loaded the model and warmed it up (`model_thread` there says why).
+        self._model_thread = model_thread or new_model_thread()
         self._media_threads = ThreadPoolExecutor(max_workers=MEDIA_THREADS, thread_name_prefix="media")
 
     def close(self) -> None:

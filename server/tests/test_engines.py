@@ -12,7 +12,15 @@ from typing import Any
 import grpc
 import pytest
 import torch
-from conftest import grouped_read, label_logprobs, reference_logprobs, reference_sequence_logprob, running_shard
+from conftest import (
+    grouped_read,
+    label_logprobs,
+    read_request,
+    reference_logprobs,
+    reference_sequence_logprob,
+    running_shard,
+    socket_dir,
+)
 from test_tree_vs_naive import decision_batch, expected_tokens_computed
 from tiny_models import TINY_MODELS, VOCAB, build_tiny_model
 
@@ -292,6 +300,60 @@ def test_serve_refuses_tree_on_a_hybrid_before_loading_weights(
     ):
         asyncio.run(serve.serve(config))
     assert not (tmp_path / "s.sock").exists()
+
+
+def test_serve_loads_warms_up_and_reads_on_one_thread(
+    tiny_dir: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A second thread entering OpenMP gives it a worker team of its own; with more workers than CPUs libgomp puts
+    # idle workers to sleep at once, and reads ran 1.4-1.7x slower (measured): one thread does all model work.
+    import os
+    import signal
+    import threading
+
+    import grpc
+
+    from decision_server import serve
+    from decision_server.pb import decision_pb2_grpc
+
+    seen: dict[str, set[int]] = {}
+
+    def on_thread(name: str, work: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            seen.setdefault(name, set()).add(threading.get_ident())
+            return work(*args, **kwargs)
+
+        return recorded
+
+    def engine_with_recorded_reads(*args: Any, **kwargs: Any) -> Any:
+        engine = on_thread("make_engine", make_engine)(*args, **kwargs)
+        engine.run = on_thread("read", engine.run)
+        return engine
+
+    monkeypatch.setattr(serve, "load_model", on_thread("load", serve.load_model))
+    monkeypatch.setattr(serve, "make_engine", engine_with_recorded_reads)
+    monkeypatch.setattr(serve, "warm_up", on_thread("warm_up", serve.warm_up))
+    with socket_dir() as folder:
+        config = serve.ServeConfig(model_dir=tiny_dir("gemma4"), uds_path=folder / "s.sock")
+
+        def client() -> None:
+            while not config.uds_path.exists():
+                threading.Event().wait(0.05)
+            try:
+                with grpc.insecure_channel(f"unix://{config.uds_path}") as channel:
+                    stub = decision_pb2_grpc.DecisionShardStub(channel)
+                    stub.Read(read_request([(1, [5, 6, 7], [[8], [9, 10]])]), timeout=60)
+                    stub.Read(read_request([(2, [5, 6, 7, 8], [[9]])]), timeout=60)
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler stops it
+
+        caller = threading.Thread(target=client)
+        caller.start()
+        asyncio.run(serve.serve(config))
+        caller.join(timeout=60)
+    assert set(seen) == {"load", "make_engine", "warm_up", "read"}
+    threads = set().union(*seen.values())
+    assert len(threads) == 1 and threads != {threading.get_ident()}, seen
 
 
 def test_cli_read_modes_are_the_registry_ones() -> None:
