@@ -307,9 +307,9 @@ def test_serve_loads_warms_up_and_reads_on_one_thread(
 ) -> None:
     # A second thread entering OpenMP gives it a worker team of its own; with more workers than CPUs libgomp puts
     # idle workers to sleep at once, and reads ran 1.4-1.7x slower (measured): one thread does all model work.
-    import os
-    import signal
+    import contextlib
     import threading
+    import time
 
     import grpc
 
@@ -336,21 +336,29 @@ def test_serve_loads_warms_up_and_reads_on_one_thread(
     with socket_dir() as folder:
         config = serve.ServeConfig(model_dir=tiny_dir("gemma4"), uds_path=folder / "s.sock")
 
-        def client() -> None:
-            while not config.uds_path.exists():
-                threading.Event().wait(0.05)
-            try:
-                with grpc.insecure_channel(f"unix://{config.uds_path}") as channel:
-                    stub = decision_pb2_grpc.DecisionShardStub(channel)
-                    stub.Read(read_request([(1, [5, 6, 7], [[8], [9, 10]])]), timeout=60)
-                    stub.Read(read_request([(2, [5, 6, 7, 8], [[9]])]), timeout=60)
-            finally:
-                os.kill(os.getpid(), signal.SIGTERM)  # serve's own handler stops it
+        async def serve_two_reads() -> None:
+            task = asyncio.create_task(serve.serve(config))
+            loop = asyncio.get_running_loop()
 
-        caller = threading.Thread(target=client)
-        caller.start()
-        asyncio.run(serve.serve(config))
-        caller.join(timeout=60)
+            def client() -> None:
+                try:
+                    deadline = time.monotonic() + 120
+                    while not config.uds_path.exists() and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    with grpc.insecure_channel(f"unix://{config.uds_path}") as channel:
+                        stub = decision_pb2_grpc.DecisionShardStub(channel)
+                        stub.Read(read_request([(1, [5, 6, 7], [[8], [9, 10]])]), timeout=60)
+                        stub.Read(read_request([(2, [5, 6, 7, 8], [[9]])]), timeout=60)
+                finally:
+                    loop.call_soon_threadsafe(task.cancel)
+
+            caller = threading.Thread(target=client, daemon=True)
+            caller.start()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            caller.join(timeout=60)
+
+        asyncio.run(serve_two_reads())
     assert set(seen) == {"load", "make_engine", "warm_up", "read"}
     threads = set().union(*seen.values())
     assert len(threads) == 1 and threads != {threading.get_ident()}, seen
