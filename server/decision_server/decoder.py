@@ -189,9 +189,24 @@ def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: 
     requests share, or after a cached prefix) then cost twice the attention of the same chain from position 0.
     Here the past is attended densely and the new tokens causally (the kernel skips the blocks above the
     diagonal), each with its log-sum-exp, and the two softmax parts are merged exactly in float32.
+
+    A past no longer than the new tokens (a short chat head from the prefix cache before a state of its own) is
+    instead attended in the same causal call: the queries are padded at the front with one zero row per past token,
+    so query i sits at position past + i and the kernel's causal mask lets it see exactly keys 0 .. past + i. That
+    costs past²/2 products for rows nobody reads and saves the second call and the float32 merge over every new
+    token, which made a 510-token chain after a 30-token cached head 1.09x slower in bfloat16 than recomputing the
+    head (bench/results/2026-12-02-c16/head_cache_rates.py).
     """
+    past_length, tokens = past.keys.shape[1], query.shape[1]
+    if past_length <= tokens:
+        padded = torch.cat((query.new_zeros(query.shape[0], past_length, query.shape[2]), query), dim=1)
+        keys = torch.cat((past.keys, new.keys), dim=1).unsqueeze(0)
+        values = torch.cat((past.values, new.values), dim=1).unsqueeze(0)
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        attended = flash(padded.unsqueeze(0), keys, values, 0.0, True, scale=scale)[0]
+        return attended[0, :, past_length:]
     # One causal block over all new tokens: the tree attention after a past, without a tree.
-    return _tree_after_past(query, new, past, TreeAfterPast(((0, query.shape[1], None),)), scale)
+    return _tree_after_past(query, new, past, TreeAfterPast(((0, tokens, None),)), scale)
 
 
 # Blocks of a tree pass smaller than this are attended together (one kernel call over their block-diagonal mask):

@@ -90,7 +90,9 @@ def test_rms_norm_is_bit_equal_to_the_reference_formula(dtype: torch.dtype) -> N
         assert torch.equal(RMSNorm(weight, 1e-6)(x), expected)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "past_tokens", "tokens"), [(4, 2, 37, 21), (3, 3, 1, 2), (8, 1, 5, 300)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "past_tokens", "tokens"), [(4, 2, 37, 21), (4, 2, 21, 37), (3, 3, 1, 2), (8, 1, 5, 300)]
+)
 def test_causal_attention_after_a_past_equals_the_masked_softmax(
     heads: int, kv_heads: int, past_tokens: int, tokens: int
 ) -> None:
