@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx2
 import pytest
-from decision_server.layers import resolve_matmul
 
 from reference import Reference, messages_for
 from wire import REQUEST_ID_HEADER, error_detail, exchange, label_probabilities, ok_answers, post_systemone
@@ -395,8 +394,8 @@ def test_operations_endpoints(http: httpx2.Client, server_info: dict[str, Any]) 
     health = http.get("/health")
     assert health.status_code == 200 and health.headers.get(REQUEST_ID_HEADER)
     assert server_info["dtype"] in ("float32", "torch.float32"), server_info
-    # --matmul auto (the default) reports the mode it runs on this CPU.
-    assert (server_info["read_mode"], server_info["matmul"]) == ("tree", resolve_matmul("auto")), server_info
+    # --matmul auto (the default) reports the mode it measured faster on this CPU, never "auto".
+    assert server_info["read_mode"] == "tree" and server_info["matmul"] in ("exact", "fast"), server_info
     metrics = http.get("/metrics")
     assert metrics.status_code == 200, metrics.text[:500]
     assert "# TYPE" in metrics.text, metrics.text[:500]

@@ -65,8 +65,9 @@ pub struct Config {
     /// How the shard's float32 linear layers multiply on CPU. `exact`: torch's F.linear (MKL), the
     /// sums transformers' own forward computes (labels within 1e-5 of it). `fast`: oneDNN's
     /// prepacked GEMM, the kernel vLLM's CPU backend uses, 1.1-1.75x faster per GEMM on AMD CPUs;
-    /// labels move by a few 1e-5. `auto`: fast on CPUs that are not Intel's, exact on Intel's
-    /// (where MKL is as fast). bfloat16 linears are prepacked in every mode (same numbers).
+    /// labels move by a few 1e-5. `auto`: the shard times both GEMMs at load, at the model's widest
+    /// linear, and runs fast only where it is at least 5% faster on this CPU, else exact (its log
+    /// says what it measured). bfloat16 linears are prepacked in every mode (same numbers).
     #[arg(long, env = "MATMUL", value_enum, default_value_t = Matmul::Auto)]
     pub matmul: Matmul,
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from reads_bench import make_reads
 
 from decision_server.engines import TreeEngine
-from decision_server.layers import MATMUL_MODES, cpu_vendor, resolve_matmul
+from decision_server.layers import MATMUL_MODES, probe_matmul
 from decision_server.model import load_model
 
 
@@ -44,7 +44,15 @@ def main() -> None:
     for mode, times in seconds.items():
         print(f"{mode:>5}: median {medians[mode]:.3f} s per batch ({', '.join(f'{t:.2f}' for t in times)})")
     print(f"exact / fast time: {medians['exact'] / medians['fast']:.3f}")
-    print(f"CPU vendor {cpu_vendor() or 'unknown'}: --matmul auto runs {resolve_matmul('auto')}")
+    config = engines["exact"].model.text_config
+    probe = probe_matmul(config.hidden_size, 2 * config.intermediate_size)
+    if probe is None:
+        print("--matmul auto runs exact: oneDNN is unavailable")
+    else:
+        print(
+            f"--matmul auto's probe at {probe.shape}: exact {probe.exact_seconds * 1e3:.1f} ms, fast "
+            f"{probe.fast_seconds * 1e3:.1f} ms: auto runs {probe.choice}"
+        )
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ At world size 1 each layer is the plain layer and each collective a no-op."""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -18,42 +20,100 @@ from decision_server.distributed import ShardGroup
 # Set to 1 to keep bfloat16 weights in torch's plain layout on CPU (F.linear), e.g. to compare the two paths.
 PLAIN_MATMUL_ENV = "DECISION_PLAIN_MATMUL"
 # How float32 linear layers multiply on CPU (`--matmul`): "exact" sums like transformers' own forward,
-# "fast" runs oneDNN's prepacked GEMM, the kernel vLLM's CPU backend uses; "auto" picks one per CPU (`resolve_matmul`).
+# "fast" runs oneDNN's prepacked GEMM, the kernel vLLM's CPU backend uses; "auto" times both on this CPU at load
+# (`resolve_matmul`).
 MATMUL_MODES = ("exact", "fast")
 MATMUL_CHOICES = ("auto", *MATMUL_MODES)
-CPUINFO = Path("/proc/cpuinfo")
+# `--matmul auto` on a CPU picks oneDNN only when it beats MKL by this factor on `probe_matmul`: a near tie keeps the
+# reference sums (and a noisy probe cannot flip the mode between restarts on a CPU where the two are even).
+FAST_MARGIN = 1.05
+# The probe's GEMM: this many rows (a typical pass) of the model's widest linear, its weight capped at this many
+# elements (out_features shrinks first) so a large model's probe stays under a second.
+PROBE_ROWS = 512
+PROBE_MAX_WEIGHT = 1 << 23
+PROBE_MAX_FEATURES = 4096
+
+logger = logging.getLogger(__name__)
 
 
-def cpu_vendor(cpuinfo: Path | None = None) -> str:
-    """The CPU's vendor string (`GenuineIntel`, `AuthenticAMD`, …), or "" where the system does not say."""
-    try:
-        text = (cpuinfo or CPUINFO).read_text(errors="replace")
-    except OSError:
-        return ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "vendor_id":
-            return value.strip()
-    return ""
+@dataclass(frozen=True)
+class MatmulProbe:
+    """Seconds of one float32 GEMM on this CPU's threads in each `--matmul` mode (the fastest of a few rounds), and
+    the shape timed."""
+
+    exact_seconds: float
+    fast_seconds: float
+    shape: tuple[int, int, int]  # rows, in_features, out_features
+
+    @property
+    def choice(self) -> str:
+        return "fast" if self.fast_seconds * FAST_MARGIN < self.exact_seconds else "exact"
 
 
-def resolve_matmul(mode: str, device_type: str = "cpu", vendor: str | None = None) -> str:
-    """`auto` → the faster float32 GEMM of this CPU (`exact` off the CPU, where the mode changes nothing), else
-    `mode` unchanged.
+def probe_matmul(in_features: int, out_features: int, rows: int = PROBE_ROWS, rounds: int = 5) -> MatmulProbe | None:
+    """Times MKL's `F.linear` against oneDNN's prepacked GEMM on random float32 data of the given linear's shape
+    (capped: `PROBE_MAX_FEATURES`, `PROBE_MAX_WEIGHT`), the two taking turns; each mode's time is its fastest
+    round, since noise from the rest of the machine only ever adds time (medians of 3 picked the slower GEMM once
+    in 9 probes on a busy 2-core VM; minima of 5 never did, bench/results/2026-12-02-zen4/). None where oneDNN is
+    unavailable (or `DECISION_PLAIN_MATMUL=1` keeps weights plain), so only `exact` can run."""
+    if not torch.backends.mkldnn.is_available() or os.environ.get(PLAIN_MATMUL_ENV) == "1":
+        return None
+    k = min(in_features, PROBE_MAX_FEATURES)
+    n = max(1, min(out_features, PROBE_MAX_FEATURES, PROBE_MAX_WEIGHT // k))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, k, generator=generator)
+    weight = torch.randn(n, k, generator=generator) * k**-0.5
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+    runs = {"exact": lambda: F.linear(x, weight), "fast": lambda: matmul(x, packed)}
+    seconds: dict[str, list[float]] = {mode: [] for mode in runs}
+    with torch.inference_mode():
+        for run in runs.values():
+            run()  # first calls allocate and pick kernels
+        for round_index in range(rounds):
+            for mode in runs if round_index % 2 == 0 else reversed(runs):
+                started = time.perf_counter()
+                runs[mode]()
+                seconds[mode].append(time.perf_counter() - started)
+    return MatmulProbe(min(seconds["exact"]), min(seconds["fast"]), (rows, k, n))
 
-    MKL (F.linear) takes its best kernels on Intel CPUs only; on AMD CPUs oneDNN's prepacked GEMM beat it on
-    every machine measured (bench/results/JOURNAL.md: 1.1-1.75x per GEMM, 0.83x -> 0.93x of vLLM at 8 q x 512 on
-    Zen 4, 0.92x -> 1.04-1.15x on an AVX2 EPYC), while on Intel MKL is as fast or faster. So auto is `fast`
-    where the vendor is known and not Intel, and `exact` on Intel or where the vendor is unknown.
+
+def resolve_matmul(
+    mode: str,
+    device_type: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    shape: tuple[int, int] = (PROBE_MAX_FEATURES, PROBE_MAX_FEATURES),
+) -> str:
+    """`auto` → the faster float32 GEMM measured on this CPU (`probe_matmul` at the model's widest linear `shape`,
+    (in_features, out_features)), else `mode` unchanged.
+
+    Which is faster depends on the CPU, not its vendor alone: oneDNN's prepacked GEMM ran 1.1-1.75x MKL's on AMD
+    CPUs (Zen 3, Zen 4), about 1.16x on an Intel Xeon with AMX, and 0.97-1.0x on an Intel Xeon without AMX
+    (bench/results/JOURNAL.md, docs/benchmarks.md), so it is measured at load. Both modes keep the decisions (320 of
+    320 on SmolLM2 against each other); `exact` sums like transformers. Off the CPU, and for other dtypes (bfloat16
+    linears are always prepacked), the mode changes nothing and auto is `exact` without a probe.
     """
     if mode not in MATMUL_CHOICES:
         raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_CHOICES)}, got {mode!r}")
     if mode != "auto":
         return mode
-    if device_type != "cpu":
+    if device_type != "cpu" or dtype != torch.float32:
         return "exact"
-    vendor = cpu_vendor() if vendor is None else vendor
-    return "fast" if vendor and vendor != "GenuineIntel" else "exact"
+    probe = probe_matmul(*shape)
+    if probe is None:
+        return "exact"
+    logger.info(
+        "matmul auto: timed both float32 GEMMs on this CPU",
+        extra={
+            "fields": {
+                "exact_ms": round(probe.exact_seconds * 1e3, 2),
+                "fast_ms": round(probe.fast_seconds * 1e3, 2),
+                "shape": list(probe.shape),
+                "margin": FAST_MARGIN,
+                "matmul": probe.choice,
+            }
+        },
+    )
+    return probe.choice
 
 
 def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 
 from decision_server.architectures import AUTO_CAUSAL_LM, DECODER, architecture_of, joint_schema_family, lookup
 from decision_server.decoder_model import load_decoder_model
-from decision_server.distributed import ParallelConfig
+from decision_server.distributed import ParallelConfig, partition
 from decision_server.model_base import (
     DTYPES,
     KeyValueState,
@@ -67,8 +67,8 @@ def load_model(
     Qwen3) get the shard's own decoder when it accepts the config (each rank reads only its weight slices);
     everything else gets transformers' modeling, which cannot be split, so it is refused above world size 1.
     `matmul` ("auto", "exact" or "fast", `layers.MATMUL_CHOICES`) is how the own decoder's float32 linears
-    multiply; auto picks this CPU's faster GEMM (`layers.resolve_matmul`). transformers' modeling always runs its
-    own (exact) linears. The loaded model's `matmul` is the mode that runs, never "auto".
+    multiply; auto times both on this CPU and picks the faster (`layers.resolve_matmul`). transformers' modeling
+    always runs its own (exact) linears. The loaded model's `matmul` is the mode that runs, never "auto".
     """
     from transformers.utils import logging as hf_logging
 
@@ -114,18 +114,22 @@ def load_model(
         )
         return pooled
     requested_matmul = matmul
-    matmul = resolve_matmul(matmul, device.type)
     native = architecture.implementation == DECODER
     native_refusal: str | None = None
     loader = architecture.transformers_class
     if native:
         try:
-            DecoderShape.from_config(config).check_world_size(parallel.world_size)
+            shape = DecoderShape.from_config(config)
+            shape.check_world_size(parallel.world_size)
         except UnsupportedModelError as err:
             native, native_refusal = False, str(err)
             # A decoder architecture the decoder refuses (sliding windows, ...) is still a plain causal LM.
             loader = AUTO_CAUSAL_LM
     if native:
+        # auto times both GEMMs at this rank's widest linear (the fused gate/up projection).
+        start, end = partition(shape.intermediate_size, parallel.world_size, parallel.rank)
+        widest = (shape.hidden_size, 2 * (end - start))
+        matmul = resolve_matmul(matmul, device.type, torch_dtype, widest)
         loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel, matmul)
     elif parallel.world_size > 1:
         reason = native_refusal or f"{architecture.name} has no tensor-parallel implementation"

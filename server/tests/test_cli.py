@@ -18,7 +18,6 @@ import grpc
 import pytest
 from conftest import label_logprobs, read_request, socket_dir
 
-from decision_server.layers import resolve_matmul
 from decision_server.pb import decision_pb2, decision_pb2_grpc
 from decision_server.serve import remove_stale_socket
 
@@ -71,6 +70,9 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
         )
         try:
             lines = start_reader(process.stderr)
+            # No --matmul: auto times both float32 GEMMs while loading and logs what it chose.
+            timed = wait_for_message(lines, "matmul auto: timed both float32 GEMMs on this CPU", timeout=120)
+            assert timed["exact_ms"] > 0 and timed["fast_ms"] > 0 and timed["matmul"] in ("exact", "fast")
             ready = wait_for_message(lines, "ready", timeout=120)
             assert ready["uds_path"] == str(uds)
             assert (ready["engine"], ready["implementation"]) == ("naive", "decoder")
@@ -78,8 +80,8 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             with grpc.insecure_channel(f"unix://{uds}") as channel:
                 stub = decision_pb2_grpc.DecisionShardStub(channel)
                 info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
-                # No --matmul: auto, reported as the mode it resolved to on this CPU.
-                expected = ("naive", "float32", "cpu", resolve_matmul("auto"))
+                # Info reports the mode auto resolved to, never "auto".
+                expected = ("naive", "float32", "cpu", timed["matmul"])
                 assert (info.engine, info.dtype, info.device, info.matmul) == expected
                 assert stub.Health(decision_pb2.HealthRequest(), timeout=30).probe != 0.0
                 (result,) = stub.Read(read_request([(3, [9707, 11, 1879], [[0], [16, 17]])]), timeout=30).results

@@ -134,18 +134,32 @@ def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
 ) -> None:
     import decision_server.layers as layers
 
-    for vendor, expected in (("AuthenticAMD", "fast"), ("GenuineIntel", "exact")):
-        monkeypatch.setattr(layers, "cpu_vendor", lambda vendor=vendor: vendor)
-        model = load_model(smollm2_dir, dtype="float32", matmul="auto")
+    timed: list[tuple[int, int]] = []
+    for fast_ms, expected in ((6.0, "fast"), (12.0, "exact")):
+
+        def probe(in_features: int, out_features: int, fast_ms: float = fast_ms) -> layers.MatmulProbe:
+            timed.append((in_features, out_features))
+            return layers.MatmulProbe(10e-3, fast_ms / 1e3, (512, in_features, out_features))
+
+        monkeypatch.setattr(layers, "probe_matmul", probe)
+        with caplog.at_level("INFO", logger="decision_server.layers"):
+            model = load_model(smollm2_dir, dtype="float32", matmul="auto")
         assert isinstance(model, DecoderModel) and model.matmul == expected  # Info reports the mode that runs
         packed = model.network.layers[0].mlp.gate_up.weight.is_mkldnn
         assert packed == (expected == "fast" and torch.backends.mkldnn.is_available())
-    # transformers' modeling keeps its own linears; auto asked for nothing, so nothing is warned about.
-    monkeypatch.setattr(layers, "cpu_vendor", lambda: "AuthenticAMD")
+        # The log says what was measured and what it chose.
+        (record,) = [r for r in caplog.records if r.getMessage().startswith("matmul auto")]
+        assert record.fields["matmul"] == expected and record.fields["fast_ms"] == fast_ms  # type: ignore[attr-defined]
+        caplog.clear()
+    # Timed at the widest linear: SmolLM2's gate and up projections together.
+    config = model.text_config
+    assert timed == [(config.hidden_size, 2 * config.intermediate_size)] * 2
+    # transformers' modeling keeps its own linears: nothing is timed, and auto asked for nothing, so nothing is warned.
     with caplog.at_level("WARNING", logger="decision_server"):
         fallback = load_model(sliding_qwen3_dir, dtype="float32", matmul="auto")
     assert isinstance(fallback, TransformersModel) and fallback.matmul == "exact"
     assert not any("--matmul" in r.getMessage() for r in caplog.records)
+    assert len(timed) == 2
 
 
 @pytest.mark.parametrize("name", MODELS)

