@@ -1,0 +1,44 @@
+# Lab script (README.md beside it): ../2026-12-02-per-token/gemm_rates.py without the float16 columns (Zen 4 has no
+# AVX512-FP16, so oneDNN refuses to pack float16); run from the repository root.
+# ruff: noqa
+import sys, os
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "2026-12-02-per-token"))
+from rates import SHAPES, median_seconds as bench
+import time, sys, torch, torch.nn.functional as F
+
+torch.set_num_threads(2)
+M = int(sys.argv[1]) if len(sys.argv) > 1 else 862
+shapes = SHAPES
+
+
+
+
+lp = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+tot = {}
+for name, (K, N) in shapes.items():
+    w = torch.randn(N, K) * 0.02
+    x = torch.randn(M, K)
+    ref = x.double() @ w.double().T
+    r = {}
+    err = {}
+    for label, dt, packed in (
+        ("f32 mkl", torch.float32, False),
+        ("f32 onednn", torch.float32, True),
+        ("bf16 onednn", torch.bfloat16, True),
+        
+        
+    ):
+        wd = w.to(dt)
+        xd = x.to(dt)
+        if packed:
+            p = torch.ops.mkldnn._reorder_linear_weight(wd, None)
+            fn = lambda: lp(xd, p)
+        else:
+            fn = lambda: F.linear(xd, wd)
+        r[label] = bench(fn)
+        err[label] = float((fn().double() - ref).abs().max() / ref.abs().max())
+    fl = 2 * M * K * N
+    print(name, " | ".join(f"{k}:{fl / v / 1e9:.0f}GF/s relerr {err[k]:.1e}" for k, v in r.items()))
+    for k, v in r.items():
+        tot[k] = tot.get(k, 0) + v
+print("per layer ms", {k: round(v * 1e3, 1) for k, v in tot.items()})
