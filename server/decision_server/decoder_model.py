@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from decision_server.checkpoint import Checkpoint
-from decision_server.decoder import DecoderLM, LayerKV
-from decision_server.distributed import ParallelConfig, ShardGroup, join_group
-from decision_server.layers import vocab_parallel_scores
+from decision_server.decoder import DecoderLM, DecoderShape, LayerKV
+from decision_server.distributed import ParallelConfig, ShardGroup, join_group, partition
+from decision_server.layers import resolve_matmul, vocab_parallel_scores
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
 
 logger = logging.getLogger(__name__)
@@ -131,10 +131,15 @@ def load_decoder_model(
     parallel: ParallelConfig,
     matmul: str = "exact",
 ) -> DecoderModel:
-    """Joins the group, reads this rank's weight slices, then waits for every rank to be loaded."""
+    """Joins the group, resolves `matmul` (auto: timed on this CPU, one mode for all ranks), reads this rank's
+    weight slices, then waits for every rank to be loaded."""
     group = join_group(parallel, device)
     started = time.perf_counter()
     try:
+        shape = DecoderShape.from_config(config)
+        start, end = partition(shape.intermediate_size, group.world_size, group.rank)
+        # auto times both GEMMs at this rank's widest linear, the fused gate/up projection.
+        matmul = resolve_matmul(matmul, device.type, dtype, (shape.hidden_size, 2 * (end - start)), group)
         with Checkpoint(path) as checkpoint:
             network = DecoderLM.load(checkpoint, config, group, dtype, device, matmul)
             bytes_read = checkpoint.bytes_read

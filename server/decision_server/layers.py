@@ -82,6 +82,7 @@ def resolve_matmul(
     device_type: str = "cpu",
     dtype: torch.dtype = torch.float32,
     shape: tuple[int, int] = (PROBE_MAX_FEATURES, PROBE_MAX_FEATURES),
+    group: ShardGroup | None = None,
 ) -> str:
     """`auto` → the faster float32 GEMM measured on this CPU (`probe_matmul` at the model's widest linear `shape`,
     (in_features, out_features)), else `mode` unchanged.
@@ -90,7 +91,8 @@ def resolve_matmul(
     CPUs (Zen 3, Zen 4), about 1.16x on an Intel Xeon with AMX, and 0.97-1.0x on an Intel Xeon without AMX
     (bench/results/JOURNAL.md, docs/benchmarks.md), so it is measured at load. Both modes keep the decisions (320 of
     320 on SmolLM2 against each other); `exact` sums like transformers. Off the CPU, and for other dtypes (bfloat16
-    linears are always prepacked), the mode changes nothing and auto is `exact` without a probe.
+    linears are always prepacked), the mode changes nothing and auto is `exact` without a probe. The ranks of a
+    `group` each time their own share and then run one mode: `fast` only where every rank measured it faster.
     """
     if mode not in MATMUL_CHOICES:
         raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_CHOICES)}, got {mode!r}")
@@ -99,8 +101,12 @@ def resolve_matmul(
     if device_type != "cpu" or dtype != torch.float32:
         return "exact"
     probe = probe_matmul(*shape)
+    choice = "exact" if probe is None else probe.choice
+    if group is not None and group.world_size > 1:
+        vote = torch.tensor([MATMUL_MODES.index(choice)], dtype=torch.int64)
+        choice = MATMUL_MODES[int(group.all_reduce_min(vote).item())]
     if probe is None:
-        return "exact"
+        return choice
     logger.info(
         "matmul auto: timed both float32 GEMMs on this CPU",
         extra={
@@ -109,11 +115,12 @@ def resolve_matmul(
                 "fast_ms": round(probe.fast_seconds * 1e3, 2),
                 "shape": list(probe.shape),
                 "margin": FAST_MARGIN,
-                "matmul": probe.choice,
+                "measured_faster": probe.choice,
+                "matmul": choice,
             }
         },
     )
-    return probe.choice
+    return choice
 
 
 def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor:

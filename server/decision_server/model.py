@@ -11,7 +11,7 @@ import torch
 
 from decision_server.architectures import AUTO_CAUSAL_LM, DECODER, architecture_of, joint_schema_family, lookup
 from decision_server.decoder_model import load_decoder_model
-from decision_server.distributed import ParallelConfig, partition
+from decision_server.distributed import ParallelConfig
 from decision_server.model_base import (
     DTYPES,
     KeyValueState,
@@ -74,7 +74,7 @@ def load_model(
 
     from decision_server.decoder import DecoderShape, UnsupportedModelError
     from decision_server.distributed import pick_device as pick_rank_device
-    from decision_server.layers import resolve_matmul
+    from decision_server.layers import MATMUL_CHOICES
 
     parallel = parallel or ParallelConfig()
     # The weight-loading bar draws with carriage returns, which garbles the JSON-lines log stream.
@@ -113,24 +113,23 @@ def load_model(
             },
         )
         return pooled
+    if matmul not in MATMUL_CHOICES:
+        raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_CHOICES)}, got {matmul!r}")
     requested_matmul = matmul
     native = architecture.implementation == DECODER
     native_refusal: str | None = None
     loader = architecture.transformers_class
     if native:
         try:
-            shape = DecoderShape.from_config(config)
-            shape.check_world_size(parallel.world_size)
+            DecoderShape.from_config(config).check_world_size(parallel.world_size)
         except UnsupportedModelError as err:
             native, native_refusal = False, str(err)
             # A decoder architecture the decoder refuses (sliding windows, ...) is still a plain causal LM.
             loader = AUTO_CAUSAL_LM
     if native:
-        # auto times both GEMMs at this rank's widest linear (the fused gate/up projection).
-        start, end = partition(shape.intermediate_size, parallel.world_size, parallel.rank)
-        widest = (shape.hidden_size, 2 * (end - start))
-        matmul = resolve_matmul(matmul, device.type, torch_dtype, widest)
+        # The decoder resolves auto itself, once its ranks can agree on one mode (`layers.resolve_matmul`).
         loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel, matmul)
+        matmul = loaded.matmul
     elif parallel.world_size > 1:
         reason = native_refusal or f"{architecture.name} has no tensor-parallel implementation"
         raise UnsupportedModelError(

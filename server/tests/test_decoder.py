@@ -160,6 +160,8 @@ def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
     assert isinstance(fallback, TransformersModel) and fallback.matmul == "exact"
     assert not any("--matmul" in r.getMessage() for r in caplog.records)
     assert len(timed) == 2
+    with pytest.raises(ValueError, match="auto, exact, fast"):  # refused before anything loads, on either path
+        load_model(sliding_qwen3_dir, dtype="float32", matmul="fastest")
 
 
 @pytest.mark.parametrize("name", MODELS)

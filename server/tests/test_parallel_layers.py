@@ -413,6 +413,37 @@ def test_matmul_auto_runs_the_gemm_measured_faster_on_this_cpu(
         resolve_matmul("fastest")
 
 
+class _OtherRankVotes:
+    """A two-rank group as `resolve_matmul` sees it: the other rank's vote is fixed."""
+
+    world_size = 2
+
+    def __init__(self, other: str) -> None:
+        self.other = other
+
+    def all_reduce_min(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(tensor, torch.tensor([("exact", "fast").index(self.other)]))
+
+
+@pytest.mark.parametrize(
+    ("here", "other", "expected"),
+    [("fast", "fast", "fast"), ("fast", "exact", "exact"), ("exact", "fast", "exact"), ("exact", "exact", "exact")],
+)
+def test_matmul_auto_runs_one_mode_on_every_rank(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, here: str, other: str, expected: str
+) -> None:
+    """Each rank times its own share; the group runs fast only where every rank measured it faster."""
+    import decision_server.layers as layers
+
+    fast_ms = 6.0 if here == "fast" else 12.0
+    monkeypatch.setattr(layers, "probe_matmul", lambda k, n: MatmulProbe(10e-3, fast_ms / 1e3, (512, k, n)))
+    group: Any = _OtherRankVotes(other)
+    with caplog.at_level("INFO", logger="decision_server.layers"):
+        assert resolve_matmul("auto", "cpu", torch.float32, (1024, 3072), group) == expected
+    (record,) = [r for r in caplog.records if r.getMessage().startswith("matmul auto")]
+    assert (record.fields["measured_faster"], record.fields["matmul"]) == (here, expected)  # type: ignore[attr-defined]
+
+
 def test_probe_matmul_times_both_gemms_on_this_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     probe = probe_matmul(256, 100_000, rows=64, rounds=2)
     if not torch.backends.mkldnn.is_available():

@@ -194,6 +194,10 @@ def _check_two_ranks_equal_one_shard(name: str, model: Any, ranks: list[Rank], e
     assert all(bytes_read < 0.6 * checkpoint_bytes for bytes_read in read), (read, checkpoint_bytes)
     assert sum(read) == pytest.approx(checkpoint_bytes, rel=0.01)
     assert [_logged(rank, "ready")["world_size"] for rank in ranks] == [2, 2]
+    # --matmul auto: each rank timed its own share, and the group runs one mode.
+    timed = [_logged(rank, "matmul auto: timed both float32 GEMMs on this CPU") for rank in ranks]
+    assert len({record["matmul"] for record in timed}) == 1 and timed[0]["matmul"] in ("exact", "fast")
+    assert [_logged(rank, "model loaded")["matmul"] for rank in ranks] == [timed[0]["matmul"]] * 2
 
 
 def _logged(rank: Rank, message: str) -> dict[str, Any]:
