@@ -77,6 +77,12 @@ def probe_matmul(in_features: int, out_features: int, rows: int = PROBE_ROWS, ro
     return MatmulProbe(min(seconds["exact"]), min(seconds["fast"]), (rows, k, n))
 
 
+def check_matmul(mode: str) -> None:
+    """Raises `ValueError` unless `mode` is a `--matmul` choice."""
+    if mode not in MATMUL_CHOICES:
+        raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_CHOICES)}, got {mode!r}")
+
+
 def resolve_matmul(
     mode: str,
     device_type: str = "cpu",
@@ -94,8 +100,7 @@ def resolve_matmul(
     linears are always prepacked), the mode changes nothing and auto is `exact` without a probe. The ranks of a
     `group` each time their own share and then run one mode: `fast` only where every rank measured it faster.
     """
-    if mode not in MATMUL_CHOICES:
-        raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_CHOICES)}, got {mode!r}")
+    check_matmul(mode)
     if mode != "auto":
         return mode
     if device_type != "cpu" or dtype != torch.float32:

@@ -74,7 +74,7 @@ def load_model(
 
     from decision_server.decoder import DecoderShape, UnsupportedModelError
     from decision_server.distributed import pick_device as pick_rank_device
-    from decision_server.layers import MATMUL_CHOICES
+    from decision_server.layers import check_matmul
 
     parallel = parallel or ParallelConfig()
     # The weight-loading bar draws with carriage returns, which garbles the JSON-lines log stream.
@@ -113,8 +113,7 @@ def load_model(
             },
         )
         return pooled
-    if matmul not in MATMUL_CHOICES:
-        raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_CHOICES)}, got {matmul!r}")
+    check_matmul(matmul)
     requested_matmul = matmul
     native = architecture.implementation == DECODER
     native_refusal: str | None = None

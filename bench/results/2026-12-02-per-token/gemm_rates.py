@@ -4,7 +4,8 @@ from rates import SHAPES, median_seconds as bench
 import time, sys, torch, torch.nn.functional as F
 
 torch.set_num_threads(2)
-M = int(sys.argv[1]) if len(sys.argv) > 1 else 862
+M = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 862
+# --no-f16: CPUs without AVX512-FP16 (Zen 4) cannot pack float16 weights; added for ../2026-12-02-zen4/
 shapes = SHAPES
 
 
@@ -22,8 +23,7 @@ for name, (K, N) in shapes.items():
         ("f32 mkl", torch.float32, False),
         ("f32 onednn", torch.float32, True),
         ("bf16 onednn", torch.bfloat16, True),
-        ("f16 onednn", torch.float16, True),
-        ("f16 F.linear", torch.float16, False),
+        *(() if "--no-f16" in sys.argv else (("f16 onednn", torch.float16, True), ("f16 F.linear", torch.float16, False))),
     ):
         wd = w.to(dt)
         xd = x.to(dt)
