@@ -162,6 +162,18 @@ def bfloat16_packs() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def half_gemm_is_slow(dtype: torch.dtype) -> bool:
+    """Whether `dtype`'s CPU GEMMs are a slow path on this CPU: bfloat16 or float16 where oneDNN has no kernel
+    for it (an AVX2-only CPU such as Zen 3: no AVX-512, no AMX). There F.linear converts the weight on every call;
+    bfloat16 ran 17-21 GFLOP/s against float32's 104-146 at the decoder's shapes on 2 Zen 3 cores
+    (bench/results/2026-12-03-zen3/)."""
+    if dtype == torch.bfloat16:
+        return not bfloat16_packs()
+    if dtype == torch.float16:
+        return not torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return False
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T + bias` for a plain or a `pack_for_matmul` weight."""
     if weight.is_mkldnn:

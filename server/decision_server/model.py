@@ -74,7 +74,7 @@ def load_model(
 
     from decision_server.decoder import DecoderShape, UnsupportedModelError
     from decision_server.distributed import pick_device as pick_rank_device
-    from decision_server.layers import check_matmul
+    from decision_server.layers import check_matmul, half_gemm_is_slow
 
     parallel = parallel or ParallelConfig()
     # The weight-loading bar draws with carriage returns, which garbles the JSON-lines log stream.
@@ -90,6 +90,12 @@ def load_model(
         # Ranks on one CPU share its cores: each takes its part rather than all of them, which would oversubscribe.
         torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
     torch_dtype = resolve_dtype(dtype, device)
+    if device.type == "cpu" and half_gemm_is_slow(torch_dtype):
+        logger.warning(
+            "this --dtype has no fast GEMM on this CPU (it lacks AVX-512 or AMX): every linear converts its weight "
+            "and runs several times slower than float32, which --dtype auto picks and which is also exact",
+            extra={"fields": {"dtype": dtype_name(torch_dtype), "cpu": torch.backends.cpu.get_cpu_capability()}},
+        )
     family = joint_schema_family(architecture.name, path)
     if family is not None:
         from decision_server.joint_schema import load_joint_schema_model

@@ -164,6 +164,32 @@ def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
         load_model(sliding_qwen3_dir, dtype="float32", matmul="fastest")
 
 
+def test_a_half_dtype_without_a_fast_gemm_on_this_cpu_is_warned_about(
+    tiny_qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import decision_server.layers as layers
+
+    # An AVX2-only CPU (Zen 3) cannot pack bfloat16: its linears convert the weight on every call, about 7x slower
+    # than float32. The user who asked for bfloat16 there is told so, and the model still loads.
+    warning = "this --dtype has no fast GEMM on this CPU"
+    real = layers.bfloat16_packs()
+    for packs in (real, False):  # this CPU as it is, then one that cannot pack
+        monkeypatch.setattr(layers, "bfloat16_packs", lambda packs=packs: packs)
+        with caplog.at_level("WARNING", logger="decision_server"):
+            model = load_model(tiny_qwen3_dir, dtype="bfloat16")
+        assert model.dtype == torch.bfloat16
+        warned = [r for r in caplog.records if r.getMessage().startswith(warning)]
+        assert len(warned) == (0 if packs else 1)
+        if warned:
+            assert warned[0].fields["dtype"] == "bfloat16" and warned[0].fields["cpu"]  # type: ignore[attr-defined]
+        assert model.network.layers[0].mlp.gate_up.weight.is_mkldnn == packs  # type: ignore[attr-defined]
+        caplog.clear()
+    # float32 (what auto picks on a CPU) is never warned about, whatever the CPU packs.
+    with caplog.at_level("WARNING", logger="decision_server"):
+        load_model(tiny_qwen3_dir, dtype="auto")
+    assert not any(r.getMessage().startswith(warning) for r in caplog.records)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_decoder_continues_from_past_keys_like_transformers(request: pytest.FixtureRequest, name: str) -> None:
     model = request.getfixturevalue(name)

@@ -470,6 +470,17 @@ def test_bfloat16_stays_plain_where_the_cpu_cannot_pack_it(monkeypatch: pytest.M
     assert torch.equal(column(x), F.linear(x, weight))
 
 
+def test_half_gemm_is_slow_where_onednn_has_no_kernel_for_the_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    import decision_server.layers as layers
+
+    assert not layers.half_gemm_is_slow(torch.float32)  # float32 has a fast GEMM on every CPU
+    assert layers.half_gemm_is_slow(torch.bfloat16) == (not layers.bfloat16_packs())
+    assert layers.half_gemm_is_slow(torch.float16) == (not torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    for packs in (True, False):
+        monkeypatch.setattr(layers, "bfloat16_packs", lambda packs=packs: packs)
+        assert layers.half_gemm_is_slow(torch.bfloat16) == (not packs)
+
+
 def test_plain_matmul_env_keeps_bfloat16_unpacked(monkeypatch: pytest.MonkeyPatch) -> None:
     from decision_server.layers import PLAIN_MATMUL_ENV
 

@@ -22,7 +22,8 @@ for name, (K, N) in shapes.items():
     for label, dt, packed in (
         ("f32 mkl", torch.float32, False),
         ("f32 onednn", torch.float32, True),
-        ("bf16 onednn", torch.bfloat16, True),
+        # AVX2-only CPUs (Zen 3, ../2026-12-03-zen3/) cannot pack bfloat16: F.linear converts it on every call there
+        ("bf16 onednn", torch.bfloat16, True) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ("bf16 F.linear", torch.bfloat16, False),
         *(() if "--no-f16" in sys.argv else (("f16 onednn", torch.float16, True), ("f16 F.linear", torch.float16, False))),
     ):
         wd = w.to(dt)
