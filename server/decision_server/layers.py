@@ -94,7 +94,8 @@ def resolve_matmul(
     (in_features, out_features)), else `mode` unchanged.
 
     Which is faster depends on the CPU, not its vendor alone: oneDNN's prepacked GEMM ran 1.1-1.75x MKL's on AMD
-    CPUs (Zen 3, Zen 4), about 1.16x on an Intel Xeon with AMX, and 0.97-1.0x on an Intel Xeon without AMX
+    CPUs (Zen 3, Zen 4) but 0.92-1.19x by shape on another AVX2-only Zen 3, about 1.16x on an Intel Xeon with AMX,
+    and 0.97-1.0x on an Intel Xeon without AMX
     (bench/results/JOURNAL.md, docs/benchmarks.md), so it is measured at load. Both modes keep the decisions (320 of
     320 on SmolLM2 against each other); `exact` sums like transformers. Off the CPU, and for other dtypes (bfloat16
     linears are always prepacked), the mode changes nothing and auto is `exact` without a probe. The ranks of a
