@@ -48,7 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--duration", type=float, default=30.0, help="Measured seconds per server, split over rounds (default 30)"
     )
     parser.add_argument(
-        "--requests", type=int, help="At most this many measured requests per server, split over rounds"
+        "--requests",
+        type=int,
+        help="Measured requests per server, split evenly over rounds: each round runs at most ceil(REQUESTS / ROUNDS)",
     )
     parser.add_argument("--rounds", type=int, help="Rounds per server (default 1, or 10 with --url-b)")
     parser.add_argument(
