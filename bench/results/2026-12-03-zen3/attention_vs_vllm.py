@@ -10,20 +10,14 @@ import math, statistics, sys, time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent.parent / "2026-12-02-per-token"))
+from rates import median_seconds as timed  # two warm-up calls, then the median of 7
+
 torch.set_num_threads(2)
 HEADS, KV_HEADS, DIM, BLOCK = 16, 8, 128, 128
 SCALE = DIM**-0.5
 
 
-def timed(fn, runs=15):
-    fn()
-    fn()
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 try:

@@ -9,6 +9,9 @@ import statistics, sys, time
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent.parent / "2026-12-02-per-token"))
+from rates import median_seconds as timed  # two warm-up calls, then the median of 7
+
 torch.set_num_threads(2)
 HEADS, KV_HEADS, DIM = 16, 8, 128
 GROUP = HEADS // KV_HEADS
@@ -38,14 +41,6 @@ def blocked(q, k, v, block):
     return out
 
 
-def timed(fn, runs=11):
-    fn()
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 for tokens in [int(t) for t in sys.argv[1:]] or (570, 860, 2048):
