@@ -22,9 +22,12 @@ from launchers import DEFAULT_MODEL_DIR, Launcher, start_launcher
 
 HEALTH_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 120.0
-SESSION_ARGS = ["--dtype", "float32", "--hostname", "127.0.0.1"]
+# The suites compare answers with transformers' float32 read to 1e-5, the promise of `--matmul exact`. The default,
+# auto, may run a faster mode that decides alike but moves probabilities by up to about 2e-5 (oneDNN's float32
+# GEMM, or the bfloat16 split GEMM on AMX CPUs): test_systemone's test_matmul_auto_* checks that mode against these.
+SESSION_ARGS = ["--dtype", "float32", "--matmul", "exact", "--hostname", "127.0.0.1"]
 # The image listens on 0.0.0.0:80 inside its own network namespace; only the published port is on loopback.
-CONTAINER_ARGS = ["--dtype", "float32"]
+CONTAINER_ARGS = ["--dtype", "float32", "--matmul", "exact"]
 TARGETS = tuple(t for t in os.environ.get("DECISION_TEST_TARGETS", "local,container").split(",") if t)
 
 

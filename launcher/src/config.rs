@@ -65,8 +65,10 @@ pub struct Config {
     /// How the shard's float32 linear layers multiply on CPU. `exact`: torch's F.linear (MKL), the
     /// sums transformers' own forward computes (labels within 1e-5 of it). `fast`: oneDNN's
     /// prepacked GEMM, the kernel vLLM's CPU backend uses, 1.1-1.75x faster per GEMM on AMD CPUs;
-    /// labels move by a few 1e-5. `auto`: the shard times both GEMMs at load, at the model's widest
-    /// linear, and runs fast only where it is at least 5% faster on this CPU, else exact (its log
+    /// labels move by a few 1e-5. `split`: each activation as a high and a low bfloat16 part, two
+    /// bfloat16 GEMMs summed in float32 (MKL), about 2x faster per GEMM where the CPU has AMX; labels
+    /// move by about 1e-4. `auto`: the shard times the modes at load, at the model's widest linear,
+    /// and runs the fastest, leaving a more exact mode only for one at least 5% faster (its log
     /// says what it measured). bfloat16 linears are prepacked in every mode (same numbers).
     #[arg(long, env = "MATMUL", value_enum, default_value_t = Matmul::Auto)]
     pub matmul: Matmul,
@@ -314,6 +316,7 @@ pub enum Matmul {
     Auto,
     Exact,
     Fast,
+    Split,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]

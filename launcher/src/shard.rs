@@ -352,6 +352,16 @@ mod tests {
         assert!(!default_threads.args.contains(&OsString::from("--threads")));
         assert!(default_threads.args.contains(&OsString::from("auto")));
         assert_eq!(value_after(&default_threads.args, "--matmul"), "auto");
+        let split = spec(
+            Path::new("decision-server"),
+            &config(&["--matmul", "split"]),
+            &model,
+            0,
+            socket,
+            None,
+            &no_allocator(),
+        );
+        assert_eq!(value_after(&split.args, "--matmul"), "split");
         assert!(!default_threads
             .args
             .contains(&OsString::from("--master-port")));

@@ -43,17 +43,15 @@ def main() -> None:
     medians = {mode: statistics.median(times) for mode, times in seconds.items()}
     for mode, times in seconds.items():
         print(f"{mode:>5}: median {medians[mode]:.3f} s per batch ({', '.join(f'{t:.2f}' for t in times)})")
-    print(f"exact / fast time: {medians['exact'] / medians['fast']:.3f}")
+    for mode in MATMUL_MODES[1:]:
+        print(f"exact / {mode} time: {medians['exact'] / medians[mode]:.3f}")
     config = engines["exact"].model.text_config
     probe = probe_matmul(config.hidden_size, 2 * config.intermediate_size)
     if probe is None:
-        print("--matmul auto runs exact: oneDNN is unavailable")
+        print("--matmul auto runs exact: neither oneDNN nor MKL's bfloat16 GEMM is available")
     else:
-        print(
-            f"--matmul auto's probe at {probe.shape}: exact {probe.exact_seconds * 1e3:.1f} ms, fast "
-            f"{probe.fast_seconds * 1e3:.1f} ms: auto runs {probe.choice}"
-        )
-
+        times = ", ".join(f"{mode} {seconds * 1e3:.1f} ms" for mode, seconds in probe.seconds.items())
+        print(f"--matmul auto's probe at {probe.shape}: {times}: auto runs {probe.choice}")
 
 if __name__ == "__main__":
     main()

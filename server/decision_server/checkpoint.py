@@ -49,6 +49,10 @@ class Checkpoint:
     def shape(self, name: str) -> list[int]:
         return list(self._slice(name).get_shape())
 
+    def stored_dtypes(self, suffix: str = "") -> set[str]:
+        """The on-disk dtypes ("BF16", "F32", ...) of the tensors whose names end in `suffix`, from the headers."""
+        return {self._slice(name).get_dtype() for name in self._files if name.endswith(suffix)}
+
     def read(
         self,
         name: str,

@@ -72,13 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--matmul",
-        choices=("auto", "exact", "fast"),
+        choices=("auto", "exact", "fast", "split"),  # layers.MATMUL_CHOICES (not imported: it pulls in torch)
         default="auto",
         help="How float32 linear layers multiply on CPU. exact: torch's F.linear (MKL), the sums transformers' own "
         "forward computes (labels within 1e-5 of it). fast: oneDNN's prepacked GEMM, the kernel vLLM's CPU backend "
-        "uses, 1.1-1.75x faster per GEMM on AMD CPUs; labels move by a few 1e-5. auto: times both GEMMs at load at "
-        "the model's widest linear and runs fast only where it is at least 5%% faster on this CPU (the log says what "
-        "it measured), else exact. bfloat16 linears are prepacked in every mode "
+        "uses, 1.1-1.75x faster per GEMM on AMD CPUs; labels move by a few 1e-5. split: each activation as a high "
+        "and a low bfloat16 part, two bfloat16 GEMMs summed in float32 (MKL), about 2x faster per GEMM where the CPU "
+        "has AMX; labels move by about 1e-4. auto: times the modes at load at the model's widest linear and runs "
+        "the fastest, leaving a more exact mode only for one at least 5%% faster on this CPU (the log says what it "
+        "measured). bfloat16 linears are prepacked in every mode "
         "(same numbers). Applies to the shard's own decoder (Llama family, Qwen3).",
     )
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice).")

@@ -138,9 +138,12 @@ def load_decoder_model(
     try:
         shape = DecoderShape.from_config(config)
         start, end = partition(shape.intermediate_size, group.world_size, group.rank)
-        # auto times both GEMMs at this rank's widest linear, the fused gate/up projection.
-        matmul = resolve_matmul(matmul, device.type, dtype, (shape.hidden_size, 2 * (end - start)), group)
         with Checkpoint(path) as checkpoint:
+            # auto times the GEMMs at this rank's widest linear, the fused gate/up projection, with weights as
+            # exact in bfloat16 as the checkpoint's (a split weight is then one bfloat16 part, not two).
+            bfloat16_weights = checkpoint.stored_dtypes("_proj.weight") == {"BF16"}
+            widest = (shape.hidden_size, 2 * (end - start))
+            matmul = resolve_matmul(matmul, device.type, dtype, widest, group, bfloat16_weights)
             network = DecoderLM.load(checkpoint, config, group, dtype, device, matmul)
             bytes_read = checkpoint.bytes_read
         group.startup_barrier()

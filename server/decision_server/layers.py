@@ -7,25 +7,28 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decision_server import split_gemm
 from decision_server.checkpoint import Checkpoint
 from decision_server.distributed import ShardGroup
 
 # Set to 1 to keep bfloat16 weights in torch's plain layout on CPU (F.linear), e.g. to compare the two paths.
 PLAIN_MATMUL_ENV = "DECISION_PLAIN_MATMUL"
-# How float32 linear layers multiply on CPU (`--matmul`): "exact" sums like transformers' own forward,
-# "fast" runs oneDNN's prepacked GEMM, the kernel vLLM's CPU backend uses; "auto" times both on this CPU at load
-# (`resolve_matmul`).
-MATMUL_MODES = ("exact", "fast")
+# How float32 linear layers multiply on CPU (`--matmul`), from the most exact to the least: "exact" sums like
+# transformers' own forward (MKL's float32 GEMM), "fast" runs oneDNN's prepacked float32 GEMM (the kernel vLLM's
+# CPU backend uses), "split" runs two bfloat16 GEMMs on each activation's high and low bfloat16 parts with float32
+# sums (`split_gemm`); "auto" times them on this CPU at load (`resolve_matmul`).
+MATMUL_MODES = ("exact", "fast", "split")
 MATMUL_CHOICES = ("auto", *MATMUL_MODES)
-# `--matmul auto` on a CPU picks oneDNN only when it beats MKL by this factor on `probe_matmul`: a near tie keeps the
-# reference sums (and a noisy probe cannot flip the mode between restarts on a CPU where the two are even).
+# `--matmul auto` on a CPU leaves a mode for a less exact one only when that is faster by this factor on
+# `probe_matmul`: a near tie keeps the more exact sums (and a noisy probe cannot flip the mode between restarts on a
+# CPU where two are even).
 FAST_MARGIN = 1.05
 # The probe's GEMM: this many rows (a typical pass) of the model's widest linear, its weight capped at this many
 # elements (out_features shrinks first) so a large model's probe stays under a second.
@@ -38,33 +41,55 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class MatmulProbe:
-    """Seconds of one float32 GEMM on this CPU's threads in each `--matmul` mode (the fastest of a few rounds), and
-    the shape timed."""
+    """Seconds of one float32 GEMM on this CPU's threads in each `--matmul` mode that can run here (the fastest of
+    a few rounds; `exact` always), and the shape timed."""
 
-    exact_seconds: float
-    fast_seconds: float
+    seconds: dict[str, float]
     shape: tuple[int, int, int]  # rows, in_features, out_features
 
     @property
     def choice(self) -> str:
-        return "fast" if self.fast_seconds * FAST_MARGIN < self.exact_seconds else "exact"
+        """The fastest mode, where each step down in exactness (`MATMUL_MODES`' order) buys at least FAST_MARGIN."""
+        best = "exact"
+        for mode in MATMUL_MODES[1:]:
+            if mode in self.seconds and self.seconds[mode] * FAST_MARGIN < self.seconds[best]:
+                best = mode
+        return best
 
 
-def probe_matmul(in_features: int, out_features: int, rows: int = PROBE_ROWS, rounds: int = 5) -> MatmulProbe | None:
-    """Times MKL's `F.linear` against oneDNN's prepacked GEMM on random float32 data of the given linear's shape
-    (capped: `PROBE_MAX_FEATURES`, `PROBE_MAX_WEIGHT`), the two taking turns; each mode's time is its fastest
-    round, since noise from the rest of the machine only ever adds time (medians of 3 picked the slower GEMM once
-    in 9 probes on a busy 2-core VM; minima of 5 never did, bench/results/2026-12-02-zen4/). None where oneDNN is
-    unavailable (or `DECISION_PLAIN_MATMUL=1` keeps weights plain), so only `exact` can run."""
-    if not torch.backends.mkldnn.is_available() or os.environ.get(PLAIN_MATMUL_ENV) == "1":
+def probe_matmul(
+    in_features: int,
+    out_features: int,
+    rows: int = PROBE_ROWS,
+    rounds: int = 5,
+    bfloat16_weights: bool = True,
+) -> MatmulProbe | None:
+    """Times MKL's `F.linear` against oneDNN's prepacked GEMM and the bfloat16 split GEMM on random float32 data of
+    the given linear's shape (capped: `PROBE_MAX_FEATURES`, `PROBE_MAX_WEIGHT`), the modes taking turns; each
+    mode's time is its fastest round, since noise from the rest of the machine only ever adds time (medians of 3
+    picked the slower GEMM once in 9 probes on a busy 2-core VM; minima of 5 never did,
+    bench/results/2026-12-02-zen4/). `bfloat16_weights`: the checkpoint's weights are exact in bfloat16, so a split
+    weight is one part (else two, and a third GEMM). None where neither oneDNN nor MKL's bfloat16 GEMM is available
+    (or `DECISION_PLAIN_MATMUL=1` keeps weights plain), so only `exact` can run."""
+    if os.environ.get(PLAIN_MATMUL_ENV) == "1":
+        return None
+    onednn, split = torch.backends.mkldnn.is_available(), split_gemm.available()
+    if not (onednn or split):
         return None
     k = min(in_features, PROBE_MAX_FEATURES)
     n = max(1, min(out_features, PROBE_MAX_FEATURES, PROBE_MAX_WEIGHT // k))
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(rows, k, generator=generator)
     weight = torch.randn(n, k, generator=generator) * k**-0.5
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-    runs = {"exact": lambda: F.linear(x, weight), "fast": lambda: matmul(x, packed)}
+    if bfloat16_weights:
+        weight = weight.to(torch.bfloat16).float()
+    runs: dict[str, Callable[[], torch.Tensor]] = {"exact": lambda: F.linear(x, weight)}
+    if onednn:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        runs["fast"] = lambda: matmul(x, packed)
+    if split:
+        parts = split_gemm.SplitWeight(weight)
+        runs["split"] = lambda: split_gemm.split_linear(x, parts)
     seconds: dict[str, list[float]] = {mode: [] for mode in runs}
     with torch.inference_mode():
         for run in runs.values():
@@ -74,7 +99,7 @@ def probe_matmul(in_features: int, out_features: int, rows: int = PROBE_ROWS, ro
                 started = time.perf_counter()
                 runs[mode]()
                 seconds[mode].append(time.perf_counter() - started)
-    return MatmulProbe(min(seconds["exact"]), min(seconds["fast"]), (rows, k, n))
+    return MatmulProbe({mode: min(times) for mode, times in seconds.items()}, (rows, k, n))
 
 
 def check_matmul(mode: str) -> None:
@@ -89,24 +114,27 @@ def resolve_matmul(
     dtype: torch.dtype = torch.float32,
     shape: tuple[int, int] = (PROBE_MAX_FEATURES, PROBE_MAX_FEATURES),
     group: ShardGroup | None = None,
+    bfloat16_weights: bool = True,
 ) -> str:
-    """`auto` → the faster float32 GEMM measured on this CPU (`probe_matmul` at the model's widest linear `shape`,
-    (in_features, out_features)), else `mode` unchanged.
+    """`auto` → the fastest float32 GEMM measured on this CPU (`probe_matmul` at the model's widest linear `shape`,
+    (in_features, out_features); `bfloat16_weights`: the checkpoint stores its linears in bfloat16), else `mode`
+    unchanged.
 
-    Which is faster depends on the CPU, not its vendor alone: oneDNN's prepacked GEMM ran 1.1-1.75x MKL's on AMD
+    Which is fastest depends on the CPU, not its vendor alone: oneDNN's prepacked GEMM ran 1.1-1.75x MKL's on AMD
     CPUs (Zen 3, Zen 4) but 0.92-1.19x by shape on another AVX2-only Zen 3, about 1.16x on an Intel Xeon with AMX,
-    and 0.97-1.0x on an Intel Xeon without AMX
-    (bench/results/JOURNAL.md, docs/benchmarks.md), so it is measured at load. Both modes keep the decisions (320 of
-    320 on SmolLM2 against each other); `exact` sums like transformers. Off the CPU, and for other dtypes (bfloat16
-    linears are always prepacked), the mode changes nothing and auto is `exact` without a probe. The ranks of a
-    `group` each time their own share and then run one mode: `fast` only where every rank measured it faster.
+    and 0.97-1.0x on an Intel Xeon without AMX; the bfloat16 split GEMM 1.8-2.2x MKL's on an Intel Xeon with AMX
+    and a loss wherever bfloat16 is not at least twice float32 (bench/results/JOURNAL.md, docs/benchmarks.md), so
+    it is measured at load. Every mode keeps the decisions (docs/benchmarks.md, "Defaults that win"); `exact` sums
+    like transformers. Off the CPU, and for other dtypes (bfloat16 linears are always prepacked), the mode changes
+    nothing and auto is `exact` without a probe. The ranks of a `group` each time their own share and then run
+    one mode: the most exact of the modes they chose.
     """
     check_matmul(mode)
     if mode != "auto":
         return mode
     if device_type != "cpu" or dtype != torch.float32:
         return "exact"
-    probe = probe_matmul(*shape)
+    probe = probe_matmul(*shape, bfloat16_weights=bfloat16_weights)
     choice = "exact" if probe is None else probe.choice
     if group is not None and group.world_size > 1:
         vote = torch.tensor([MATMUL_MODES.index(choice)], dtype=torch.int64)
@@ -114,14 +142,14 @@ def resolve_matmul(
     if probe is None:
         return choice
     logger.info(
-        "matmul auto: timed both float32 GEMMs on this CPU",
+        "matmul auto: timed the float32 GEMMs on this CPU",
         extra={
             "fields": {
-                "exact_ms": round(probe.exact_seconds * 1e3, 2),
-                "fast_ms": round(probe.fast_seconds * 1e3, 2),
+                **{f"{name}_ms": round(seconds * 1e3, 2) for name, seconds in probe.seconds.items()},
                 "shape": list(probe.shape),
+                "bfloat16_weights": bfloat16_weights,
                 "margin": FAST_MARGIN,
-                "measured_faster": probe.choice,
+                "measured_fastest": probe.choice,
                 "matmul": choice,
             }
         },
@@ -129,23 +157,27 @@ def resolve_matmul(
     return choice
 
 
-def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor:
-    """`weight` (out, in) in oneDNN's blocked layout where that pays and keeps the promised numbers, else unchanged.
+def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor | split_gemm.SplitWeight:
+    """`weight` (out, in) in oneDNN's blocked layout, or as bfloat16 parts for "split", where that pays and keeps
+    the promised numbers, else unchanged.
 
     bfloat16 is always packed: the prepacked GEMM gives the same numbers as F.linear (which also runs oneDNN,
     repacking the weight on every call) and is faster: 388-418 GFLOP/s against 298-417 for the decoder's shapes
-    on 2 Zen 4 cores, most at few rows. float32 is packed only in "fast" mode. F.linear (MKL) sums like
-    transformers' own float32 forward (labels within 2e-6 of it); oneDNN's float32 GEMM is 1.1-1.75x faster on
-    the decoder's shapes but sums in another order: its labels land 3.2e-5 from a float64 forward against 2.0e-5
-    for F.linear's, so exactness is the default and speed the choice.
+    on 2 Zen 4 cores, most at few rows. float32 is packed only in "fast" mode and split only in "split" mode.
+    F.linear (MKL) sums like transformers' own float32 forward (labels within 2e-6 of it); oneDNN's float32 GEMM
+    is 1.1-1.75x faster on the decoder's shapes but sums in another order: its labels land 3.2e-5 from a float64
+    forward against 2.0e-5 for F.linear's; the split GEMM's outputs land about 4x further from float64 than
+    MKL's (`split_gemm`). So exactness is the default and speed the choice.
     """
     if mode not in MATMUL_MODES:
         raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_MODES)}, got {mode!r}")
-    if (
-        weight.device.type != "cpu"
-        or not torch.backends.mkldnn.is_available()
-        or os.environ.get(PLAIN_MATMUL_ENV) == "1"
-    ):
+    if weight.device.type != "cpu" or os.environ.get(PLAIN_MATMUL_ENV) == "1":
+        return weight
+    if mode == "split" and weight.dtype == torch.float32:
+        if not split_gemm.available():
+            raise RuntimeError("--matmul split needs MKL's bfloat16 GEMM, which this torch build does not export")
+        return split_gemm.SplitWeight(weight)
+    if not torch.backends.mkldnn.is_available():
         return weight
     if weight.dtype == torch.bfloat16:
         # oneDNN packs bfloat16 only where the CPU converts it natively (AVX-512 BW/VL/DQ or AVX-NE-CONVERT); an
@@ -175,18 +207,22 @@ def half_gemm_is_slow(dtype: torch.dtype) -> bool:
     return False
 
 
-def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def matmul(
+    x: torch.Tensor, weight: torch.Tensor | split_gemm.SplitWeight, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """`x @ weight.T + bias` for a plain or a `pack_for_matmul` weight."""
+    if isinstance(weight, split_gemm.SplitWeight):
+        return split_gemm.split_linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
 
 def _hold(module: nn.Module, weight: torch.Tensor, mode: str) -> None:
-    """Stores a linear layer's weight, packed when that pays: a packed tensor is no parameter (it has no storage
-    torch can alias), so it is kept as a plain attribute."""
+    """Stores a linear layer's weight, packed when that pays: a packed tensor or split weight is no parameter (it
+    has no storage torch can alias), so it is kept as a plain attribute."""
     packed = pack_for_matmul(weight, mode)
-    if packed.is_mkldnn:
+    if _is_packed(packed):
         module.weight = packed
     else:
         module.weight = nn.Parameter(weight, requires_grad=False)
@@ -197,8 +233,12 @@ def linear_weight_bytes(module: nn.Module) -> int:
     return sum(
         int(m.weight.nbytes)
         for m in module.modules()
-        if isinstance(m, ColumnParallelLinear | RowParallelLinear) and m.weight.is_mkldnn
+        if isinstance(m, ColumnParallelLinear | RowParallelLinear) and _is_packed(m.weight)
     )
+
+
+def _is_packed(weight: torch.Tensor | split_gemm.SplitWeight) -> bool:
+    return isinstance(weight, split_gemm.SplitWeight) or weight.is_mkldnn
 
 
 class ColumnParallelLinear(nn.Module):
@@ -208,7 +248,7 @@ class ColumnParallelLinear(nn.Module):
     so one matmul computes all of them.
     """
 
-    weight: torch.Tensor
+    weight: torch.Tensor | split_gemm.SplitWeight
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, matmul: str = "exact") -> None:
         super().__init__()
@@ -254,7 +294,7 @@ class RowParallelLinear(nn.Module):
     """`x @ W.T + b` where this rank holds the input features [start, end) of `x` and the matching columns of
     `W`: the partial products are summed across ranks, then the (whole) bias is added once."""
 
-    weight: torch.Tensor
+    weight: torch.Tensor | split_gemm.SplitWeight
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, group: ShardGroup, matmul: str = "exact"

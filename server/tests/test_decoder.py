@@ -13,6 +13,7 @@ from decision_server.decoder import UnsupportedModelError
 from decision_server.decoder_model import DecoderModel
 from decision_server.distributed import ParallelConfig
 from decision_server.model import LoadedModel, ScoreRequest, TransformersModel, load_model, wrap_module
+from decision_server.split_gemm import SplitWeight
 
 MODELS = ("smollm2", "tiny_qwen3")
 CPU = torch.device("cpu")
@@ -129,38 +130,60 @@ def test_fast_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smol
         assert ours.greedy_tokens == theirs.greedy_tokens
 
 
+def test_split_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smollm2_reference: Any) -> None:
+    split = load_model(smollm2_dir, dtype="float32", matmul="split")
+    assert isinstance(split, DecoderModel) and split.matmul == "split"  # what Info reports
+    # SmolLM2 is stored in bfloat16, so each weight is exact in one bfloat16 part: two GEMMs per linear.
+    assert all(len(layer.mlp.gate_up.weight.parts) == 1 for layer in split.network.layers)
+    reference = wrap_module(smollm2_reference, split.path, CPU, torch.float32)
+    worst = 0.0
+    for scored_request in _requests(split):
+        ours, theirs = split.score(scored_request), reference.score(scored_request)
+        worst = max(worst, *(abs(a - b) for a, b in zip(ours.label_logprobs, theirs.label_logprobs, strict=True)))
+        assert ours.greedy_tokens == theirs.greedy_tokens
+    # Activations rounded to 2^-16 at every linear of 30 layers: labels moved by 4.9e-5 at most (oneDNN's float32
+    # GEMM moves them by a few 1e-5 too), never an answer.
+    assert worst <= 2e-4, worst
+
+
 def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
     smollm2_dir: Path, sliding_qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     import decision_server.layers as layers
 
-    timed: list[tuple[int, int]] = []
-    for fast_ms, expected in ((6.0, "fast"), (12.0, "exact")):
+    timed: list[tuple[int, int, bool]] = []
+    for fast_ms, split_ms, expected in ((6.0, 12.0, "fast"), (12.0, 12.0, "exact"), (12.0, 4.0, "split")):
 
-        def probe(in_features: int, out_features: int, fast_ms: float = fast_ms) -> layers.MatmulProbe:
-            timed.append((in_features, out_features))
-            return layers.MatmulProbe(10e-3, fast_ms / 1e3, (512, in_features, out_features))
+        def probe(
+            in_features: int, out_features: int, bfloat16_weights: bool = True, measured: tuple = (fast_ms, split_ms)
+        ) -> layers.MatmulProbe:
+            timed.append((in_features, out_features, bfloat16_weights))
+            seconds = {"exact": 10e-3, "fast": measured[0] / 1e3, "split": measured[1] / 1e3}
+            return layers.MatmulProbe(seconds, (512, in_features, out_features))
 
         monkeypatch.setattr(layers, "probe_matmul", probe)
         with caplog.at_level("INFO", logger="decision_server.layers"):
             model = load_model(smollm2_dir, dtype="float32", matmul="auto")
         assert isinstance(model, DecoderModel) and model.matmul == expected  # Info reports the mode that runs
-        packed = model.network.layers[0].mlp.gate_up.weight.is_mkldnn
-        assert packed == (expected == "fast" and torch.backends.mkldnn.is_available())
+        weight = model.network.layers[0].mlp.gate_up.weight
+        assert isinstance(weight, SplitWeight) == (expected == "split")
+        assert (not isinstance(weight, SplitWeight) and weight.is_mkldnn) == (
+            expected == "fast" and torch.backends.mkldnn.is_available()
+        )
         # The log says what was measured and what it chose.
         (record,) = [r for r in caplog.records if r.getMessage().startswith("matmul auto")]
         assert record.fields["matmul"] == expected and record.fields["fast_ms"] == fast_ms  # type: ignore[attr-defined]
         caplog.clear()
-    # Timed at the widest linear: SmolLM2's gate and up projections together.
+    # Timed at the widest linear, SmolLM2's gate and up projections together, with its weights as stored: bfloat16.
     config = model.text_config
-    assert timed == [(config.hidden_size, 2 * config.intermediate_size)] * 2
+    assert timed == [(config.hidden_size, 2 * config.intermediate_size, True)] * 3
     # transformers' modeling keeps its own linears: nothing is timed, and auto asked for nothing, so nothing is warned.
     with caplog.at_level("WARNING", logger="decision_server"):
         fallback = load_model(sliding_qwen3_dir, dtype="float32", matmul="auto")
     assert isinstance(fallback, TransformersModel) and fallback.matmul == "exact"
     assert not any("--matmul" in r.getMessage() for r in caplog.records)
-    assert len(timed) == 2
-    with pytest.raises(ValueError, match="auto, exact, fast"):  # refused before anything loads, on either path
+    assert len(timed) == 3
+    with pytest.raises(ValueError, match="auto, exact, fast, split"):  # refused before anything loads, on either path
         load_model(sliding_qwen3_dir, dtype="float32", matmul="fastest")
 
 

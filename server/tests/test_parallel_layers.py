@@ -374,42 +374,51 @@ def test_float32_linear_weights_are_prepacked_only_in_fast_mode() -> None:
     # Another summation order, not another result: float32 rounding apart.
     torch.testing.assert_close(fast(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(row(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="exact, fast"):
+    with pytest.raises(ValueError, match="exact, fast, split"):
         ColumnParallelLinear(weight, matmul="fastest")
 
 
 @pytest.mark.parametrize(
-    ("exact_ms", "fast_ms", "expected"),
+    ("exact_ms", "fast_ms", "split_ms", "expected"),
     [
-        (10.0, 6.0, "fast"),  # oneDNN 1.67x (Zen 4's margin)
-        (10.0, 9.4, "fast"),  # 1.06x: past the 5 % margin
-        (10.0, 9.6, "exact"),  # 1.04x: a near tie keeps the reference sums
-        (10.0, 10.0, "exact"),
-        (10.0, 12.0, "exact"),  # MKL faster (some Intel CPUs)
+        (10.0, 6.0, None, "fast"),  # oneDNN 1.67x (Zen 4's margin)
+        (10.0, 9.4, None, "fast"),  # 1.06x: past the 5 % margin
+        (10.0, 9.6, None, "exact"),  # 1.04x: a near tie keeps the reference sums
+        (10.0, 10.0, None, "exact"),
+        (10.0, 12.0, None, "exact"),  # MKL faster (some Intel CPUs)
+        (10.0, 10.5, 4.4, "split"),  # the bfloat16 split GEMM on AMX: 2.3x
+        (10.0, 6.0, 5.9, "fast"),  # a step down in exactness must buy 5 % over the mode above it
+        (10.0, 6.0, 5.0, "split"),
+        (10.0, 12.0, 9.4, "split"),  # past exact's margin, and fast is slower than exact
+        (10.0, 12.0, 9.6, "exact"),
+        (10.0, None, 20.0, "exact"),  # bfloat16 slower than float32 (Zen 3, AVX2), and no oneDNN
     ],
 )
-def test_matmul_auto_runs_the_gemm_measured_faster_on_this_cpu(
-    monkeypatch: pytest.MonkeyPatch, exact_ms: float, fast_ms: float, expected: str
+def test_matmul_auto_runs_the_gemm_measured_fastest_on_this_cpu(
+    monkeypatch: pytest.MonkeyPatch, exact_ms: float, fast_ms: float | None, split_ms: float | None, expected: str
 ) -> None:
     import decision_server.layers as layers
 
-    shapes: list[tuple[int, int]] = []
+    asked: list[tuple[int, int, bool]] = []
 
-    def probe(in_features: int, out_features: int) -> MatmulProbe:
-        shapes.append((in_features, out_features))
-        return MatmulProbe(exact_ms / 1e3, fast_ms / 1e3, (512, in_features, out_features))
+    def probe(in_features: int, out_features: int, bfloat16_weights: bool = True) -> MatmulProbe:
+        asked.append((in_features, out_features, bfloat16_weights))
+        measured = {"exact": exact_ms, "fast": fast_ms, "split": split_ms}
+        seconds = {mode: ms / 1e3 for mode, ms in measured.items() if ms is not None}
+        return MatmulProbe(seconds, (512, in_features, out_features))
 
     monkeypatch.setattr(layers, "probe_matmul", probe)
     assert resolve_matmul("auto", "cpu", torch.float32, (1024, 6144)) == expected
-    assert shapes == [(1024, 6144)]  # timed at the shape asked for
+    assert resolve_matmul("auto", "cpu", torch.float32, (1024, 6144), bfloat16_weights=False) == expected
+    assert asked == [(1024, 6144, True), (1024, 6144, False)]  # timed at the shape and weights asked for
     # Nothing is timed where the mode changes nothing, or where it was chosen explicitly.
     assert resolve_matmul("auto", "cuda", torch.float32, (1024, 6144)) == "exact"
     assert resolve_matmul("auto", "cpu", torch.bfloat16, (1024, 6144)) == "exact"  # bfloat16 is always packed
-    assert resolve_matmul("exact", "cpu") == "exact" and resolve_matmul("fast", "cpu") == "fast"
-    assert shapes == [(1024, 6144)]
-    monkeypatch.setattr(layers, "probe_matmul", lambda in_features, out_features: None)  # no oneDNN
+    assert [resolve_matmul(mode, "cpu") for mode in ("exact", "fast", "split")] == ["exact", "fast", "split"]
+    assert len(asked) == 2
+    monkeypatch.setattr(layers, "probe_matmul", lambda *args, **kwargs: None)  # neither oneDNN nor MKL's bfloat16
     assert resolve_matmul("auto", "cpu", torch.float32, (1024, 6144)) == "exact"
-    with pytest.raises(ValueError, match="auto, exact, fast"):
+    with pytest.raises(ValueError, match="auto, exact, fast, split"):
         resolve_matmul("fastest")
 
 
@@ -422,37 +431,49 @@ class _OtherRankVotes:
         self.other = other
 
     def all_reduce_min(self, tensor: torch.Tensor) -> torch.Tensor:
-        return torch.minimum(tensor, torch.tensor([("exact", "fast").index(self.other)]))
+        return torch.minimum(tensor, torch.tensor([("exact", "fast", "split").index(self.other)]))
 
 
 @pytest.mark.parametrize(
     ("here", "other", "expected"),
-    [("fast", "fast", "fast"), ("fast", "exact", "exact"), ("exact", "fast", "exact"), ("exact", "exact", "exact")],
+    [
+        ("fast", "fast", "fast"),
+        ("fast", "exact", "exact"),
+        ("exact", "fast", "exact"),
+        ("exact", "exact", "exact"),
+        ("split", "split", "split"),
+        ("split", "fast", "fast"),
+        ("exact", "split", "exact"),
+    ],
 )
 def test_matmul_auto_runs_one_mode_on_every_rank(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, here: str, other: str, expected: str
 ) -> None:
-    """Each rank times its own share; the group runs fast only where every rank measured it faster."""
+    """Each rank times its own share; the group runs the most exact of the modes its ranks chose."""
     import decision_server.layers as layers
 
-    fast_ms = 6.0 if here == "fast" else 12.0
-    monkeypatch.setattr(layers, "probe_matmul", lambda k, n: MatmulProbe(10e-3, fast_ms / 1e3, (512, k, n)))
+    measured = {"exact": 10e-3, "fast": 6e-3 if here == "fast" else 12e-3, "split": 4e-3 if here == "split" else 20e-3}
+    monkeypatch.setattr(layers, "probe_matmul", lambda k, n, **kwargs: MatmulProbe(measured, (512, k, n)))
     group: Any = _OtherRankVotes(other)
     with caplog.at_level("INFO", logger="decision_server.layers"):
         assert resolve_matmul("auto", "cpu", torch.float32, (1024, 3072), group) == expected
     (record,) = [r for r in caplog.records if r.getMessage().startswith("matmul auto")]
-    assert (record.fields["measured_faster"], record.fields["matmul"]) == (here, expected)  # type: ignore[attr-defined]
+    fields = record.fields  # type: ignore[attr-defined]
+    assert (fields["measured_fastest"], fields["matmul"]) == (here, expected)
+    assert (fields["exact_ms"], fields["fast_ms"], fields["split_ms"]) == tuple(
+        round(measured[mode] * 1e3, 2) for mode in ("exact", "fast", "split")
+    )
 
 
-def test_probe_matmul_times_both_gemms_on_this_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_matmul_times_every_gemm_this_cpu_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
     probe = probe_matmul(256, 100_000, rows=64, rounds=2)
-    if not torch.backends.mkldnn.is_available():
-        assert probe is None
-        return
-    assert probe is not None and probe.exact_seconds > 0 and probe.fast_seconds > 0
+    assert probe is not None  # MKL's bfloat16 GEMM ships in PyPI's x86 torch
+    expected = {"exact", "split"} | ({"fast"} if torch.backends.mkldnn.is_available() else set())
+    assert set(probe.seconds) == expected and all(seconds > 0 for seconds in probe.seconds.values())
     assert probe.shape == (64, 256, 4096)  # capped so a large model's probe stays short
     assert probe_matmul(8192, 8192, rows=8, rounds=1).shape == (8, 4096, 2048)  # type: ignore[union-attr]
-    assert probe.choice in ("exact", "fast")
+    assert probe.choice in expected
+    assert probe_matmul(256, 512, rows=8, rounds=1, bfloat16_weights=False) is not None
     monkeypatch.setenv("DECISION_PLAIN_MATMUL", "1")  # weights stay plain: only exact can run
     assert probe_matmul(256, 256) is None
 

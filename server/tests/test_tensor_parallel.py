@@ -25,6 +25,7 @@ from prompts import QUESTIONS, STATES, prompt_tokens
 from test_tree_vs_naive import decision_batch
 
 from decision_server.engines import ReadSpec, make_engine
+from decision_server.model import load_model
 from decision_server.pb import decision_pb2, decision_pb2_grpc
 
 COMMAND = [sys.executable, "-m", "decision_server.cli"]
@@ -33,6 +34,9 @@ STARTUP_TIMEOUT_S = 180.0
 PREFIX_CACHE_MB = "auto"
 COLLECTIVE_TIMEOUT_S = 30
 TOLERANCE = 1e-4
+# The split GEMM rounds each activation to 2^-16 (`split_gemm`): another summation order on 2 ranks moves some of
+# those roundings, and labels by up to 1.6e-4 (SmolLM2), where float32's own orders move them by a few 1e-6.
+MODE_TOLERANCE = {"exact": TOLERANCE, "fast": TOLERANCE, "split": 5e-4}
 
 
 def free_port() -> int:
@@ -176,16 +180,22 @@ def _one_shard_reads(model: Any, shard: Any, requests: list[decision_pb2.ReadReq
         return [stub.Read(r, timeout=120) for r in requests]
 
 
-def _check_two_ranks_equal_one_shard(name: str, model: Any, ranks: list[Rank], expected: list[Any]) -> None:
+def _check_two_ranks_equal_one_shard(name: str, model: Any, ranks: list[Rank], shard: Any) -> None:
+    """The ranks (started with --matmul auto) read what one in-process shard reads in the mode they chose."""
     infos = [rank.stub.Info(decision_pb2.InfoRequest(), timeout=30) for rank in ranks]
+    # Like with like: 2 ranks against 1 shard multiplying the same way.
+    mode = infos[0].matmul
+    if mode != model.matmul:
+        model = load_model(model.path, dtype="float32", matmul=mode)
+    expected = _one_shard_reads(model, shard, _requests(model.path))
     assert [(i.world_size, i.rank) for i in infos] == [(2, 0), (2, 1)]
     assert {(i.architecture, i.vocab_size, i.engine) for i in infos} == {(model.architecture, model.vocab_size, "tree")}
     assert len({(i.prefix_cache_bytes, i.prefix_cache_rule) for i in infos}) == 1, infos
     assert infos[0].prefix_cache_bytes > 0 and infos[0].prefix_cache_rule.startswith("auto: "), infos[0]
     got = [read_all(ranks, r) for r in _requests(model.path)]
     worst = max(_max_difference(a, b) for a, b in zip(expected, got, strict=True))
-    print(f"{name}: max |1 shard - 2 shards| over {sum(len(r.results) for r in got)} reads = {worst:.3g}")
-    assert worst < TOLERANCE
+    print(f"{name} ({mode}): max |1 shard - 2 shards| over {sum(len(r.results) for r in got)} reads = {worst:.3g}")
+    assert worst < MODE_TOLERANCE[mode]
     # The cache served the repeated batch on both ranks alike (read_all checked that the ranks agree).
     assert sum(r.tokens_cached for r in got[2].results) > 0
     # Each rank read only its slices: together about one checkpoint (norms are read by both), each well under one.
@@ -195,8 +205,8 @@ def _check_two_ranks_equal_one_shard(name: str, model: Any, ranks: list[Rank], e
     assert sum(read) == pytest.approx(checkpoint_bytes, rel=0.01)
     assert [_logged(rank, "ready")["world_size"] for rank in ranks] == [2, 2]
     # --matmul auto: each rank timed its own share, and the group runs one mode.
-    timed = [_logged(rank, "matmul auto: timed both float32 GEMMs on this CPU") for rank in ranks]
-    assert len({record["matmul"] for record in timed}) == 1 and timed[0]["matmul"] in ("exact", "fast")
+    timed = [_logged(rank, "matmul auto: timed the float32 GEMMs on this CPU") for rank in ranks]
+    assert len({record["matmul"] for record in timed}) == 1 and timed[0]["matmul"] in ("exact", "fast", "split")
     assert [_logged(rank, "model loaded")["matmul"] for rank in ranks] == [timed[0]["matmul"]] * 2
 
 
@@ -212,19 +222,17 @@ def _logged(rank: Rank, message: str) -> dict[str, Any]:
 
 
 def test_two_ranks_read_what_one_shard_reads(smollm2: Any, shard: Any) -> None:
-    expected = _one_shard_reads(smollm2, shard, _requests(smollm2.path))
     with sharded(smollm2.path) as ranks:
-        _check_two_ranks_equal_one_shard("smollm2", smollm2, ranks, expected)
+        _check_two_ranks_equal_one_shard("smollm2", smollm2, ranks, shard)
 
 
 def test_two_ranks_read_what_one_shard_reads_then_a_dead_rank_fails_the_next(tiny_qwen3: Any, shard: Any) -> None:
     """The same on tiny Qwen3 (q/k norms), then rank 1 is killed: the survivor answers the next read with an error,
     at once rather than after a timeout, and exits non-zero (one pair of processes for both: they start slowly)."""
-    expected = _one_shard_reads(tiny_qwen3, shard, _requests(tiny_qwen3.path))
     prompt = prompt_tokens(tiny_qwen3.path, STATES[0], QUESTIONS[0])
     request = read_request([(1, prompt, [[32], [33, 34]])])
     with sharded(tiny_qwen3.path) as ranks:
-        _check_two_ranks_equal_one_shard("tiny_qwen3", tiny_qwen3, ranks, expected)
+        _check_two_ranks_equal_one_shard("tiny_qwen3", tiny_qwen3, ranks, shard)
         ranks[1].process.send_signal(signal.SIGKILL)
         ranks[1].process.wait(timeout=30)
         started = time.monotonic()
