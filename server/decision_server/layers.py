@@ -122,7 +122,7 @@ def resolve_matmul(
 
     Which is fastest depends on the CPU, not its vendor alone: oneDNN's prepacked GEMM ran 1.1-1.75x MKL's on AMD
     CPUs (Zen 3, Zen 4) but 0.92-1.19x by shape on another AVX2-only Zen 3, about 1.16x on an Intel Xeon with AMX,
-    and 0.97-1.0x on an Intel Xeon without AMX; the bfloat16 split GEMM 1.8-2.2x MKL's on an Intel Xeon with AMX
+    and 0.97-1.0x on an Intel Xeon without AMX; the bfloat16 split GEMM 1.8-3.1x MKL's on an Intel Xeon with AMX
     and a loss wherever bfloat16 is not at least twice float32 (bench/results/JOURNAL.md, docs/benchmarks.md), so
     it is measured at load. Every mode keeps the decisions (docs/benchmarks.md, "Defaults that win"); `exact` sums
     like transformers. Off the CPU, and for other dtypes (bfloat16 linears are always prepacked), the mode changes
