@@ -22,7 +22,8 @@ QUESTIONS = {
 
 
 def start(launcher_factory: Callable[..., Launcher], *args: str) -> Launcher:
-    launcher = launcher_factory(["--hostname", "127.0.0.1", "--dtype", "float32", *args], name="profile")
+    # --matmul exact as the session server runs (conftest): the profiles' answers are compared with its answers.
+    launcher = launcher_factory(["--hostname", "127.0.0.1", "--dtype", "float32", "--matmul", "exact", *args], name="profile")
     launcher.wait_healthy(timeout_s=300)
     return launcher
 

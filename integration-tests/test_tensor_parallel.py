@@ -30,6 +30,9 @@ ARGS = [
     "2",
     "--dtype",
     "float32",
+    # Compared with the session server, which runs exact (conftest): auto could run split here on an AMX CPU.
+    "--matmul",
+    "exact",
     "--hostname",
     "127.0.0.1",
     "--threads",

@@ -66,8 +66,8 @@ def load_model(
     The registry (architectures.py) says which code runs the architecture. Decoder architectures (Llama family,
     Qwen3) get the shard's own decoder when it accepts the config (each rank reads only its weight slices);
     everything else gets transformers' modeling, which cannot be split, so it is refused above world size 1.
-    `matmul` ("auto", "exact" or "fast", `layers.MATMUL_CHOICES`) is how the own decoder's float32 linears
-    multiply; auto times both on this CPU and picks the faster (`layers.resolve_matmul`). transformers' modeling
+    `matmul` ("auto", "exact", "fast" or "split", `layers.MATMUL_CHOICES`) is how the own decoder's float32 linears
+    multiply; auto times them on this CPU and picks the fastest (`layers.resolve_matmul`). transformers' modeling
     always runs its own (exact) linears. The loaded model's `matmul` is the mode that runs, never "auto".
     """
     from transformers.utils import logging as hf_logging
