@@ -166,7 +166,7 @@ def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor |
     on 2 Zen 4 cores, most at few rows. float32 is packed only in "fast" mode and split only in "split" mode.
     F.linear (MKL) sums like transformers' own float32 forward (labels within 2e-6 of it); oneDNN's float32 GEMM
     is 1.1-1.75x faster on the decoder's shapes but sums in another order: its labels land 3.2e-5 from a float64
-    forward against 2.0e-5 for F.linear's; the split GEMM's outputs land 6-15x further from float64 than MKL's
+    forward against 2.0e-5 for F.linear's; the split GEMM's outputs land 6-22x further from float64 than MKL's
     (`split_gemm`). So exactness is the default and speed the choice.
     """
     if mode not in MATMUL_MODES:

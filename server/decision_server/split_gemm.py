@@ -7,9 +7,10 @@ way. Every product of two bfloat16 numbers is exact in float32, so
     x @ W.T  ~  hi @ W_hi.T + lo @ W_hi.T (+ hi @ W_lo.T when the weight needed two parts)
 
 summed in float32 is close to float32-grade: at the decoder's shapes outputs land within about 1.3e-5 of a float64
-product, against 3.5e-6 for MKL's float32 GEMM and 0.009 for a bfloat16 GEMM; 6-15x MKL's error and a thousandth
-of bfloat16's, also with activations spanning six decades (tests/test_split_gemm.py). Where
-the CPU multiplies bfloat16 in hardware (AMX) the two GEMMs together take well under the time of one float32 GEMM.
+product, against 3.5e-6 for MKL's float32 GEMM and 0.009 for a bfloat16 GEMM: 6-15x MKL's error on Intel AMX, 10-22x
+on an AVX2 Zen 3 (whose MKL sums more exactly; the split's own rounding is the same everywhere), and a thousandth of
+bfloat16's, also with activations spanning six decades (tests/test_split_gemm.py). Where the CPU multiplies
+bfloat16 in hardware (AMX) the two GEMMs together take well under the time of one float32 GEMM.
 
 The GEMM is MKL's `cblas_gemm_bf16bf16f32` (bfloat16 inputs, float32 sums and output), from the MKL that torch
 itself links: PyPI's x86 torch exports MKL's CBLAS from `libtorch_cpu`, so nothing else is installed or compiled.
