@@ -102,12 +102,13 @@ test-rust:
 	cargo test --release --locked --workspace
 
 test-python:
-	$(PY) -m pytest -q server/tests
+	$(PY) -m pytest -q --durations=10 server/tests
 	$(PY) -m pytest -q bench/tests
 
 # Both targets (local launcher and the image); containers the suite started are removed by label even after a failure.
+# The slowest tests are listed (CI's time is budgeted: bench/results/2026-12-03-zen3-ci/).
 test-integration:
-	@status=0; $(PY) -m pytest -q integration-tests || status=$$?; \
+	@status=0; $(PY) -m pytest -q --durations=15 integration-tests || status=$$?; \
 		ids=$$(docker ps -aq --filter label=decision-inference.test 2>/dev/null); \
 		if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null; echo "removed leftover test containers: $$ids"; fi; \
 		exit $$status
