@@ -3,11 +3,13 @@
 import ctypes
 import glob
 import os
-import statistics
-import time
+import sys
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "2026-12-02-per-token"))
+from rates import median_seconds  # two warm-up calls, then the median
 
 torch.set_num_threads(2)
 lib = ctypes.CDLL(
@@ -55,14 +57,8 @@ shapes = [
 ]
 
 
-def med(f, n=9):
-    f()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+def med(f):
+    return median_seconds(f, runs=9)
 
 
 with torch.inference_mode():
