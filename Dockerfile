@@ -92,13 +92,15 @@ RUN /opt/build/bin/python -m grpc_tools.protoc --proto_path=decision_server/pb=p
  && rm -rf /root/.cache /tmp/wheels
 
 # ---------------------------------------------------------------------------------------------------------------
-# Runtime: no compilers, no build tools, no network needed. What never changes comes first, then the 5 GB of
+# Runtime: no build tools but one compiler, no network needed. What never changes comes first, then the 5 GB of
 # third-party packages (cached while uv.lock is), then the shard, the default model and the binaries.
 FROM ${BASE}
 ENV DEBIAN_FRONTEND=noninteractive
 # tcmalloc: the launcher preloads it into the shard (`--allocator auto`), about 10 % faster forwards on CPU.
+# g++ and Python's headers: torch.compile (inductor) builds the decoder's fused bfloat16 elementwise kernels for
+# the CPU it runs on, at warm-up (`--compile auto`, server/decision_server/fused.py); without them it runs eagerly.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 libtcmalloc-minimal4 \
+ && apt-get install -y --no-install-recommends python3 libtcmalloc-minimal4 g++ python3-dev \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 1000 --create-home --home-dir /home/decision --shell /usr/sbin/nologin decision \
  && mkdir -p /data && chown decision:decision /data
@@ -111,8 +113,10 @@ ENV PATH=/opt/shard/bin:/opt/venv/bin:$PATH \
     HF_HUB_CACHE=/data \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
+    TORCHINDUCTOR_CACHE_DIR=/data/inductor \
     SHUTDOWN_GRACE_SECS=8
-# Unix sockets between the router and the shards live in /tmp; /data is the models and Hugging Face cache.
+# Unix sockets between the router and the shards live in /tmp; /data is the models and Hugging Face cache, and
+# inductor's compiled kernels (reused by the next start on the same volume).
 VOLUME /data
 WORKDIR /data
 EXPOSE 80

@@ -79,6 +79,13 @@ build() {
         --label org.opencontainers.image.source=decision-inference -t "$IMAGE" .
 }
 
+compiler_runs() {
+    # The image's torch.compile builds a kernel as the image's user (`--compile auto` needs g++ and Python.h).
+    docker run --rm --entrypoint python3 "$IMAGE" -c 'import torch
+from decision_server import fused
+assert fused.enable("auto", torch.bfloat16, torch.device("cpu")), "inductor cannot build kernels in the image"' >&2
+}
+
 binaries_run() {
     local name
     for name in "${RUST_BINARIES[@]}"; do
@@ -106,5 +113,6 @@ else
     build 0
 fi
 rm -f docker/prebuilt/decision-*
+compiler_runs
 size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
 log "$IMAGE built in $((SECONDS - start)) s, $((size / 1048576)) MiB"

@@ -73,6 +73,14 @@ pub struct Config {
     #[arg(long, env = "MATMUL", value_enum, default_value_t = Matmul::Auto)]
     pub matmul: Matmul,
 
+    /// `auto`: in bfloat16 or float16 on CPU, the shard fuses its decoder's elementwise chains
+    /// (norms, rotary, gated activation) with torch.compile (inductor), about 1.15-1.2x faster reads
+    /// on an AMX CPU. They compile at warm-up (seconds, cached under the cache directory) and need a
+    /// C++ compiler (the image has one); without it the shard warns and runs them eagerly. Labels
+    /// differ from eager bfloat16's by bfloat16 rounding; float32 is never compiled. `off`: eager.
+    #[arg(long, env = "COMPILE", value_enum, default_value_t = Compile::Auto)]
+    pub compile: Compile,
+
     /// Base path of the shards' unix sockets; rank R listens on `{uds-path}-{R}`.
     #[arg(long, env = "UDS_PATH", default_value = "/tmp/decision-server")]
     pub uds_path: PathBuf,
@@ -320,6 +328,12 @@ pub enum Matmul {
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compile {
+    Auto,
+    Off,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compat {
     Typesafe,
     Vllm,
@@ -464,6 +478,7 @@ mod tests {
         assert_eq!(config.dtype, Dtype::Auto);
         assert_eq!(config.read_mode, ReadMode::Auto);
         assert_eq!(config.matmul, Matmul::Auto);
+        assert_eq!(config.compile, Compile::Auto);
         assert_eq!(config.uds_path, PathBuf::from("/tmp/decision-server"));
         assert_eq!(config.compat, Compat::Typesafe);
         assert_eq!(config.api_key, None);

@@ -101,6 +101,8 @@ pub fn spec(
         flag_value(&config.read_mode).into(),
         "--matmul".into(),
         flag_value(&config.matmul).into(),
+        "--compile".into(),
+        flag_value(&config.compile).into(),
         "--rank".into(),
         rank.to_string().into(),
         "--world-size".into(),
@@ -305,6 +307,8 @@ mod tests {
                 "naive",
                 "--matmul",
                 "fast",
+                "--compile",
+                "off",
                 "--threads",
                 "8",
             ]),
@@ -327,6 +331,8 @@ mod tests {
                 "naive",
                 "--matmul",
                 "fast",
+                "--compile",
+                "off",
                 "--rank",
                 "0",
                 "--world-size",
@@ -352,6 +358,7 @@ mod tests {
         assert!(!default_threads.args.contains(&OsString::from("--threads")));
         assert!(default_threads.args.contains(&OsString::from("auto")));
         assert_eq!(value_after(&default_threads.args, "--matmul"), "auto");
+        assert_eq!(value_after(&default_threads.args, "--compile"), "auto");
         let split = spec(
             Path::new("decision-server"),
             &config(&["--matmul", "split"]),

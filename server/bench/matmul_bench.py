@@ -53,5 +53,6 @@ def main() -> None:
         times = ", ".join(f"{mode} {seconds * 1e3:.1f} ms" for mode, seconds in probe.seconds.items())
         print(f"--matmul auto's probe at {probe.shape}: {times}: auto runs {probe.choice}")
 
+
 if __name__ == "__main__":
     main()

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decision_server import fused
 from decision_server.checkpoint import Checkpoint
 from decision_server.distributed import ShardGroup, partition
 from decision_server.layers import (
@@ -124,13 +125,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        if dtype == torch.float32:
+        if x.dtype == torch.float32:
             # The same operations in one call (bit-equal in float32, tested); faster on strided head views.
             return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        wide = x.float()
-        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * wide.to(dtype)
+        return fused.call(_half_norm, x, self.weight, self.eps)
+
+
+def _half_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of a half-precision `x`: normalised in float32, scaled in `x`'s dtype (a `fused` chain)."""
+    wide = x.float()
+    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * wide.to(x.dtype)
 
 
 class Rotary(nn.Module):
@@ -180,6 +185,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return out
 
 
+def _rotate_form(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`_rotate` as the compiler takes it (`fused.call`): the same products and sums, concatenated."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    cos, sin = cos[:, None, :half], sin[:, None, :half]
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
 def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: float) -> torch.Tensor:
     """Causal attention of new tokens (queries `query` (heads, tokens, head_dim), keys/values `new`) that follow
     `past` tokens, on CPU: (heads, tokens, head_dim).
@@ -214,6 +227,11 @@ def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: 
 MIN_TREE_BLOCK_TOKENS = 128
 
 
+# A causal chain at the start of a masked pass is attended apart from the tree after it (`TreeAfterPast.lead`) only
+# from this length on; a shorter one rides the first block of the tree, as a short chain in a branch pass always did.
+MIN_LEAD_TOKENS = 32
+
+
 @dataclass(frozen=True)
 class TreeAfterPast:
     """The mask of a pass whose tokens all see every past token and, among themselves, their tree ancestors (the
@@ -222,24 +240,39 @@ class TreeAfterPast:
     A dense mask over past + new keys makes the CPU kernel compute every query x key product, so 32 questions of
     40 tokens after a 560-token state cost 1,280 x 1,840 products per head where 1,280 x 560 + 32 x 40 x 40 are
     needed. Here the past is attended densely without a mask, and the new tokens block by block: `blocks` are
-    (start, end, mask) over the new tokens, no token attending outside its block, `mask` None where the block is a
-    plain causal chain. The parts are merged exactly by their log-sum-exp.
+    (start, end, mask) over the new tokens after the lead, no token attending outside its block, `mask` None where
+    the block is a plain causal chain. The parts are merged exactly by their log-sum-exp.
+
+    `lead`: the pass's first tokens form a causal chain that every later token sees whole (a request's state, with
+    its questions in the same pass: the tree engine runs them as one pass, one walk over the weights, where the
+    model says this split is cheap; `LoadedModel.splits_lead_chains`). The lead is attended causally after the
+    past, and the tokens after it see past + lead as their past. 0 when there is none, or it is shorter than
+    MIN_LEAD_TOKENS.
     """
 
     blocks: tuple[tuple[int, int, torch.Tensor | None], ...]
+    lead: int = 0
 
     @classmethod
     def of(cls, mask: torch.Tensor, past_length: int, dtype: torch.dtype) -> TreeAfterPast | None:
         """The split form of `mask` ((1, 1, tokens, past + tokens) booleans), or None where it has another shape:
-        some token does not see the whole past, or there is no past. Block masks are additive, in `dtype` (the
-        CPU kernel takes a mask in the queries' dtype)."""
-        if past_length == 0 or mask.dtype != torch.bool or mask.shape[0] != 1 or mask.shape[1] != 1:
+        some token does not see the whole past, or there is neither a past nor a lead. Block masks are additive,
+        in `dtype` (the CPU kernel takes a mask in the queries' dtype)."""
+        if mask.dtype != torch.bool or mask.shape[0] != 1 or mask.shape[1] != 1:
             return None
         allowed = mask[0, 0]
         if not bool(allowed[:, :past_length].all()):
             return None
         own = allowed[:, past_length:]
+        lead = _lead_chain(own)
+        if lead < MIN_LEAD_TOKENS:
+            lead = 0
+        if past_length == 0 and lead == 0:
+            return None
+        own = own[lead:, lead:]
         tokens = own.shape[0]
+        if tokens == 0:
+            return cls((), lead)
         # A token attends only itself and earlier tokens (its ancestors); a block ends before `b` when no token
         # from `b` on attends anything before `b`.
         first = torch.where(own.any(dim=1), own.int().argmax(dim=1), torch.arange(tokens))
@@ -258,13 +291,45 @@ class TreeAfterPast:
             causal = bool(torch.equal(block, torch.ones_like(block).tril()))
             additive = torch.zeros(block.shape, dtype=dtype).masked_fill_(~block, float("-inf"))
             blocks.append((start, end, None if causal else additive[None, None]))
-        return cls(tuple(blocks))
+        return cls(tuple(blocks), lead)
+
+
+def _lead_chain(own: torch.Tensor) -> int:
+    """The length of the causal chain that starts `own` ((tokens, tokens) booleans among a pass's tokens): its
+    tokens see exactly the chain's earlier tokens and themselves, and every later token sees all of it."""
+    tokens = own.shape[0]
+    causal_rows = (own == torch.ones_like(own).tril()).all(dim=1)
+    chain = tokens if bool(causal_rows.all()) else int(causal_rows.int().argmin())
+    if chain == tokens:
+        return tokens
+    # The later tokens must see the whole chain: shorten it to the columns all of them see.
+    seen = own[chain:, :chain].all(dim=0)
+    return chain if bool(seen.all()) else int(seen.int().argmin())
 
 
 def _tree_after_past(
-    query: torch.Tensor, new: LayerKV, past: LayerKV, tree: TreeAfterPast, scale: float
+    query: torch.Tensor, new: LayerKV, past: LayerKV | None, tree: TreeAfterPast, scale: float
 ) -> torch.Tensor:
     """Attention of a `TreeAfterPast` pass on CPU: (heads, tokens, head_dim)."""
+    if tree.lead:
+        lead = tree.lead
+        chain = LayerKV(new.keys[:, :lead], new.values[:, :lead])
+        if past is not None and past.keys.shape[1]:
+            led = _causal_after_past(query[:, :lead], chain, past, scale)
+            seen = LayerKV(torch.cat((past.keys, chain.keys), dim=1), torch.cat((past.values, chain.values), dim=1))
+        else:
+            flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+            causal = flash(
+                query[:, :lead].unsqueeze(0), chain.keys.unsqueeze(0), chain.values.unsqueeze(0), 0.0, True, scale=scale
+            )
+            led = causal[0][0]
+            seen = chain
+        if lead == query.shape[1]:
+            return led
+        rest = LayerKV(new.keys[:, lead:], new.values[:, lead:])
+        after = _tree_after_past(query[:, lead:], rest, seen, TreeAfterPast(tree.blocks), scale)
+        return torch.cat((led, after), dim=1)
+    assert past is not None  # TreeAfterPast.of splits a pass without a past only at a lead
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     q = query.unsqueeze(0)
     # The kernel reads grouped key/value heads in place (query head h uses key/value head h // group).
@@ -345,16 +410,16 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, LayerKV]:
         """Attention output of every token, or with `rows` of those rows only (keys/values are of every token)."""
         tokens = hidden.shape[0]
-        fused = self.qkv(hidden)
+        packed = self.qkv(hidden)
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        query = fused[:, :q_size].view(tokens, self.heads, self.head_dim)
-        key = fused[:, q_size : q_size + kv_size].view(tokens, self.kv_heads, self.head_dim)
-        value = fused[:, q_size + kv_size :].view(tokens, self.kv_heads, self.head_dim)
+        query = packed[:, :q_size].view(tokens, self.heads, self.head_dim)
+        key = packed[:, q_size : q_size + kv_size].view(tokens, self.kv_heads, self.head_dim)
+        value = packed[:, q_size + kv_size :].view(tokens, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             query, key = self.q_norm(query), self.k_norm(key)
         # (heads, tokens, head_dim) from here on.
-        query = _rotate(query, cos, sin).transpose(0, 1)
-        key = _rotate(key, cos, sin).transpose(0, 1)
+        query = fused.call(_rotate, query, cos, sin, form=_rotate_form).transpose(0, 1)
+        key = fused.call(_rotate, key, cos, sin, form=_rotate_form).transpose(0, 1)
         value = value.transpose(0, 1)
         new = LayerKV(key, value)
         if rows is not None:
@@ -362,7 +427,6 @@ class Attention(nn.Module):
                 return hidden[:0], new  # no query at all: the layer only adds its keys/values
             return self._rows_only(query, new, past, rows), new
         if isinstance(mask, TreeAfterPast):
-            assert past is not None  # TreeAfterPast.of never splits a pass without a past
             attended = _tree_after_past(query, new, past, mask, self.head_dim**-0.5)
             return self.out(attended.transpose(0, 1).reshape(tokens, self.heads * self.head_dim)), new
         if mask is None and past is not None and past.keys.shape[1] and tokens > 1 and hidden.device.type == "cpu":
@@ -422,10 +486,15 @@ class GatedMLP(nn.Module):
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        activated: torch.Tensor = self.act(gate)
-        projected: torch.Tensor = self.down(activated.mul_(up))
+        projected: torch.Tensor = self.down(fused.call(_gated, self.gate_up(x), self.act))
         return projected
+
+
+def _gated(gate_up: torch.Tensor, act: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """act(gate) * up of the fused gate/up projection's output (a `fused` chain)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    activated: torch.Tensor = act(gate)
+    return activated.mul_(up)
 
 
 class DecoderLayer(nn.Module):
@@ -628,7 +697,7 @@ class DecoderLM(nn.Module):
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
         past_length = int(past[0].keys.shape[1]) if past else 0
         layer_mask: torch.Tensor | TreeAfterPast | None = mask
-        if mask is not None and past and hidden.device.type == "cpu":
+        if mask is not None and hidden.device.type == "cpu":
             layer_mask = TreeAfterPast.of(mask, past_length, hidden.dtype) or mask
         last = len(self.layers) - 1
         rows = None if keep is None else KeptRows.of(keep, mask, past_length, len(token_ids))

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from decision_server import fused
 from decision_server.architectures import AUTO_CAUSAL_LM, DECODER, architecture_of, joint_schema_family, lookup
 from decision_server.decoder_model import load_decoder_model
 from decision_server.distributed import ParallelConfig
@@ -60,6 +61,7 @@ def load_model(
     needs_custom_mask: bool = True,
     parallel: ParallelConfig | None = None,
     matmul: str = "exact",
+    compile_mode: str = "off",
 ) -> LoadedModel:
     """Loads the HF folder at `path` for inference as rank `parallel.rank` of `parallel.world_size`.
 
@@ -69,6 +71,8 @@ def load_model(
     `matmul` ("auto", "exact", "fast" or "split", `layers.MATMUL_CHOICES`) is how the own decoder's float32 linears
     multiply; auto times them on this CPU and picks the fastest (`layers.resolve_matmul`). transformers' modeling
     always runs its own (exact) linears. The loaded model's `matmul` is the mode that runs, never "auto".
+    `compile_mode` ("auto" or "off", `fused.COMPILE_MODES`): "auto" fuses the own decoder's half-precision elementwise
+    chains with torch.compile where inductor builds on this machine (`fused`); float32 always runs eagerly.
     """
     from transformers.utils import logging as hf_logging
 
@@ -120,6 +124,7 @@ def load_model(
         )
         return pooled
     check_matmul(matmul)
+    fused.check_mode(compile_mode)
     requested_matmul = matmul
     native = architecture.implementation == DECODER
     native_refusal: str | None = None
@@ -131,10 +136,12 @@ def load_model(
             native, native_refusal = False, str(err)
             # A decoder architecture the decoder refuses (sliding windows, ...) is still a plain causal LM.
             loader = AUTO_CAUSAL_LM
+    compiled = False
     if native:
         # The decoder resolves auto itself, once its ranks can agree on one mode (`layers.resolve_matmul`).
         loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel, matmul)
         matmul = loaded.matmul
+        compiled = fused.enable(compile_mode, torch_dtype, device)
     elif parallel.world_size > 1:
         reason = native_refusal or f"{architecture.name} has no tensor-parallel implementation"
         raise UnsupportedModelError(
@@ -158,6 +165,7 @@ def load_model(
                 "implementation": loaded.implementation,
                 "dtype": dtype_name(torch_dtype),
                 "matmul": matmul,
+                "compiled_chains": compiled,
                 "device": loaded.device_name,
                 "rank": loaded.rank,
                 "world_size": loaded.world_size,

@@ -201,6 +201,14 @@ class LoadedModel(ABC):
             return f"layers of type {', '.join(others)} have no per-token keys/values to reuse"
         return None
 
+    def splits_lead_chains(self) -> bool:
+        """Whether a masked pass that starts with a causal chain every later token sees (a state, then its
+        questions) costs this model no more attention than a causal pass over the chain and a masked pass after
+        it. Where it does, the tree engine runs them as one pass: the weights are read once and every GEMM has
+        the rows of both. transformers' attention takes the dense mask as it is, so only the shard's own decoder
+        says yes (on CPU, where it splits masks into `decoder.TreeAfterPast`)."""
+        return False
+
     def synchronize(self) -> None:
         """Waits for queued device work, so wall-clock timings of a forward pass are real on CUDA."""
         if self.device.type == "cuda":

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 CACHE_DIR_ENV = "DECISION_CACHE_DIR"
+# Where torch.compile (inductor) keeps its kernels; the shard points it into the cache directory (`fused`).
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 # Folder name of the embedded default model once converted; the launcher looks for it here too.
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -31,3 +33,9 @@ def default_model_dir() -> Path:
 def fixture_dir(name: str, seed: int) -> Path:
     # The seed is part of the name so fixtures built with different seeds never overwrite each other.
     return models_dir() / "fixtures" / f"{name}-seed{seed}"
+
+
+def keep_compiled_kernels() -> None:
+    """Points inductor's kernel cache into the cache directory unless $TORCHINDUCTOR_CACHE_DIR is set, so a restart
+    reuses what the last start compiled. Call it before torch is imported: inductor fixes its default on import."""
+    os.environ.setdefault(INDUCTOR_CACHE_ENV, str(cache_dir() / "inductor"))

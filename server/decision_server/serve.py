@@ -46,6 +46,7 @@ class ServeConfig:
     dtype: str = "auto"
     read_mode: str = "auto"
     matmul: str = "auto"
+    compile_mode: str = "auto"
     threads: int | None = None
     prefix_cache_mb: int | str = "auto"
     otlp_endpoint: str | None = None
@@ -114,6 +115,7 @@ async def serve(config: ServeConfig) -> None:
             needs_custom_mask=engine_name in ("tree", "canvas"),
             parallel=config.parallel,
             matmul=config.matmul,
+            compile_mode=config.compile_mode,
         ),
     )
     engine = await loop.run_in_executor(model_thread, make_engine, engine_name, model, config.prefix_cache_mb)

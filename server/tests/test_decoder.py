@@ -393,11 +393,84 @@ def test_a_tree_after_a_past_is_cut_into_independent_blocks() -> None:
     assert torch.equal(mask[0, 0] == 0, _branches_mask(3, [2, 2])[:, 3:])
 
 
+def _led_mask(past_tokens: int, lead: int, branches: list[int], forks: dict[int, int] | None = None) -> torch.Tensor:
+    """(lead + branch tokens, past + lead + branch tokens) booleans: a causal chain of `lead` tokens after the
+    past, then `_branches_mask`'s branches, every one of which sees the past and the whole chain."""
+    after = _branches_mask(past_tokens + lead, branches, forks)
+    tokens = lead + after.shape[0]
+    allowed = torch.zeros(tokens, past_tokens + tokens, dtype=torch.bool)
+    allowed[:lead, :past_tokens] = True
+    allowed[:lead, past_tokens : past_tokens + lead] = torch.ones(lead, lead, dtype=torch.bool).tril()
+    allowed[lead:] = after
+    return allowed
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "past_tokens", "lead", "branches", "forks"),
+    [
+        (4, 2, 0, 90, [3, 150, 5, 40], {0: 1, 2: 2}),  # a state without a past, its questions in the same pass
+        (4, 2, 23, 64, [40] * 6, {3: 2}),  # the same after a cached prefix
+        (2, 2, 100, 40, [7, 9], {}),  # a cached prefix longer than the chain (the chain after it attended apart)
+        (3, 1, 0, 50, [], {}),  # only the chain: the whole pass is the lead
+    ],
+)
+def test_tree_attention_led_by_a_chain_equals_the_masked_softmax(
+    heads: int, kv_heads: int, past_tokens: int, lead: int, branches: list[int], forks: dict[int, int]
+) -> None:
+    """One pass over a state and its questions (`TreeAfterPast.lead`) attends exactly what the dense mask allows."""
+    from decision_server.decoder import LayerKV, TreeAfterPast, _tree_after_past
+
+    tokens = lead + sum(branches)
+    generator = torch.Generator().manual_seed(heads * 100 + tokens + past_tokens)
+
+    def draw(rows: int, length: int) -> torch.Tensor:
+        return torch.randn(rows, length, 16, generator=generator, dtype=torch.float64).float()
+
+    query = draw(heads, tokens)
+    past = LayerKV(draw(kv_heads, past_tokens), draw(kv_heads, past_tokens)) if past_tokens else None
+    new = LayerKV(draw(kv_heads, tokens), draw(kv_heads, tokens))
+    allowed = _led_mask(past_tokens, lead, branches, forks)
+    tree = TreeAfterPast.of(allowed[None, None], past_tokens, torch.float32)
+    assert tree is not None and tree.lead == lead
+    ours = _tree_after_past(query, new, past, tree, 0.25)
+    old_keys = past.keys if past is not None else new.keys[:, :0]
+    old_values = past.values if past is not None else new.values[:, :0]
+    keys = torch.cat((old_keys, new.keys), dim=1).double().repeat_interleave(heads // kv_heads, dim=0)
+    values = torch.cat((old_values, new.values), dim=1).double().repeat_interleave(heads // kv_heads, dim=0)
+    scores = query.double() @ keys.transpose(1, 2) * 0.25
+    expected = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ values
+    assert ours.dtype == torch.float32 and ours.shape == (heads, tokens, 16)
+    torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6)
+
+
+def test_a_lead_is_the_chain_every_later_token_sees_whole() -> None:
+    from decision_server.decoder import MIN_LEAD_TOKENS, TreeAfterPast
+
+    def split(allowed: torch.Tensor, past: int) -> tuple[int, list[tuple[int, int]]] | None:
+        tree = TreeAfterPast.of(allowed[None, None], past, torch.float32)
+        return None if tree is None else (tree.lead, [(start, end) for start, end, _ in tree.blocks])
+
+    # A state and its questions: the state leads, the questions are blocks after it.
+    assert split(_led_mask(0, 100, [40] * 4), 0) == (100, [(0, 160)])
+    assert split(_led_mask(12, 100, [200, 5]), 12) == (100, [(0, 200), (200, 205)])
+    assert split(_led_mask(12, 100, [200]), 12) == (300, [])  # one chain after all: the whole pass leads
+    # A chain shorter than MIN_LEAD_TOKENS rides the first block (after a past), or the pass stays dense (none).
+    short = MIN_LEAD_TOKENS - 1
+    assert split(_led_mask(12, short, [40] * 4), 12) == (0, [(0, short + 160)])
+    assert split(_led_mask(0, short, [40] * 4), 0) is None
+    # A branch that does not see the whole chain cuts the lead to the part every branch sees.
+    allowed = _led_mask(0, 100, [40] * 4)
+    allowed[150, 60:100] = False
+    assert split(allowed, 0) == (60, [(0, 200)])
+    # Independent chains (two requests' states) have no lead: no token sees the first chain whole.
+    assert split(_branches_mask(0, [100, 100]), 0) is None
+
+
 def test_a_mask_that_hides_part_of_the_past_is_not_split() -> None:
     from decision_server.decoder import TreeAfterPast
 
     allowed = _branches_mask(6, [3, 3])
-    assert TreeAfterPast.of(allowed[None, None], 0, torch.float32) is None  # no past
+    assert TreeAfterPast.of(allowed[None, None], 0, torch.float32) is None  # no past, no lead
     allowed[4, 2] = False  # one token does not see past token 2 (another request's cached prefix)
     assert TreeAfterPast.of(allowed[None, None], 6, torch.float32) is None
     additive = torch.zeros(1, 1, 6, 12)  # eager attention's additive mask: left as it is

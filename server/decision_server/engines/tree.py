@@ -193,13 +193,15 @@ class Pass:
     chain: bool
 
 
-def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int) -> list[Pass]:
+def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int, lead_chains: bool = False) -> list[Pass]:
     """Orders the trie's nodes into passes: every node after all of its ancestors, each pass either a causal
     chain or a masked set of small branches over a fully visible past.
 
     Under a root (or the end of a chain), the shared chain is followed while each node has one child; then the
     subtrees hanging off its end are split: small ones share one masked pass, large ones are planned on their own
-    with the chain as their past.
+    with the chain as their past. With `lead_chains` (the model attends a chain at the start of a masked pass as
+    cheaply as in a pass of its own: `LoadedModel.splits_lead_chains`), a chain and the small branches after it
+    are one masked pass, the chain first.
     """
     children = trie.children()
     sizes = [1] * len(trie)
@@ -228,7 +230,10 @@ def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int) -
             tops = children[node]
         large = [top for top in tops if sizes[top] >= min_split_tokens]
         small = sorted(node for top in tops if sizes[top] < min_split_tokens for node in subtree(top))
-        if chain and (len(chain) >= min_chain_tokens or not small):
+        if chain and small and lead_chains:
+            # Ancestors precede their descendants in node order, so the chain leads the sorted pass.
+            passes.append(Pass(root, tuple(sorted(chain + small)), past, chain=False))
+        elif chain and (len(chain) >= min_chain_tokens or not small):
             passes.append(Pass(root, tuple(chain), past, chain=True))
             if small:
                 passes.append(Pass(root, tuple(small), past + tuple(chain), chain=False))
@@ -510,7 +515,7 @@ class TreeEngine(Engine):
         cached_of_root: dict[int, CachedPrefix],
         batch: BatchOutcome,
     ) -> NodeScores:
-        passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens)
+        passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens, self.model.splits_lead_chains())
         needed_later = {node for step in passes for node in step.past}
         remember = self.prefix_cache is not None
         stored = _NodeKeyValues()
