@@ -6,6 +6,8 @@ and 'bf16 scores f32' (bfloat16 operands, float32 scores and softmax). Errors ar
     python attention_rates.py [tokens ...]
 """
 
+# ruff: noqa  (a lab script, kept as it was run)
+
 import sys
 import time
 

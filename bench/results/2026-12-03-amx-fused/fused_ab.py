@@ -5,6 +5,8 @@ each one's label log-probabilities land from the float32 model's on the same rea
     python fused_ab.py MODEL [ROUNDS]        (from the repository root, PYTHONPATH=server)
 """
 
+# ruff: noqa  (a lab script, kept as it was run)
+
 import statistics
 import sys
 from pathlib import Path

@@ -5,6 +5,8 @@ and the attention output projection (1024 x 2048) over row counts, where 512-576
     python gemm_rows.py              (any directory; the deps venv's Python)
 """
 
+# ruff: noqa  (a lab script, kept as it was run)
+
 import time
 
 import torch

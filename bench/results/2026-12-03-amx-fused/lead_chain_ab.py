@@ -5,6 +5,8 @@ process: median forward seconds of each, and their ratio.
     python lead_chain_ab.py MODEL DTYPE MATMUL [ROUNDS]      (from the repository root, PYTHONPATH=server)
 """
 
+# ruff: noqa  (a lab script, kept as it was run)
+
 import statistics
 import sys
 from pathlib import Path

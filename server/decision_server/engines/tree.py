@@ -8,8 +8,11 @@ layer applies the mask (attention); models with recurrent or convolution layers 
 A trie is computed in a few passes rather than one dense-mask pass over everything (see `plan_passes`): a long
 shared chain (chat head + state) runs as a plain causal prefill with the fastest attention kernel, and only the
 short branches hanging off it (questions, multi-token labels) share one masked pass that continues from the
-chain's keys/values. Large independent subtrees (other requests' states) get passes of their own, so a dense mask
-never spans unrelated requests: its off-diagonal blocks would be pure waste, quadratic in the packed length."""
+chain's keys/values. Where the model splits such a mask into those same attention calls itself
+(`LoadedModel.splits_lead_chains`: the shard's own decoder on CPU), the chain leads its branches' pass instead, so
+the weights are read once for both. Large independent subtrees (other requests' states) get passes of their own, so
+a dense mask never spans unrelated requests: its off-diagonal blocks would be pure waste, quadratic in the packed
+length."""
 
 from __future__ import annotations
 
