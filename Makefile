@@ -24,9 +24,9 @@ UV := $(CACHE_DIR)/uv-$(UV_VERSION)/bin/uv
 STAMP := $(DEPS_VENV)/.installed
 LOCAL_PACKAGES := -e ./server -e ./bench
 
-.PHONY: image lock-check install allocator venv stubs rust fixtures run test test-rust test-python test-integration lint clean
+.PHONY: image lock-check install allocator compiler venv stubs rust fixtures run test test-rust test-python test-integration lint clean
 
-install: venv stubs rust allocator
+install: venv stubs rust allocator compiler
 	@echo "install: ready ($(VENV)/bin/decision-launcher)"
 
 # The shards' faster allocator (the launcher's --allocator auto preloads it): 10-22 % faster forwards measured, since
@@ -38,6 +38,15 @@ allocator:
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; } \
 			|| echo "install: could not install libtcmalloc-minimal4; the shards will use glibc malloc (slower)"; \
 	else echo "install: libtcmalloc-minimal4 is missing (apt install libtcmalloc-minimal4); the shards will use glibc malloc (slower)"; fi
+
+# g++ and the Python headers of the environment's Python: torch.compile builds the bfloat16 elementwise kernels with
+# them (`--compile auto`, server/decision_server/fused.py; its tests need them). Debian's g++ is installed when this
+# runs as root with apt; a Python without headers is named, and the shards then run those chains eagerly.
+compiler: $(STAMP)
+	@command -v g++ >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }; } \
+		|| echo "install: g++ is missing (apt install g++); bfloat16 shards will run their elementwise chains eagerly"
+	@$(DEPS_VENV)/bin/python -c 'import os, sys, sysconfig; h = os.path.join(sysconfig.get_paths()["include"], "Python.h"); os.path.exists(h) or sys.exit(f"install: {h} is missing (python3-dev for a Debian Python); bfloat16 shards will run their elementwise chains eagerly")' || true
 
 venv: $(STAMP)
 	@# Project packages belong to each clone's own .venv, never to the shared environment.
