@@ -163,9 +163,14 @@ def test_a_model_reads_through_the_compiled_chains_without_recompiling(tiny_bflo
 
     eager = [engine.run(reads(state, 4)).outcomes for state in (60, 130)]
     assert fused.enable("auto", torch.bfloat16, CPU)
+    before = counters["stats"]["unique_graphs"]
     engine.run(reads(20, 2))  # compiles every chain
     graphs = counters["stats"]["unique_graphs"]
-    compiled = [engine.run(reads(state, 4)).outcomes for state in (60, 130)]
+    assert graphs > before, "the model's chains did not go through torch.compile"
+    batches = [engine.run(reads(state, 4)) for state in (60, 130)]
+    # A state of 60+ tokens and its questions are one pass on the decoder (`TreeAfterPast.lead`), not two.
+    assert [batch.forward_passes for batch in batches] == [1, 1]
+    compiled = [batch.outcomes for batch in batches]
     assert counters["stats"]["unique_graphs"] == graphs, "a read of another length compiled again"
     assert fused.enabled()
     for before, after in zip(eager, compiled, strict=True):

@@ -101,9 +101,9 @@ def test_plan_runs_the_shared_chain_causally_and_the_branches_together() -> None
     assert passes[1].nodes == tuple(sorted(n for b in branches for n in b))
 
 
-def test_plan_leads_the_branch_pass_with_the_chain_where_the_model_splits_it() -> None:
-    """With `lead_chains`, a state and its questions are one pass (the weights read once); large subtrees still
-    get passes of their own, led by their own chains."""
+def _two_states_trie() -> TokenTrie:
+    """Two requests with different 300-token states (4 three-token questions each) under one 10-token chat head,
+    and a third, short request after the head."""
     trie = TokenTrie()
     chat = trie.add_path(trie.root(""), list(range(10)))
     for request in range(2):
@@ -111,6 +111,13 @@ def test_plan_leads_the_branch_pass_with_the_chain_where_the_model_splits_it() -
         for question in range(4):
             trie.add_path(state[-1], [50 + question, 60, 70 + request])
     trie.add_path(chat[-1], [7, 8, 9])
+    return trie
+
+
+def test_plan_leads_the_branch_pass_with_the_chain_where_the_model_splits_it() -> None:
+    """With `lead_chains`, a state and its questions are one pass (the weights read once); large subtrees still
+    get passes of their own, led by their own chains."""
+    trie = _two_states_trie()
     passes = plan_passes(trie, min_chain_tokens=32, min_split_tokens=256, lead_chains=True)
     assert_valid_plan(trie, passes)
     shapes = [(step.chain, len(step.nodes), len(step.past)) for step in passes]
@@ -134,13 +141,7 @@ def test_plan_keeps_a_short_chain_in_the_branch_pass() -> None:
 def test_plan_splits_large_subtrees_into_their_own_passes() -> None:
     # Two requests with different 300-token states under one chat head, and a third, short one: the states never
     # share a dense mask; each state's questions ride one masked pass after it.
-    trie = TokenTrie()
-    chat = trie.add_path(trie.root(""), list(range(10)))
-    for request in range(2):
-        state = trie.add_path(chat[-1], [1000 * (request + 1) + i for i in range(300)])
-        for question in range(4):
-            trie.add_path(state[-1], [50 + question, 60, 70 + request])
-    trie.add_path(chat[-1], [7, 8, 9])
+    trie = _two_states_trie()
     other_root = trie.add_path(trie.root("salted"), list(range(500, 540)))
     passes = plan_passes(trie, min_chain_tokens=32, min_split_tokens=256)
     assert_valid_plan(trie, passes)
