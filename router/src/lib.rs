@@ -17,6 +17,7 @@ pub mod profile;
 pub mod prompt;
 pub mod queue;
 pub mod read;
+pub mod request_body;
 pub mod server;
 pub mod shard;
 pub mod telemetry;

@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -31,6 +30,7 @@ use crate::media::{Fetcher, MediaPolicy};
 use crate::profile::Shape;
 use crate::prompt;
 use crate::queue::{Queue, QueueConfig, ReadTiming};
+use crate::request_body;
 use crate::shard::ShardSet;
 
 pub const REQUEST_ID_HEADER: &str = "x-typesafe-request-id";
@@ -307,7 +307,6 @@ fn probe_kinds() -> Vec<crate::ir::QuestionKind> {
 }
 
 pub fn app(state: Arc<AppState>) -> Router {
-    let body_limit = state.config.max_body_bytes;
     let body_time = Duration::from_secs(state.config.body_read_timeout_secs);
     Router::new()
         .route("/v1/systemone", post(systemone_handler))
@@ -335,7 +334,6 @@ pub fn app(state: Arc<AppState>) -> Router {
             "/docs",
             get(docs_handler).route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
         )
-        .layer(DefaultBodyLimit::max(body_limit))
         .layer(RequestDecompressionLayer::new())
         .layer(middleware::from_fn(move |request, next| {
             body_clock::limit_body(body_time, request, next)
@@ -461,24 +459,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The body as JSON, or the error each shape reports for a body it cannot read.
-pub fn json_body(
-    body: Result<Bytes, BytesRejection>,
-    limit: usize,
-) -> Result<Value, DecisionError> {
-    let bytes = body.map_err(|rejection| {
-        if let Some(limit) = body_clock::too_slow(&rejection) {
-            DecisionError::BodyTooSlow {
-                limit_secs: limit.as_secs(),
-            }
-        } else if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            DecisionError::BodyTooLarge { limit }
-        } else {
-            DecisionError::BadRequest {
-                param: None,
-                message: format!("cannot read the request body: {}", rejection.body_text()),
-            }
-        }
-    })?;
+pub fn json_body(body: Result<Bytes, DecisionError>) -> Result<Value, DecisionError> {
+    let bytes = body?;
     serde_json::from_slice(&bytes).map_err(|e| {
         DecisionError::Invalid(vec![FieldError::new(
             vec!["body".into(), e.column().into()],
@@ -529,8 +511,12 @@ fn error_response(state: &AppState, shape: Shape, error: DecisionError) -> Respo
             .headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
-    if matches!(error, DecisionError::BodyTooSlow { .. }) {
-        // The rest of the body may still be on its way: this connection carries no further request.
+    if matches!(
+        error,
+        DecisionError::BodyTooSlow { .. } | DecisionError::BodyTooLarge { .. }
+    ) {
+        // The rest of the body may still be on its way (`request_body` reads a refused one only so far):
+        // this connection carries no further request.
         response
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -541,15 +527,16 @@ fn error_response(state: &AppState, shape: Shape, error: DecisionError) -> Respo
 async fn systemone_handler(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
+    let body = request_body::read(body, state.decider.limits.max_body_bytes).await;
     let _in_flight = state.in_flight.enter();
     let mut timing = None;
     let result = async {
         authorize(&state, &headers)?;
         refuse_when_draining(&state)?;
         refuse_multipart(&headers)?;
-        let value = json_body(body, state.decider.limits.max_body_bytes)?;
+        let value = json_body(body)?;
         let compat = state.config.compat;
         let request = systemone::parse(&value, &state.decider.limits, compat)?;
         let decided = state.decider.decide(request, 1.0, false).await?;
@@ -573,14 +560,15 @@ async fn systemone_handler(
 async fn decisions_handler(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
+    let body = request_body::read(body, state.decider.limits.max_body_bytes).await;
     let _in_flight = state.in_flight.enter();
     let mut shape = Shape::OpenAi;
     let mut timing = None;
     let result = async {
         authorize(&state, &headers)?;
-        let value = json_body(body, state.decider.limits.max_body_bytes)?;
+        let value = json_body(body)?;
         shape = api::decisions_shape(&value)?;
         refuse_when_draining(&state)?;
         let limits = &state.decider.limits;
@@ -631,13 +619,14 @@ async fn decisions_handler(
 async fn score_handler(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
+    let body = request_body::read(body, state.decider.limits.max_body_bytes).await;
     let mut timing = None;
     let result = async {
         authorize(&state, &headers)?;
         refuse_when_draining(&state)?;
-        let value = json_body(body, state.decider.limits.max_body_bytes)?;
+        let value = json_body(body)?;
         let info = &state.shards.info;
         if !matches!(info.engine.as_str(), "tree" | "fork" | "naive") {
             return Err(DecisionError::BadRequest {

@@ -19,6 +19,7 @@ from decision_server.decoder import DecoderLM, DecoderShape, LayerKV
 from decision_server.distributed import ParallelConfig, ShardGroup, join_group, partition
 from decision_server.layers import resolve_matmul, vocab_parallel_scores
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
+from decision_server.paths import matmul_record
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def load_decoder_model(
             # exact in bfloat16 as the checkpoint's (a split weight is then one bfloat16 part, not two).
             bfloat16_weights = checkpoint.stored_dtypes("_proj.weight") == {"BF16"}
             widest = (shape.hidden_size, 2 * (end - start))
-            matmul = resolve_matmul(matmul, device.type, dtype, widest, group, bfloat16_weights)
+            matmul = resolve_matmul(matmul, device.type, dtype, widest, group, bfloat16_weights, matmul_record())
             network = DecoderLM.load(checkpoint, config, group, dtype, device, matmul)
             bytes_read = checkpoint.bytes_read
         group.startup_barrier()

@@ -4,11 +4,15 @@ At world size 1 each layer is the plain layer and each collective a no-op."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +62,59 @@ class MatmulProbe:
             if mode in self.seconds and self.seconds[mode] * FAST_MARGIN < self.seconds[best]:
                 best = mode
         return best
+
+    def kept_with(self, record: Path | None) -> tuple[MatmulProbe, int]:
+        """This probe with each mode's fastest time among it and the earlier probes of the same GEMM on this machine
+        that `record` (a JSON file) keeps, and how many probes that is; `record` is updated. Noise only ever adds
+        time, so the fastest time seen is the fairest, and a shard loading beside busy neighbours cannot pick by
+        their noise once a quiet load was timed: on an AMX machine a load beside three others timed exact 80, fast
+        64 and split 88 ms where a quiet one timed 14.5, 15.2 and 7.1, and ran `fast` at 0.73x `split`'s speed
+        (bench/results/2026-12-03-amx-fused/). The key is the CPU (model and flags), torch's version, the thread
+        count and the shape, so another CPU, build or thread count times afresh. An unreadable record is started
+        anew; one that cannot be written is left as it was."""
+        if record is None:
+            return self, 1
+        key = _probe_key(self)
+        try:
+            kept = json.loads(record.read_text())
+            if not isinstance(kept, dict):
+                kept = {}
+        except (OSError, ValueError):
+            kept = {}
+        earlier = kept.get(key) if isinstance(kept.get(key), dict) else {}
+        seconds = dict(self.seconds)
+        for mode, value in (earlier.get("seconds") or {}).items():
+            if mode in seconds and isinstance(value, (int, float)) and value > 0:
+                seconds[mode] = min(seconds[mode], float(value))
+        probes = int(earlier.get("probes") or 0) + 1
+        updated = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        kept[key] = {"seconds": seconds, "probes": probes, "updated": updated}
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            partial = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+            partial.write_text(json.dumps(kept, indent=1, sort_keys=True))
+            os.replace(partial, record)
+        except OSError as error:
+            logger.warning("matmul auto: cannot keep the probe's times in %s: %s", record, error)
+        return MatmulProbe(seconds, self.shape), probes
+
+
+def _probe_key(probe: MatmulProbe) -> str:
+    """What a probe's times depend on besides the weather: the CPU, torch's build, the threads, the GEMM's shape."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    cpu = fields.get("model name") or platform.processor() or platform.machine()
+    family = f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+    flags = hashlib.sha256(fields.get("flags", "").encode()).hexdigest()[:12]
+    rows, k, n = probe.shape
+    threads = torch.get_num_threads()
+    return f"{cpu} ({family}, flags {flags}) | torch {torch.__version__} | {threads} threads | {rows}x{k}x{n}"
 
 
 def probe_matmul(
@@ -118,6 +175,7 @@ def resolve_matmul(
     shape: tuple[int, int] = (PROBE_MAX_FEATURES, PROBE_MAX_FEATURES),
     group: ShardGroup | None = None,
     bfloat16_weights: bool = True,
+    record: Path | None = None,
 ) -> str:
     """`auto` → the fastest float32 GEMM measured on this CPU (`probe_matmul` at the model's widest linear `shape`,
     (in_features, out_features); `bfloat16_weights`: the checkpoint stores its linears in bfloat16), else `mode`
@@ -130,25 +188,30 @@ def resolve_matmul(
     it is measured at load. Every mode keeps the decisions (docs/benchmarks.md, "Defaults that win"); `exact` sums
     like transformers. Off the CPU, and for other dtypes (bfloat16 linears are always prepacked), the mode changes
     nothing and auto is `exact` without a probe. The ranks of a `group` each time their own share and then run
-    one mode: the most exact of the modes they chose.
+    one mode: the most exact of the modes they chose. `record`: a file that keeps each mode's fastest time across
+    loads (`MatmulProbe.kept_with`), so that a load beside busy neighbours decides by the quiet times seen before.
     """
     check_matmul(mode)
     if mode != "auto":
         return mode
     if device_type != "cpu" or dtype != torch.float32:
         return "exact"
-    probe = probe_matmul(*shape, bfloat16_weights=bfloat16_weights)
+    timed = probe_matmul(*shape, bfloat16_weights=bfloat16_weights)
+    probe, probes = (None, 0) if timed is None else timed.kept_with(record)
     choice = "exact" if probe is None else probe.choice
     if group is not None and group.world_size > 1:
         vote = torch.tensor([MATMUL_MODES.index(choice)], dtype=torch.int64)
         choice = MATMUL_MODES[int(group.all_reduce_min(vote).item())]
-    if probe is None:
+    if probe is None or timed is None:
         return choice
     logger.info(
         "matmul auto: timed the float32 GEMMs on this CPU",
         extra={
             "fields": {
                 **{f"{name}_ms": round(seconds * 1e3, 2) for name, seconds in probe.seconds.items()},
+                "this_load_ms": {name: round(seconds * 1e3, 2) for name, seconds in timed.seconds.items()},
+                "probes": probes,
+                "record": None if record is None else str(record),
                 "shape": list(probe.shape),
                 "bfloat16_weights": bfloat16_weights,
                 "margin": FAST_MARGIN,

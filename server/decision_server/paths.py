@@ -35,6 +35,12 @@ def fixture_dir(name: str, seed: int) -> Path:
     return models_dir() / "fixtures" / f"{name}-seed{seed}"
 
 
+def matmul_record() -> Path:
+    """Where `--matmul auto` keeps the fastest time of each float32 GEMM it timed on this machine
+    (`layers.MatmulProbe.kept_with`); deleting it makes the next load time afresh."""
+    return cache_dir() / "matmul-probes.json"
+
+
 def keep_compiled_kernels() -> None:
     """Points inductor's kernel cache into the cache directory unless $TORCHINDUCTOR_CACHE_DIR is set, so a restart
     reuses what the last start compiled. Call it before torch is imported: inductor fixes its default on import."""

