@@ -2,10 +2,13 @@
 elementwise chains compiled (`fused`, as `--compile auto` runs them) and one pass per state, as the shard runs it.
 
     python tree_profile_compiled.py MODEL        (from the repository root, PYTHONPATH=server, tcmalloc preloaded)
+
+DTYPE=float32 profiles the float32 read (`--matmul auto`, nothing compiled) instead (2026-12-03, Zen 4).
 """
 
 # ruff: noqa  (a lab script, kept as it was run)
 
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -20,13 +23,14 @@ from decision_server import fused  # noqa: E402
 from decision_server.engines import TreeEngine  # noqa: E402
 from decision_server.model import load_model  # noqa: E402
 
-model = load_model(Path(sys.argv[1]), dtype="bfloat16", threads=2, compile_mode="auto")
-assert fused.enabled()
+DTYPE = os.environ.get("DTYPE", "bfloat16")
+model = load_model(Path(sys.argv[1]), dtype=DTYPE, threads=2, compile_mode="auto", matmul="auto")
+assert fused.enabled() or DTYPE == "float32"
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 tree = TreeEngine(model)
 tree.run(reads[:2])
 times = [tree.run(reads).forward_seconds for _ in range(4)]
-print(f"bfloat16 compiled: tree forward median {statistics.median(times) * 1e3:.0f} ms")
+print(f"{DTYPE} ({model.matmul if DTYPE == 'float32' else 'compiled'}): tree forward median {statistics.median(times) * 1e3:.0f} ms")
 with profile(activities=[ProfilerActivity.CPU]) as prof:
     batch = tree.run(reads)
 print(f"profiled: {batch.forward_seconds * 1e3:.0f} ms, {batch.forward_passes} pass(es), {batch.packed_tokens} tokens")

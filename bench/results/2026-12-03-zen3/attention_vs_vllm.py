@@ -5,8 +5,9 @@
 # float32, 2 threads: the call our decoder makes for a chain (F.scaled_dot_product_attention, is_causal, enable_gqa)
 # and the one vLLM's CPU backend makes for a prefill (its key/value cache write and cpu_attention_with_kv_cache,
 # block size 128 as it picks on this CPU). The two outputs are compared, so both time the same result.
+# DTYPE=bfloat16 times both in bfloat16 (2026-12-03, Zen 4; vLLM picks the same "vec" kernel there).
 # ruff: noqa
-import math, statistics, sys, time
+import math, os, statistics, sys, time
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +17,7 @@ from rates import median_seconds as timed  # two warm-up calls, then the median 
 torch.set_num_threads(2)
 HEADS, KV_HEADS, DIM, BLOCK = 16, 8, 128, 128
 SCALE = DIM**-0.5
+DTYPE = getattr(torch, os.environ.get("DTYPE", "float32"))
 
 
 
@@ -28,12 +30,12 @@ try:
 except ImportError:
     ops = None
 
-print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, vllm kernels: {ops is not None}")
+print(f"torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}, {DTYPE}, vllm kernels: {ops is not None}")
 for tokens in [int(t) for t in sys.argv[1:]] or (570, 860, 2048):
     g = torch.Generator().manual_seed(tokens)
-    q = torch.randn(tokens, HEADS, DIM, generator=g)
-    k = torch.randn(tokens, KV_HEADS, DIM, generator=g)
-    v = torch.randn(tokens, KV_HEADS, DIM, generator=g)
+    q = torch.randn(tokens, HEADS, DIM, generator=g).to(DTYPE)
+    k = torch.randn(tokens, KV_HEADS, DIM, generator=g).to(DTYPE)
+    v = torch.randn(tokens, KV_HEADS, DIM, generator=g).to(DTYPE)
     qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # (1, heads, tokens, dim), as the decoder has them
 
     def ours():
@@ -45,26 +47,26 @@ for tokens in [int(t) for t in sys.argv[1:]] or (570, 860, 2048):
     line = f"{tokens} tokens: torch sdpa {mine * 1e3:.2f} ms ({flops / mine / 1e9:.0f} GFLOP/s)"
     if ops is not None:
         blocks = math.ceil(tokens / BLOCK)
-        cache = torch.zeros(blocks, KV_HEADS, BLOCK, 2 * DIM)
+        cache = torch.zeros(blocks, KV_HEADS, BLOCK, 2 * DIM, dtype=DTYPE)
         key_cache, value_cache = cache.view(blocks, KV_HEADS, BLOCK * 2, DIM).chunk(2, dim=2)
         slots = torch.arange(tokens, dtype=torch.int64)
         starts = torch.tensor([0, tokens], dtype=torch.int32)
         lengths = torch.tensor([tokens], dtype=torch.int32)
         table = torch.arange(blocks, dtype=torch.int32)[None]
-        out = torch.empty(tokens, HEADS, DIM)
+        out = torch.empty(tokens, HEADS, DIM, dtype=DTYPE)
         isa = "vec"  # vLLM's choice for float32 at block size 128 without AMX (cpu_attn._get_attn_isa)
 
         def theirs():
             ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, isa)
             meta = ops.cpu_attn_get_scheduler_metadata(
-                1, HEADS, KV_HEADS, DIM, lengths, torch.float32, starts, True, -1, isa, False
+                1, HEADS, KV_HEADS, DIM, lengths, DTYPE, starts, True, -1, isa, False
             )
             ops.cpu_attention_with_kv_cache(
                 q, key_cache, value_cache, out, starts, lengths, SCALE, True, None, -1, table, 0.0, meta, None
             )
             return out
 
-        error = float((theirs() - reference).abs().max())
+        error = float((theirs().float() - reference.float()).abs().max())
         their = timed(theirs)
         line += f" | vllm cpu_attn {their * 1e3:.2f} ms ({flops / their / 1e9:.0f} GFLOP/s), max |diff| {error:.1e}"
         line += f" | ours / theirs {mine / their:.2f}"
