@@ -398,6 +398,7 @@ def test_operations_endpoints(http: httpx2.Client, server_info: dict[str, Any]) 
     assert server_info["dtype"] in ("float32", "torch.float32"), server_info
     # The suites pin --matmul exact (conftest); test_matmul_auto_* below runs the default.
     assert server_info["read_mode"] == "tree" and server_info["matmul"] == "exact", server_info
+    assert server_info["compiled_chains"] is False, server_info  # float32 never compiles
     metrics = http.get("/metrics")
     assert metrics.status_code == 200, metrics.text[:500]
     assert "# TYPE" in metrics.text, metrics.text[:500]
@@ -423,6 +424,20 @@ def test_matmul_auto_runs_the_mode_it_measured_and_decides_like_exact(
         exact = label_probabilities(question, want["answers"][qid])
         assert ours.index(max(ours)) == exact.index(max(exact)), (info["matmul"], qid, ours, exact)
         assert max(abs(a - b) for a, b in zip(ours, exact, strict=True)) < 1e-4, (info["matmul"], qid, ours, exact)
+
+
+def test_bfloat16_runs_its_chains_compiled_and_info_says_so(launcher_factory: Callable[..., Launcher]) -> None:
+    """--dtype bfloat16 with the default --compile auto: the shard builds the elementwise chains with torch.compile
+    at warm-up, `GET /info` reports `compiled_chains: true`, and decisions answer through them."""
+    launcher = launcher_factory(["--dtype", "bfloat16", "--hostname", "127.0.0.1"], name="bf16")
+    launcher.wait_healthy(timeout_s=300)
+    with httpx2.Client(base_url=launcher.url, timeout=120) as client:
+        info = client.get("/info").json()
+        assert (info["dtype"], info["compiled_chains"]) == ("bfloat16", True), info
+        answers, _ = ok_answers(client, ALL_TYPES)
+    for qid, question in ALL_TYPES["questions"].items():
+        probabilities = label_probabilities(question, answers["answers"][qid])
+        assert abs(sum(probabilities) - 1) < 1e-3 and min(probabilities) >= 0, (qid, probabilities)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import grpc
 
+from decision_server import fused
 from decision_server.engines import (
     BatchOutcome,
     CanvasBatchOutcome,
@@ -320,6 +321,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             modalities=[code for code, name in MODALITIES.items() if name in model.modalities],
             prefix_cache_bytes=self._engine.cache_plan.capacity_bytes,
             prefix_cache_rule=self._engine.cache_plan.rule,
+            compiled_chains=fused.enabled(),
         )
 
     async def _health(self) -> decision_pb2.HealthResponse:
