@@ -12,7 +12,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from decision_server.logs import setup_logging
-from decision_server.paths import keep_compiled_kernels
+from decision_server.paths import keep_compiled_kernels, matmul_record
 
 logger = logging.getLogger("decision_server")
 
@@ -234,6 +234,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             read_mode=args.read_mode,
             matmul=args.matmul,
             compile_mode=args.compile,
+            matmul_record=matmul_record(),
             threads=args.threads,
             prefix_cache_mb=args.prefix_cache_mb,
             otlp_endpoint=args.otlp_endpoint,

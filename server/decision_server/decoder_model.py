@@ -19,7 +19,6 @@ from decision_server.decoder import DecoderLM, DecoderShape, LayerKV
 from decision_server.distributed import ParallelConfig, ShardGroup, join_group, partition
 from decision_server.layers import resolve_matmul, vocab_parallel_scores
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
-from decision_server.paths import matmul_record
 
 logger = logging.getLogger(__name__)
 
@@ -134,9 +133,11 @@ def load_decoder_model(
     device: torch.device,
     parallel: ParallelConfig,
     matmul: str = "exact",
+    matmul_record: Path | None = None,
 ) -> DecoderModel:
-    """Joins the group, resolves `matmul` (auto: timed on this CPU, one mode for all ranks), reads this rank's
-    weight slices, then waits for every rank to be loaded."""
+    """Joins the group, resolves `matmul` (auto: timed on this CPU, one mode for all ranks; `matmul_record` keeps
+    the probes' fastest times across loads, `layers.MatmulProbe.kept_with`), reads this rank's weight slices, then
+    waits for every rank to be loaded."""
     group = join_group(parallel, device)
     started = time.perf_counter()
     try:
@@ -147,7 +148,7 @@ def load_decoder_model(
             # exact in bfloat16 as the checkpoint's (a split weight is then one bfloat16 part, not two).
             bfloat16_weights = checkpoint.stored_dtypes("_proj.weight") == {"BF16"}
             widest = (shape.hidden_size, 2 * (end - start))
-            matmul = resolve_matmul(matmul, device.type, dtype, widest, group, bfloat16_weights, matmul_record())
+            matmul = resolve_matmul(matmul, device.type, dtype, widest, group, bfloat16_weights, matmul_record)
             network = DecoderLM.load(checkpoint, config, group, dtype, device, matmul)
             bytes_read = checkpoint.bytes_read
         group.startup_barrier()

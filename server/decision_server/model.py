@@ -62,6 +62,7 @@ def load_model(
     parallel: ParallelConfig | None = None,
     matmul: str = "exact",
     compile_mode: str = "off",
+    matmul_record: Path | None = None,
 ) -> LoadedModel:
     """Loads the HF folder at `path` for inference as rank `parallel.rank` of `parallel.world_size`.
 
@@ -71,6 +72,9 @@ def load_model(
     `matmul` ("auto", "exact", "fast" or "split", `layers.MATMUL_CHOICES`) is how the own decoder's float32 linears
     multiply; auto times them on this CPU and picks the fastest (`layers.resolve_matmul`). transformers' modeling
     always runs its own (exact) linears. The loaded model's `matmul` is the mode that runs, never "auto".
+    `matmul_record`: the file where auto keeps each mode's fastest time across loads (the shard passes
+    `paths.matmul_record()`; None, the library default, keeps nothing: a library caller's probes, a test's faked
+    ones included, never reach the shard's record).
     `compile_mode` ("auto" or "off", `fused.COMPILE_MODES`): "auto" fuses the own decoder's half-precision elementwise
     chains with torch.compile where inductor builds on this machine (`fused`); float32 always runs eagerly.
     """
@@ -139,7 +143,7 @@ def load_model(
     compiled = False
     if native:
         # The decoder resolves auto itself, once its ranks can agree on one mode (`layers.resolve_matmul`).
-        loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel, matmul)
+        loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel, matmul, matmul_record)
         matmul = loaded.matmul
         compiled = fused.enable(compile_mode, torch_dtype, device)
     elif parallel.world_size > 1:

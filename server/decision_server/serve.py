@@ -47,6 +47,8 @@ class ServeConfig:
     read_mode: str = "auto"
     matmul: str = "auto"
     compile_mode: str = "auto"
+    # Where `--matmul auto` keeps its probes' fastest times (`paths.matmul_record()` from the CLI; None: nowhere).
+    matmul_record: Path | None = None
     threads: int | None = None
     prefix_cache_mb: int | str = "auto"
     otlp_endpoint: str | None = None
@@ -116,6 +118,7 @@ async def serve(config: ServeConfig) -> None:
             parallel=config.parallel,
             matmul=config.matmul,
             compile_mode=config.compile_mode,
+            matmul_record=config.matmul_record,
         ),
     )
     engine = await loop.run_in_executor(model_thread, make_engine, engine_name, model, config.prefix_cache_mb)

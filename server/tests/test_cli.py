@@ -67,7 +67,7 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "DECISION_CACHE_DIR": str(folder)},
         )
         try:
             lines = start_reader(process.stderr)
@@ -75,6 +75,11 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             timed = wait_for_message(lines, "matmul auto: timed the float32 GEMMs on this CPU", timeout=120)
             assert timed["exact_ms"] > 0 and timed["fast_ms"] > 0 and timed["split_ms"] > 0
             assert timed["matmul"] in MATMUL_MODES
+            # The shard keeps the times in its cache directory's record (a first load: one probe, its own times).
+            record = folder / "matmul-probes.json"
+            assert (timed["record"], timed["probes"]) == (str(record), 1)
+            ((key, kept),) = json.loads(record.read_text()).items()
+            assert kept["probes"] == 1 and "| 1 threads |" in key, (key, kept)
             ready = wait_for_message(lines, "ready", timeout=120)
             assert ready["uds_path"] == str(uds)
             assert (ready["engine"], ready["implementation"]) == ("naive", "decoder")
