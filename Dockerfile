@@ -114,9 +114,10 @@ ENV PATH=/opt/shard/bin:/opt/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     TORCHINDUCTOR_CACHE_DIR=/data/inductor \
+    DECISION_MATMUL_RECORD=/data/matmul-probes.json \
     SHUTDOWN_GRACE_SECS=8
-# Unix sockets between the router and the shards live in /tmp; /data is the models and Hugging Face cache, and
-# inductor's compiled kernels (reused by the next start on the same volume).
+# Unix sockets between the router and the shards live in /tmp; /data is the models and Hugging Face cache,
+# inductor's compiled kernels and --matmul auto's probe times (both reused by the next start on the same volume).
 VOLUME /data
 WORKDIR /data
 EXPOSE 80

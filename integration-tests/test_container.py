@@ -184,3 +184,18 @@ def test_the_image_user_compiles_the_bfloat16_chains_into_the_data_volume() -> N
         containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
     )
     assert out.decode().split() == ["True", "/data/inductor", "True"]
+
+
+def test_the_image_user_keeps_matmul_auto_probe_times_in_the_data_volume() -> None:
+    """`--matmul auto` keeps its probes' fastest times where the image's user can write and a restart finds them:
+    /data/matmul-probes.json (the cache directory under /opt is the image's, read-only to that user)."""
+    probe = (
+        "import json, torch; from decision_server import layers, paths; "
+        "record = paths.matmul_record(); "
+        "mode = layers.resolve_matmul('auto', 'cpu', torch.float32, (256, 512), record=record); "
+        "print(record, mode in layers.MATMUL_MODES, len(json.loads(record.read_text())))"
+    )
+    out = docker.from_env().containers.run(
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
+    )
+    assert out.decode().split() == ["/data/matmul-probes.json", "True", "1"]

@@ -35,9 +35,18 @@ def fixture_dir(name: str, seed: int) -> Path:
     return models_dir() / "fixtures" / f"{name}-seed{seed}"
 
 
+# Where `--matmul auto` keeps its probes' times, when not in the cache directory (the image: on the /data volume,
+# which its user can write and a restart keeps).
+MATMUL_RECORD_ENV = "DECISION_MATMUL_RECORD"
+
+
 def matmul_record() -> Path:
     """Where `--matmul auto` keeps the fastest time of each float32 GEMM it timed on this machine
-    (`layers.MatmulProbe.kept_with`); deleting it makes the next load time afresh."""
+    (`layers.MatmulProbe.kept_with`): $DECISION_MATMUL_RECORD, else matmul-probes.json in the cache directory.
+    Deleting it makes the next load time afresh."""
+    configured = os.environ.get(MATMUL_RECORD_ENV)
+    if configured:
+        return Path(configured).expanduser()
     return cache_dir() / "matmul-probes.json"
 
 

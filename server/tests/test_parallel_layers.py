@@ -575,3 +575,15 @@ def test_bfloat16_decoder_counts_its_packed_weights(smollm2_dir: Path) -> None:
     bf16 = load_model(smollm2_dir, dtype="bfloat16")
     # Half of the float32 count (test_decoder.py): every weight counted, packed or not, tied ones once.
     assert bf16.weight_bytes() == 538_060_032 // 2
+
+
+def test_the_shard_keeps_its_matmul_record_in_the_cache_directory_unless_told(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from decision_server.paths import MATMUL_RECORD_ENV, matmul_record
+
+    monkeypatch.delenv(MATMUL_RECORD_ENV, raising=False)
+    monkeypatch.setenv("DECISION_CACHE_DIR", str(tmp_path / "cache"))
+    assert matmul_record() == tmp_path / "cache" / "matmul-probes.json"
+    monkeypatch.setenv(MATMUL_RECORD_ENV, str(tmp_path / "volume" / "probes.json"))  # the image: /data
+    assert matmul_record() == tmp_path / "volume" / "probes.json"
