@@ -28,19 +28,24 @@ COPY Cargo.toml Cargo.lock ./
 COPY proto/ proto/
 COPY router/Cargo.toml router/Cargo.toml
 COPY launcher/Cargo.toml launcher/Cargo.toml
-RUN [ "$RUST_PREBUILT" = 1 ] || { mkdir -p router/src launcher/src \
- && echo 'fn main() {}' > router/src/main.rs && touch router/src/lib.rs \
+COPY mkl-dispatch/Cargo.toml mkl-dispatch/Cargo.toml
+RUN [ "$RUST_PREBUILT" = 1 ] || { mkdir -p router/src launcher/src mkl-dispatch/src \
+ && echo 'fn main() {}' > router/src/main.rs && touch router/src/lib.rs mkl-dispatch/src/lib.rs \
  && echo 'fn main() {}' > launcher/src/main.rs \
- && cargo build --release --locked -p decision-router -p decision-launcher \
- && rm -rf router/src launcher/src; }
+ && cargo build --release --locked -p decision-router -p decision-launcher -p decision-mkl-dispatch \
+ && rm -rf router/src launcher/src mkl-dispatch/src; }
 COPY router/ router/
 COPY launcher/ launcher/
+COPY mkl-dispatch/ mkl-dispatch/
 COPY docker/prebuilt/ /prebuilt/
-# Cargo decides freshness by mtime: the real sources must look newer than the placeholders' outputs.
-RUN if [ "$RUST_PREBUILT" = 1 ]; then install -D -m 755 /prebuilt/decision-router /prebuilt/decision-launcher -t /out/bin; \
-    else find router launcher -name '*.rs' -exec touch {} + \
-     && cargo build --release --locked -p decision-router -p decision-launcher \
-     && install -D -m 755 target/release/decision-router target/release/decision-launcher -t /out/bin; fi
+# Cargo decides freshness by mtime: the real sources must look newer than the placeholders' outputs. The launcher
+# finds the router and the library it preloads into shards on AMD CPUs (mkl-dispatch) next to itself.
+RUN if [ "$RUST_PREBUILT" = 1 ]; then install -D -m 755 /prebuilt/decision-router /prebuilt/decision-launcher \
+        /prebuilt/libdecision_mkl_dispatch.so -t /out/bin; \
+    else find router launcher mkl-dispatch -name '*.rs' -exec touch {} + \
+     && cargo build --release --locked -p decision-router -p decision-launcher -p decision-mkl-dispatch \
+     && install -D -m 755 target/release/decision-router target/release/decision-launcher \
+        target/release/libdecision_mkl_dispatch.so -t /out/bin; fi
 
 # ---------------------------------------------------------------------------------------------------------------
 # Python: the shard's locked dependencies in /opt/venv, the shard itself, and the default model converted once.

@@ -77,9 +77,12 @@ stubs: venv
 	@$(PY) -m grpc_tools.protoc --proto_path=decision_server/pb=proto \
 		--python_out=server --grpc_python_out=server --pyi_out=server decision_server/pb/decision.proto
 
+# The launcher finds the router, the shard and libdecision_mkl_dispatch.so (preloaded into shards on AMD CPUs: see
+# mkl-dispatch/src/lib.rs) next to itself.
 rust:
-	cargo build --release --locked -p decision-router -p decision-launcher
-	@install -m 755 $(CARGO_TARGET_DIR)/release/decision-router $(CARGO_TARGET_DIR)/release/decision-launcher $(VENV)/bin/
+	cargo build --release --locked -p decision-router -p decision-launcher -p decision-mkl-dispatch
+	@install -m 755 $(CARGO_TARGET_DIR)/release/decision-router $(CARGO_TARGET_DIR)/release/decision-launcher \
+		$(CARGO_TARGET_DIR)/release/libdecision_mkl_dispatch.so $(VENV)/bin/
 
 run: install
 	$(VENV)/bin/decision-launcher --port $(PORT)

@@ -16,6 +16,7 @@ BASE_IMAGE=${BASE_IMAGE:-local/debian:bookworm}
 IMAGE=${IMAGE:-decision-inference:latest}
 IMAGE_RUST=${IMAGE_RUST:-host}
 RUST_BINARIES=(decision-router decision-launcher)
+RUST_LIBRARY=libdecision_mkl_dispatch.so  # preloaded into shards on AMD CPUs (mkl-dispatch/src/lib.rs)
 
 log() { printf 'image: %s\n' "$*" >&2; }
 
@@ -63,14 +64,14 @@ copy_build_cas() {
 
 host_rust() {
     # The host's release binaries of this checkout into docker/prebuilt/, or false where the image must compile them.
-    rm -f docker/prebuilt/decision-*
+    rm -f docker/prebuilt/decision-* docker/prebuilt/libdecision_*
     [[ $IMAGE_RUST == host ]] || return 1
     command -v cargo >/dev/null || { log "no cargo on this host: the image compiles the Rust binaries"; return 1; }
-    cargo build --release --locked -p decision-router -p decision-launcher >&2
+    cargo build --release --locked -p decision-router -p decision-launcher -p decision-mkl-dispatch >&2
     local target
     target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
     local name
-    for name in "${RUST_BINARIES[@]}"; do cp "$target/release/$name" docker/prebuilt/; done
+    for name in "${RUST_BINARIES[@]}" "$RUST_LIBRARY"; do cp "$target/release/$name" docker/prebuilt/; done
 }
 
 build() {
@@ -91,6 +92,9 @@ binaries_run() {
     for name in "${RUST_BINARIES[@]}"; do
         docker run --rm --entrypoint "$name" "$IMAGE" --version >/dev/null || return 1
     done
+    docker run --rm --entrypoint python3 "$IMAGE" -c "import ctypes, shutil, os
+library = os.path.join(os.path.dirname(shutil.which('decision-launcher')), '$RUST_LIBRARY')
+assert ctypes.CDLL(library).mkl_serv_intel_cpu_true() == 1" >/dev/null
 }
 
 free_gb=$(df -Pk /var/lib/docker 2>/dev/null | awk 'NR==2 {print int($4 / 1048576)}')
@@ -106,13 +110,13 @@ if host_rust; then
     build 1
     if ! binaries_run; then
         log "the host's Rust binaries do not run on $BASE_IMAGE (a newer glibc?): compiling them in the image"
-        rm -f docker/prebuilt/decision-*
+        rm -f docker/prebuilt/decision-* docker/prebuilt/libdecision_*
         build 0
     fi
 else
     build 0
 fi
-rm -f docker/prebuilt/decision-*
+rm -f docker/prebuilt/decision-* docker/prebuilt/libdecision_*
 compiler_runs
 size=$(docker image inspect "$IMAGE" --format '{{.Size}}')
 log "$IMAGE built in $((SECONDS - start)) s, $((size / 1048576)) MiB"

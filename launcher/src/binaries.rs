@@ -19,11 +19,20 @@ pub struct MissingBinary {
     pub hint: &'static str,
 }
 
+/// The launcher's own folder, where an install also puts the library it preloads into the shards.
+pub fn own_dir() -> PathBuf {
+    beside_launcher().unwrap_or_default()
+}
+
+fn beside_launcher() -> Option<PathBuf> {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf))
+}
+
 /// The launcher's own folder, then each PATH entry.
 pub fn locate(name: &'static str, hint: &'static str) -> Result<PathBuf, MissingBinary> {
-    let beside = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(Path::to_path_buf));
+    let beside = beside_launcher();
     let path = std::env::var_os("PATH").unwrap_or_default();
     find_in(name, beside.as_deref(), &path).ok_or(MissingBinary { name, beside, hint })
 }

@@ -11,6 +11,7 @@ use crate::binaries::{self, MissingBinary, ROUTER_BINARY, SHARD_BINARY};
 use crate::child::{ChildExit, Children, SpawnError};
 use crate::config::{Config, ConfigError};
 use crate::export::{self, ExportError};
+use crate::mkl_dispatch::{self, LibraryMissing};
 use crate::model::{self, ModelError, Resolution};
 use crate::router;
 use crate::shard::{self, remove_socket, Rendezvous, ShardError};
@@ -31,6 +32,8 @@ pub enum LaunchError {
     Spawn(#[from] SpawnError),
     #[error(transparent)]
     Allocator(#[from] TcmallocMissing),
+    #[error(transparent)]
+    MklDispatch(#[from] LibraryMissing),
     #[error("{0}")]
     ChildDied(ChildExit),
     #[error("cannot install the SIGINT/SIGTERM/SIGHUP handlers: {0}")]
@@ -145,6 +148,14 @@ async fn start_and_supervise(
         std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
     })?;
     tracing::info!(allocator = %shard_allocator.description, "shard memory allocator");
+    let mkl = mkl_dispatch::resolve(
+        config.mkl_dispatch,
+        &mkl_dispatch::Cpu::read(),
+        &binaries::own_dir(),
+    )?;
+    tracing::info!(mkl = %mkl.description, "shard MKL kernels");
+    let mut shard_env = shard_allocator.env.clone();
+    mkl.apply(&mut shard_env, std::env::var("LD_PRELOAD").ok());
     let mut starting = Vec::new();
     for rank in 0..config.num_shard {
         let socket = rank_socket(&config.uds_path, rank);
@@ -157,7 +168,7 @@ async fn start_and_supervise(
             rank,
             &socket,
             rendezvous.as_ref(),
-            &shard_allocator,
+            &shard_env,
         );
         let exited = children.spawn(spec)?.exited();
         starting.push((rank, socket, exited));

@@ -8,6 +8,7 @@ mod config;
 mod export;
 mod launch;
 mod logging;
+mod mkl_dispatch;
 mod model;
 mod router;
 mod shard;

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use decision_proto::v1::HealthRequest;
 
-use crate::allocator::ShardAllocator;
 use crate::child::{ChildExit, ChildSpec};
 use crate::config::{flag_value, Config};
 use crate::model::Model;
@@ -88,7 +87,7 @@ pub fn spec(
     rank: u32,
     socket: &Path,
     rendezvous: Option<&Rendezvous>,
-    allocator: &ShardAllocator,
+    env: &[(String, String)],
 ) -> ChildSpec {
     let mut args: Vec<OsString> = vec![
         "serve".into(),
@@ -130,7 +129,7 @@ pub fn spec(
         name: format!("shard {rank}"),
         program: program.to_owned(),
         args,
-        env: allocator.env.clone(),
+        env: env.to_vec(),
         // The shard has no use for the API key the launcher may have read from its environment.
         env_remove: vec!["API_KEY".into()],
         span: tracing::info_span!("shard", rank),
@@ -264,13 +263,6 @@ mod tests {
     use crate::child::{Children, Exit};
     use crate::config::parse_for_test as config;
 
-    fn no_allocator() -> ShardAllocator {
-        ShardAllocator {
-            env: Vec::new(),
-            description: "test".into(),
-        }
-    }
-
     fn sh(script: &str) -> ChildSpec {
         ChildSpec {
             name: "shard 0".into(),
@@ -316,7 +308,7 @@ mod tests {
             0,
             socket,
             None,
-            &no_allocator(),
+            &[],
         );
         assert_eq!(
             with_threads.args,
@@ -353,7 +345,7 @@ mod tests {
             0,
             socket,
             None,
-            &no_allocator(),
+            &[],
         );
         assert!(!default_threads.args.contains(&OsString::from("--threads")));
         assert!(default_threads.args.contains(&OsString::from("auto")));
@@ -366,7 +358,7 @@ mod tests {
             0,
             socket,
             None,
-            &no_allocator(),
+            &[],
         );
         assert_eq!(value_after(&split.args, "--matmul"), "split");
         assert!(!default_threads
@@ -384,7 +376,7 @@ mod tests {
             0,
             socket,
             None,
-            &no_allocator(),
+            &[],
         );
         assert_eq!(value_after(&cached.args, "--prefix-cache-mb"), "256");
         let off = spec(
@@ -394,7 +386,7 @@ mod tests {
             0,
             socket,
             None,
-            &no_allocator(),
+            &[],
         );
         assert_eq!(value_after(&off.args, "--prefix-cache-mb"), "0");
 
@@ -405,10 +397,7 @@ mod tests {
             0,
             socket,
             None,
-            &ShardAllocator {
-                env: vec![("LD_PRELOAD".into(), "/usr/lib/libtcmalloc.so.4".into())],
-                description: "tcmalloc".into(),
-            },
+            &[("LD_PRELOAD".into(), "/usr/lib/libtcmalloc.so.4".into())],
         );
         assert_eq!(
             preloaded.env,
@@ -444,7 +433,7 @@ mod tests {
             1,
             Path::new("/tmp/ds-1"),
             Some(&rendezvous),
-            &no_allocator(),
+            &[],
         );
         assert_eq!(rank1.name, "shard 1");
         let tail: Vec<OsString> = rank1.args[12..].to_vec();

@@ -4,6 +4,7 @@ At world size 1 each layer is the plain layer and each collective a no-op."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -99,8 +100,29 @@ class MatmulProbe:
         return MatmulProbe(seconds, self.shape), probes
 
 
+def mkl_kernels() -> str:
+    """Which kernels Intel MKL (torch's float32 GEMMs and the products inside its CPU attention) runs in this process:
+    "instruction sets" where it chooses by the CPU's instruction sets (an Intel CPU, or any CPU with the launcher's
+    libdecision_mkl_dispatch.so preloaded: `--mkl-dispatch`), "generic" where it takes its path for other vendors
+    (about half the speed on an AMD CPU with AVX-512), "none" without MKL.
+
+    MKL asks `mkl_serv_intel_cpu_true`, which torch's libtorch_cpu exports; the process's global symbol scope answers
+    with the preloaded definition first, as MKL's own calls do."""
+    if not torch.backends.mkl.is_available():
+        return "none"
+    for library in (None, str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")):
+        try:
+            question = ctypes.CDLL(library).mkl_serv_intel_cpu_true
+        except (AttributeError, OSError):
+            continue
+        question.restype = ctypes.c_int
+        return "instruction sets" if question() else "generic"
+    return "none"
+
+
 def _probe_key(probe: MatmulProbe) -> str:
-    """What a probe's times depend on besides the weather: the CPU, torch's build, the threads, the GEMM's shape."""
+    """What a probe's times depend on besides the weather: the CPU, torch's build, MKL's kernels, the threads, the
+    GEMM's shape."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -114,7 +136,10 @@ def _probe_key(probe: MatmulProbe) -> str:
     flags = hashlib.sha256(fields.get("flags", "").encode()).hexdigest()[:12]
     rows, k, n = probe.shape
     threads = torch.get_num_threads()
-    return f"{cpu} ({family}, flags {flags}) | torch {torch.__version__} | {threads} threads | {rows}x{k}x{n}"
+    return (
+        f"{cpu} ({family}, flags {flags}) | torch {torch.__version__} | MKL {mkl_kernels()} | {threads} threads"
+        f" | {rows}x{k}x{n}"
+    )
 
 
 def probe_matmul(

@@ -82,7 +82,7 @@ def load_model(
 
     from decision_server.decoder import DecoderShape, UnsupportedModelError
     from decision_server.distributed import pick_device as pick_rank_device
-    from decision_server.layers import check_matmul, half_gemm_is_slow
+    from decision_server.layers import check_matmul, half_gemm_is_slow, mkl_kernels
 
     parallel = parallel or ParallelConfig()
     # The weight-loading bar draws with carriage returns, which garbles the JSON-lines log stream.
@@ -169,6 +169,7 @@ def load_model(
                 "implementation": loaded.implementation,
                 "dtype": dtype_name(torch_dtype),
                 "matmul": matmul,
+                "mkl_kernels": mkl_kernels(),
                 "compiled_chains": compiled,
                 "device": loaded.device_name,
                 "rank": loaded.rank,
