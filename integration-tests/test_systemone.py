@@ -7,12 +7,13 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
 
-from launchers import Launcher
+from launchers import LAUNCHER_BINARY, Launcher
 from reference import Reference, messages_for
 from wire import REQUEST_ID_HEADER, error_detail, exchange, label_probabilities, ok_answers, post_systemone
 
@@ -424,6 +425,36 @@ def test_matmul_auto_runs_the_mode_it_measured_and_decides_like_exact(
         exact = label_probabilities(question, want["answers"][qid])
         assert ours.index(max(ours)) == exact.index(max(exact)), (info["matmul"], qid, ours, exact)
         assert max(abs(a - b) for a, b in zip(ours, exact, strict=True)) < 1e-4, (info["matmul"], qid, ours, exact)
+
+
+def test_mkl_dispatch_features_preloads_its_library_and_reads_like_the_reference(
+    launcher_factory: Callable[..., Launcher], reference: Reference
+) -> None:
+    """--mkl-dispatch features preloads libdecision_mkl_dispatch.so (built next to the launcher) into the shard on any
+    CPU, so MKL picks its kernels by instruction sets (`auto` does it on AMD CPUs with AVX-512, where MKL's generic
+    kernels ran float32 GEMMs at half the speed). The float32 `exact` read through those kernels still equals the
+    transformers reference within PROBABILITY_TOL, and the launcher and the shard both say what they did."""
+    launcher = launcher_factory(
+        ["--dtype", "float32", "--matmul", "exact", "--mkl-dispatch", "features", "--hostname", "127.0.0.1"],
+        name="mkl",
+    )
+    launcher.wait_healthy(timeout_s=300)
+    library = LAUNCHER_BINARY.parent / "libdecision_mkl_dispatch.so"
+    shards = [
+        pid
+        for pid in launcher.remember_tree()
+        if b"decision-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert shards, launcher.output_tail()
+    environ = Path(f"/proc/{shards[0]}/environ").read_bytes().split(b"\0")
+    preload = next((entry for entry in environ if entry.startswith(b"LD_PRELOAD=")), b"")
+    assert preload.startswith(f"LD_PRELOAD={library}".encode()), preload
+    output = launcher.output()
+    assert "MKL kernels chosen by instruction sets" in output, launcher.output_tail()
+    assert '"mkl_kernels": "instruction sets"' in output, launcher.output_tail()
+    with httpx2.Client(base_url=launcher.url, timeout=120) as client:
+        payload, _ = ok_answers(client, ALL_TYPES)
+    assert_matches_reference(reference, ALL_TYPES, payload)
 
 
 def test_bfloat16_runs_its_chains_compiled_and_info_says_so(launcher_factory: Callable[..., Launcher]) -> None:

@@ -4,6 +4,7 @@ A repeated chat head + state then costs only the new question tokens; salts part
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,8 @@ import torch
 
 # Keys and values of a run of tokens: (layers, kv_heads, tokens, head_dim) each.
 KeyValues = tuple[torch.Tensor, torch.Tensor]
+# `PrefixCache.prefault` touches host memory in blocks of this size.
+PREFAULT_BLOCK_BYTES = 16 << 20
 
 
 @dataclass(eq=False)
@@ -70,6 +73,27 @@ class PrefixCache:
         self._uids = itertools.count()
         self._clock = itertools.count(1)
         self._roots: dict[str, Segment] = {}
+
+    def prefault(self) -> float:
+        """Touches this rank's share of the budget in host memory once and frees it again; returns the seconds taken.
+
+        A growing cache takes new memory for every insert until it is full, and the first touch of a page of host
+        memory is slow on the VMs measured: about 5 us per 4 KiB page (a 49 MB tensor: 60-80 ms). Until the cache
+        filled, that was 12 % of a bfloat16 read of 8 questions over 540 tokens (Qwen3-0.6B shape, 2 vCPUs: 1.30-1.35 s
+        against 1.13-1.20 s without a cache; bench/results/2026-12-04-zen5/). The allocator keeps the pages touched
+        here and hands them out again (tcmalloc; glibc with the launcher's tunables keeps blocks under 32 MiB), as
+        vLLM's CPU backend allocates its whole KV cache at startup. Blocks of 16 MiB, so that either allocator keeps
+        them."""
+        started = time.perf_counter()
+        here, total = self.heads_share
+        remaining = self.capacity_bytes * here // total
+        blocks = []
+        while remaining > 0:
+            size = min(remaining, PREFAULT_BLOCK_BYTES)
+            blocks.append(torch.ones(size, dtype=torch.uint8))
+            remaining -= size
+        del blocks
+        return time.perf_counter() - started
 
     def _root(self, salt: str) -> Segment:
         if salt not in self._roots:

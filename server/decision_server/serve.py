@@ -94,6 +94,13 @@ def warm_up(model: LoadedModel, engine: Engine | CanvasEngine | PooledEngine) ->
     else:
         model.score(ScoreRequest(token_ids=[0, 0], keep=[1], label_rows=[0], label_tokens=[0], greedy_rows=[0]))
     model.probe()
+    cache = getattr(engine, "prefix_cache", None)
+    if cache is not None and model.device.type == "cpu":
+        seconds = cache.prefault()
+        logger.info(
+            "prefix cache memory touched",
+            extra={"fields": {"bytes": cache.capacity_bytes, "seconds": round(seconds, 3)}},
+        )
 
 
 async def serve(config: ServeConfig) -> None:

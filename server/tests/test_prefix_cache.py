@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +273,41 @@ def test_a_cached_slice_does_not_keep_its_whole_pass_alive() -> None:
     assert segment.keys.untyped_storage().nbytes() == segment.keys.nbytes == 2 * 10 * 4 * 4
     assert segment.values.untyped_storage().nbytes() == segment.values.nbytes
     assert cache.bytes_used == 2 * segment.keys.nbytes
+
+
+# A growing cache's inserts in a fresh shard process, with the allocator the launcher gives shards (tcmalloc where
+# installed, else glibc with its tunables): page faults while 96 MiB of keys/values are stored, with and without
+# `PrefixCache.prefault` at startup. Prints the faults per stored page.
+PREFAULT_PROBE = """
+import resource, sys, torch
+from decision_server.prefix_cache import PrefixCache
+cache = PrefixCache(capacity_bytes=128 << 20)
+if sys.argv[1] == "prefault":
+    cache.prefault()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+stored = [torch.ones(12 << 20, dtype=torch.uint8) for _ in range(8)]
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / ((96 << 20) / 4096))
+"""
+
+
+def stored_page_faults(mode: str) -> float:
+    tcmalloc = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+    env = dict(os.environ)
+    if tcmalloc.is_file():
+        env["LD_PRELOAD"] = str(tcmalloc)
+    else:
+        env["GLIBC_TUNABLES"] = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
+    run = subprocess.run(
+        [sys.executable, "-c", PREFAULT_PROBE, mode], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return float(run.stdout.split()[-1])
+
+
+def test_prefault_at_startup_spares_a_growing_cache_its_page_faults() -> None:
+    """Every insert of a cache that is still filling takes new memory; a first touch of a page cost about 5 us on the
+    VMs measured, 12 % of a bfloat16 read (PrefixCache.prefault). After the shard touches its budget at warm-up the
+    allocator hands those pages out again: almost no fault per stored page, against about one without it."""
+    cold, warm = stored_page_faults("cold"), stored_page_faults("prefault")
+    assert cold > 0.5, cold  # the control: without the prefault every stored page faults in
+    assert warm < 0.1, (warm, cold)
