@@ -84,7 +84,7 @@ fn find_tcmalloc(dirs: &[&str]) -> Option<PathBuf> {
 }
 
 /// `first`, then what was already set, colon-separated (both variables take colon lists).
-fn prepend(first: &str, rest: Option<String>) -> String {
+pub fn prepend(first: &str, rest: Option<String>) -> String {
     match rest.filter(|r| !r.is_empty()) {
         Some(rest) => format!("{first}:{rest}"),
         None => first.to_owned(),

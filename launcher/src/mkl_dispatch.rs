@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 
+use crate::allocator::prepend;
+
 /// The library the launcher preloads, looked for next to the launcher's own executable.
 pub const LIBRARY: &str = "libdecision_mkl_dispatch.so";
 /// Where the CPU's vendor and instruction sets are read.
@@ -85,14 +87,8 @@ impl Resolved {
         };
         let library = library.to_string_lossy();
         match env.iter_mut().find(|(name, _)| name == "LD_PRELOAD") {
-            Some((_, value)) => *value = format!("{library}:{value}"),
-            None => env.push((
-                "LD_PRELOAD".into(),
-                match inherited.filter(|v| !v.is_empty()) {
-                    Some(rest) => format!("{library}:{rest}"),
-                    None => library.into_owned(),
-                },
-            )),
+            Some((_, value)) => *value = prepend(&library, Some(std::mem::take(value))),
+            None => env.push(("LD_PRELOAD".into(), prepend(&library, inherited))),
         }
     }
 }
