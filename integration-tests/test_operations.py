@@ -15,6 +15,7 @@ import socket
 import string
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,12 @@ SMALL = {"state": "Refund not received.", "questions": {"refund": {"type": "noul
 
 
 def big_request(words: int = 150, questions: int = 16) -> dict[str, Any]:
-    """A request that takes SmolLM2 on CPU far longer than the deadline (about 2,000 prompt tokens: seconds on 2 vCPUs)."""
+    """A request that takes SmolLM2 on CPU far longer than the deadline (about 2,000 prompt tokens: seconds on 2 vCPUs).
+
+    Each call opens with its own ticket number: a read that answered 504 may still have filled the prefix cache, and
+    the same state sent again would then be read from it within the deadline."""
     return {
-        "state": "The invoice total is wrong and the refund is late. " * words,
+        "state": f"Ticket {uuid.uuid4().hex}. " + "The invoice total is wrong and the refund is late. " * words,
         "questions": {f"q{i}": {"type": "noul", "instructions": f"Is point {i} raised?"} for i in range(questions)},
     }
 
