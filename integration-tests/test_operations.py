@@ -2,7 +2,8 @@
 request deadline: no filesystem paths in /info, metric series that stay flat under random paths, slow and idle
 clients cut off, an 8 MiB state refused within a memory bound, a request past its deadline answered 504 naming the
 limit, work that cannot finish refused at once with 529 + Retry-After, a frozen shard and a dead one answered
-503 `shard_unavailable`. The last test kills the shard, so it ends the module's launcher."""
+503 `shard_unavailable`, and the shard's debug lines in the launcher's output when asked for. The last test kills
+the shard, so it ends the module's launcher."""
 
 from __future__ import annotations
 
@@ -43,6 +44,8 @@ ARGS = [
     str(BODY_TIMEOUT_S),
     "--keep-alive-timeout-secs",
     str(KEEP_ALIVE_S),
+    "--shard-log-level",
+    "debug",
 ]
 SMALL = {"state": "Refund not received.", "questions": {"refund": {"type": "noul", "instructions": "Money back?"}}}
 
@@ -130,6 +133,20 @@ def test_info_shows_no_filesystem_path_without_a_key(ops: Launcher) -> None:
     # The prefix cache is on by default, sized by its rule from the model and the memory free.
     cache = info["prefix_cache"]
     assert cache["enabled"] and cache["budget_bytes"] > 0 and cache["rule"].startswith("auto: "), cache
+
+
+def test_shard_debug_lines_reach_the_launchers_output_when_asked_for(ops: Launcher) -> None:
+    """--shard-log-level debug: the shard writes a line per batch of reads (its size and forward time) and the
+    launcher lets it through its own info filter; torch's and other libraries' debug lines stay out."""
+    settle(ops)
+    body = {"state": f"Ticket {uuid.uuid4().hex}: refund not received.", "questions": SMALL["questions"]}
+    assert post(ops.url, body).status_code == 200
+    wait_for(lambda: "read batch" in ops.output(), "the shard's read batch line", 10.0)
+    line = next(line for line in ops.output().splitlines() if "read batch" in line)
+    assert "DEBUG" in line and "packed_tokens" in line and "forward_ms" in line, line
+    # The shard's own debug lines only: below info its libraries stay at info (tests/test_logs.py).
+    debug = [line for line in ops.output().splitlines() if " DEBUG " in line]
+    assert debug and all(re.search(r"shard\{rank=0\}: (read|canvas|pooled) batch ", line) for line in debug), debug[:5]
 
 
 def test_5000_random_paths_leave_the_metric_series_and_the_router_memory_flat(ops: Launcher) -> None:

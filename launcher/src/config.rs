@@ -225,6 +225,12 @@ pub struct Config {
     #[arg(long, env = "MKL_DISPATCH", value_enum, default_value_t = MklDispatch::Auto)]
     pub mkl_dispatch: MklDispatch,
 
+    /// Level of the shards' own log lines, passed to each shard and let through the launcher's filter
+    /// (`RUST_LOG` filters the rest). `debug` adds a line per batch of reads: reads, forward passes,
+    /// packed tokens and forward milliseconds, the numbers to look at when a read is slower than expected.
+    #[arg(long, env = "SHARD_LOG_LEVEL", value_enum, default_value_t = ShardLogLevel::Info)]
+    pub shard_log_level: ShardLogLevel,
+
     /// Memory the shards may spend keeping the KV of recent prompt prefixes (radix tree, LRU), in MiB
     /// of the whole model's keys/values; a repeated state then costs only its questions. 0 turns the
     /// prefix cache off. `auto`: room for 8 prompts of the model's full length, at most 10% of the host
@@ -342,6 +348,26 @@ pub enum Compile {
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardLogLevel {
+    Error,
+    Warning,
+    Info,
+    Debug,
+}
+
+impl ShardLogLevel {
+    /// The same level in the launcher's own terms: what its filter must let through.
+    pub fn tracing_level(self) -> tracing::Level {
+        match self {
+            ShardLogLevel::Error => tracing::Level::ERROR,
+            ShardLogLevel::Warning => tracing::Level::WARN,
+            ShardLogLevel::Info => tracing::Level::INFO,
+            ShardLogLevel::Debug => tracing::Level::DEBUG,
+        }
+    }
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compat {
     Typesafe,
     Vllm,
@@ -431,6 +457,7 @@ mod tests {
         "THREADS",
         "ALLOCATOR",
         "MKL_DISPATCH",
+        "SHARD_LOG_LEVEL",
         "PREFIX_CACHE_MB",
         "DECISION_CACHE_DIR",
         "SHARD_STARTUP_TIMEOUT_SECS",

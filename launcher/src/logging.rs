@@ -5,9 +5,9 @@ use serde_json::{Map, Value};
 use tracing::Level;
 use tracing_subscriber::EnvFilter;
 
-/// Logs go to stdout (like TGI); `RUST_LOG` filters, `info` by default.
-pub fn init(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs go to stdout (like TGI); `RUST_LOG` filters, `info` by default; `children`: see `filter`.
+pub fn init(json: bool, children: Level) {
+    let filter = filter(std::env::var("RUST_LOG").ok().as_deref(), children);
     // Colours only for a person at a terminal: `docker logs`, files and pipes get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout())
         && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
@@ -25,6 +25,24 @@ pub fn init(json: bool) {
     } else {
         builder.try_init()
     };
+}
+
+/// `RUST_LOG`'s directives (or `info`), plus, when the children were asked for lines more verbose
+/// than info (`--shard-log-level debug`), a directive that lets those through: the shard writes
+/// them, and they must not be dropped here. It names this module, where `emit_child_line` makes the
+/// events, so the launcher's own debug events elsewhere stay filtered. At info or quieter the
+/// filter is `RUST_LOG`'s alone.
+fn filter(rust_log: Option<&str>, children: Level) -> EnvFilter {
+    let base = rust_log
+        .and_then(|directives| EnvFilter::try_new(directives).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    if children <= Level::INFO {
+        return base;
+    }
+    match format!("{}={children}", module_path!()).parse() {
+        Ok(directive) => base.add_directive(directive),
+        Err(_) => base,
+    }
 }
 
 /// Emits one line a child wrote. A JSON log line (tracing's or Python's shape) keeps its level and
@@ -219,6 +237,61 @@ pub fn strip_ansi(line: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a subscriber with `filter(rust_log, children)` prints for a shard's JSON line at `level`,
+    /// re-emitted by `emit_child_line`, and for a launcher debug event outside this module.
+    fn passed(rust_log: Option<&str>, children: Level, level: &str) -> (bool, bool) {
+        #[derive(Clone, Default)]
+        struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(filter(rust_log, children))
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            emit_child_line(&format!(
+                r#"{{"level": "{level}", "message": "read batch", "packed_tokens": 860}}"#
+            ));
+            tracing::debug!(target: "decision_launcher::launch", "launcher detail");
+        });
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        (
+            text.contains("read batch"),
+            text.contains("launcher detail"),
+        )
+    }
+
+    #[test]
+    fn shard_debug_lines_pass_the_filter_only_when_asked_for() {
+        // The default: info lines pass, a shard's debug lines (were it to write them) do not.
+        assert_eq!(passed(None, Level::INFO, "INFO"), (true, false));
+        assert_eq!(passed(None, Level::INFO, "DEBUG"), (false, false));
+        // --shard-log-level debug: the shard's debug lines pass; the launcher's own stay filtered.
+        assert_eq!(passed(None, Level::DEBUG, "DEBUG"), (true, false));
+        // With RUST_LOG as well, its directives keep applying to everything else.
+        assert_eq!(passed(Some("warn"), Level::DEBUG, "DEBUG"), (true, false));
+        assert_eq!(
+            passed(
+                Some("decision_launcher::launch=debug"),
+                Level::DEBUG,
+                "DEBUG"
+            ),
+            (true, true)
+        );
+        // Quieter shard levels leave RUST_LOG alone: `warn` still drops a child's info line.
+        assert_eq!(passed(Some("warn"), Level::WARN, "INFO"), (false, false));
+        assert_eq!(passed(Some("warn"), Level::WARN, "WARNING"), (true, false));
+    }
 
     #[test]
     fn tracing_json_lines_keep_level_message_and_fields() {

@@ -30,7 +30,7 @@ async fn main() -> ExitCode {
             .error(clap::error::ErrorKind::ValueValidation, err)
             .exit();
     }
-    logging::init(config.json_output);
+    logging::init(config.json_output, config.shard_log_level.tracing_level());
     match launch::run(&config).await {
         Ok(_) => ExitCode::SUCCESS,
         // Already logged by `run`, before the shutdown it caused.

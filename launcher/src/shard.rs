@@ -78,7 +78,7 @@ impl Rendezvous {
     }
 }
 
-/// `decision-server serve MODEL_DIR --uds-path SOCKET --dtype D --read-mode M --rank R --world-size N
+/// `decision-server --log-level L serve MODEL_DIR --uds-path SOCKET --dtype D --read-mode M --rank R --world-size N
 /// [--master-addr A --master-port P] [--threads T]`: every rank's place in the group is an explicit flag.
 pub fn spec(
     program: &Path,
@@ -90,6 +90,9 @@ pub fn spec(
     env: &[(String, String)],
 ) -> ChildSpec {
     let mut args: Vec<OsString> = vec![
+        // The CLI's own option: before the subcommand.
+        "--log-level".into(),
+        flag_value(&config.shard_log_level).into(),
         "serve".into(),
         model.dir.clone().into(),
         "--uds-path".into(),
@@ -313,6 +316,8 @@ mod tests {
         assert_eq!(
             with_threads.args,
             [
+                "--log-level",
+                "info",
                 "serve",
                 "/models/m",
                 "--uds-path",
@@ -389,6 +394,16 @@ mod tests {
             &[],
         );
         assert_eq!(value_after(&off.args, "--prefix-cache-mb"), "0");
+        let debug = spec(
+            Path::new("decision-server"),
+            &config(&["--shard-log-level", "debug"]),
+            &model,
+            0,
+            socket,
+            None,
+            &[],
+        );
+        assert_eq!(value_after(&debug.args, "--log-level"), "debug");
 
         let preloaded = spec(
             Path::new("decision-server"),
@@ -436,7 +451,7 @@ mod tests {
             &[],
         );
         assert_eq!(rank1.name, "shard 1");
-        let tail: Vec<OsString> = rank1.args[12..].to_vec();
+        let tail: Vec<OsString> = rank1.args[14..].to_vec();
         assert_eq!(
             tail,
             [

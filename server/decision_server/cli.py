@@ -46,7 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="decision-server",
         description="Model shard of decision-inference: prefill-only label reads over gRPC.",
     )
-    parser.add_argument("--log-level", default="INFO", help="Logging level of the JSON lines on stderr.")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        help="Logging level of the JSON lines on stderr; below info, only the shard's own loggers "
+        "(debug: a line per batch of reads).",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="Serve a Hugging Face model folder over gRPC on a unix socket.")

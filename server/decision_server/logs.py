@@ -29,11 +29,18 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str = "INFO") -> None:
+    """JSON lines on stderr at `level`. Below INFO only the shard's own loggers go more verbose: torch's compiler,
+    PIL and the rest write thousands of debug lines at load, and an operator asking for the shard's debug lines
+    (`--shard-log-level debug`: one per batch of reads) wants those."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    number = logging.getLevelName(level.upper())
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}")
+    root.setLevel(max(number, logging.INFO))
+    logging.getLogger("decision_server").setLevel(number)
     # Libraries below us log progress bars and advice meant for notebooks; keep only their warnings.
     for noisy in ("transformers", "accelerate", "grpc", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
