@@ -1,9 +1,9 @@
 """The server as an operator meets it under faults and hostile clients (issue 20), on one launcher with a short
 request deadline: no filesystem paths in /info, metric series that stay flat under random paths, slow and idle
 clients cut off, an 8 MiB state refused within a memory bound, a request past its deadline answered 504 naming the
-limit, work that cannot finish refused at once with 529 + Retry-After, a frozen shard and a dead one answered
-503 `shard_unavailable`, and the shard's debug lines in the launcher's output when asked for. The last test kills
-the shard, so it ends the module's launcher."""
+limit (and its retry read from the prefix cache), work that cannot finish refused at once with 529 + Retry-After,
+a frozen shard and a dead one answered 503 `shard_unavailable`, and the shard's debug lines in the launcher's output
+when asked for. The last test kills the shard, so it ends the module's launcher."""
 
 from __future__ import annotations
 
@@ -277,6 +277,25 @@ def test_a_request_past_its_deadline_is_504_naming_the_limit(ops: Launcher) -> N
     assert f"{DEADLINE_S} s (request_timeout_secs)" in detail["message"], detail
     assert took < DEADLINE_S + 2, f"answered after {took:.1f} s"
     assert metric(ops.url, "decision_requests_timed_out_total") >= 1
+
+
+def test_a_retry_after_a_504_is_read_from_the_prefix_cache(ops: Launcher) -> None:
+    """A batch already at the shard when its request's deadline passes finishes there, and its prompts enter the
+    prefix cache: the client's retry of the same state computes only what is not cached, within the deadline."""
+    settle(ops)
+    assert post(ops.url, SMALL).status_code == 200
+    body = big_request(questions=4)  # the state is seconds of work; the retry computes four questions' tokens
+    assert post(ops.url, body).status_code == 504
+    # A small request is refused (529) while the timed-out batch would keep it past the deadline, and answered once
+    # that batch has finished.
+    wait_for(lambda: post(ops.url, SMALL).status_code == 200, "the timed-out batch finished", 30.0)
+    started = time.monotonic()
+    retry = post(ops.url, body)
+    took = time.monotonic() - started
+    assert retry.status_code == 200, show(retry)
+    payload = retry.json()
+    assert payload["x_cached_tokens"] >= 0.9 * payload["usage"]["input_tokens"], payload["usage"]
+    assert took < DEADLINE_S, f"the retry took {took:.2f} s"
 
 
 def test_work_that_cannot_finish_by_the_deadline_is_refused_at_once(ops: Launcher) -> None:
