@@ -286,6 +286,20 @@ mod tests {
         &args[at + 1]
     }
 
+    /// The argv of rank 0 of one shard, no rendezvous and no environment, launched with `flags`.
+    fn rank0_args(model: &Model, socket: &Path, flags: &[&str]) -> Vec<OsString> {
+        spec(
+            Path::new("decision-server"),
+            &config(flags),
+            model,
+            0,
+            socket,
+            None,
+            &[],
+        )
+        .args
+    }
+
     #[test]
     fn shard_argv_carries_model_socket_dtype_read_mode_matmul_and_threads() {
         let model = Model {
@@ -343,67 +357,22 @@ mod tests {
         );
         assert_eq!(with_threads.name, "shard 0");
 
-        let default_threads = spec(
-            Path::new("decision-server"),
-            &config(&[]),
-            &model,
-            0,
-            socket,
-            None,
-            &[],
-        );
-        assert!(!default_threads.args.contains(&OsString::from("--threads")));
-        assert!(default_threads.args.contains(&OsString::from("auto")));
-        assert_eq!(value_after(&default_threads.args, "--matmul"), "auto");
-        assert_eq!(value_after(&default_threads.args, "--compile"), "auto");
-        let split = spec(
-            Path::new("decision-server"),
-            &config(&["--matmul", "split"]),
-            &model,
-            0,
-            socket,
-            None,
-            &[],
-        );
-        assert_eq!(value_after(&split.args, "--matmul"), "split");
-        assert!(!default_threads
-            .args
-            .contains(&OsString::from("--master-port")));
-        assert_eq!(
-            value_after(&default_threads.args, "--prefix-cache-mb"),
-            "auto"
-        );
+        let default_threads = rank0_args(&model, socket, &[]);
+        assert!(!default_threads.contains(&OsString::from("--threads")));
+        assert!(default_threads.contains(&OsString::from("auto")));
+        assert_eq!(value_after(&default_threads, "--matmul"), "auto");
+        assert_eq!(value_after(&default_threads, "--compile"), "auto");
+        let split = rank0_args(&model, socket, &["--matmul", "split"]);
+        assert_eq!(value_after(&split, "--matmul"), "split");
+        assert!(!default_threads.contains(&OsString::from("--master-port")));
+        assert_eq!(value_after(&default_threads, "--prefix-cache-mb"), "auto");
 
-        let cached = spec(
-            Path::new("decision-server"),
-            &config(&["--prefix-cache-mb", "256"]),
-            &model,
-            0,
-            socket,
-            None,
-            &[],
-        );
-        assert_eq!(value_after(&cached.args, "--prefix-cache-mb"), "256");
-        let off = spec(
-            Path::new("decision-server"),
-            &config(&["--prefix-cache-mb", "0"]),
-            &model,
-            0,
-            socket,
-            None,
-            &[],
-        );
-        assert_eq!(value_after(&off.args, "--prefix-cache-mb"), "0");
-        let debug = spec(
-            Path::new("decision-server"),
-            &config(&["--shard-log-level", "debug"]),
-            &model,
-            0,
-            socket,
-            None,
-            &[],
-        );
-        assert_eq!(value_after(&debug.args, "--log-level"), "debug");
+        let cached = rank0_args(&model, socket, &["--prefix-cache-mb", "256"]);
+        assert_eq!(value_after(&cached, "--prefix-cache-mb"), "256");
+        let off = rank0_args(&model, socket, &["--prefix-cache-mb", "0"]);
+        assert_eq!(value_after(&off, "--prefix-cache-mb"), "0");
+        let debug = rank0_args(&model, socket, &["--shard-log-level", "debug"]);
+        assert_eq!(value_after(&debug, "--log-level"), "debug");
 
         let preloaded = spec(
             Path::new("decision-server"),

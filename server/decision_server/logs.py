@@ -36,8 +36,8 @@ def setup_logging(level: str = "INFO") -> None:
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    number = logging.getLevelName(level.upper())
-    if not isinstance(number, int):
+    number = logging.getLevelNamesMapping().get(level.upper())
+    if number is None:
         raise ValueError(f"unknown log level {level!r}")
     root.setLevel(max(number, logging.INFO))
     logging.getLogger("decision_server").setLevel(number)
