@@ -4,6 +4,7 @@ Built from tensor-parallel layers, so one implementation serves world size 1..N;
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -204,22 +205,75 @@ def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: 
     diagonal), each with its log-sum-exp, and the two softmax parts are merged exactly in float32.
 
     A past no longer than the new tokens (a short chat head from the prefix cache before a state of its own) is
-    instead attended in the same causal call: the queries are padded at the front with one zero row per past token,
-    so query i sits at position past + i and the kernel's causal mask lets it see exactly keys 0 .. past + i. That
-    costs past²/2 products for rows nobody reads and saves the second call and the float32 merge over every new
-    token, which made a 510-token chain after a 30-token cached head 1.09x slower in bfloat16 than recomputing the
-    head (bench/results/2026-12-02-c16/head_cache_rates.py).
+    instead attended with the new tokens as one causal chain (`_causal_chain`), with no second call and no float32
+    merge over every new token, which made a 510-token chain after a 30-token cached head 1.09x slower in bfloat16
+    than recomputing the head (bench/results/2026-12-02-c16/head_cache_rates.py).
     """
-    past_length, tokens = past.keys.shape[1], query.shape[1]
-    if past_length <= tokens:
-        padded = torch.cat((query.new_zeros(query.shape[0], past_length, query.shape[2]), query), dim=1)
-        keys = torch.cat((past.keys, new.keys), dim=1).unsqueeze(0)
-        values = torch.cat((past.values, new.values), dim=1).unsqueeze(0)
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        attended = flash(padded.unsqueeze(0), keys, values, 0.0, True, scale=scale)[0]
-        return attended[0, :, past_length:]
+    if past.keys.shape[1] <= query.shape[1]:
+        keys = torch.cat((past.keys, new.keys), dim=1)
+        values = torch.cat((past.values, new.values), dim=1)
+        return _causal_chain(query, keys, values, scale)
     # One causal block over all new tokens: the tree attention after a past, without a tree.
-    return _tree_after_past(query, new, past, TreeAfterPast(((0, tokens, None),)), scale)
+    return _tree_after_past(query, new, past, TreeAfterPast(((0, query.shape[1], None),)), scale)
+
+
+# torch's CPU flash kernel computes keys in blocks of 512 for every block of queries, however few of them a causal
+# query may see: a chain under about a thousand tokens costs it most of a full square. Cut into pieces of this many
+# queries, each one call over the keys up to the piece's end (those before it densely, its own square by a mask), it
+# computes about half. One layer's chain (Qwen3-0.6B's heads, 2 Zen 4 cores): 540 tokens 1.24x faster in bfloat16,
+# 300-1,024 tokens 1.11-1.24x, 1,536 a tie (bench/results/2026-12-05-zen4/masked_pieces.txt); a whole bfloat16 tree
+# read 1.020-1.022x (pieces_ab.txt). No log-sum-exp merge: each piece is a whole softmax. Longer chains stay one call,
+# and so do float32 ones: alone they gained too (1.21x at 540), inside a float32 read 0.986-0.993x.
+CHAIN_PIECE_TOKENS = 192
+MAX_PIECED_CHAIN_TOKENS = 1024
+PIECED_CHAIN_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _chain_pieces(tokens: int, offset: int, dtype: torch.dtype) -> list[tuple[int, int]]:
+    """The pieces (start, end) of `tokens` queries at positions offset .. offset + tokens - 1 that `_causal_chain`
+    attends one call each: one piece where pieces do not pay (a short chain, one past MAX_PIECED_CHAIN_TOKENS, or
+    a dtype not in PIECED_CHAIN_DTYPES)."""
+    if tokens <= CHAIN_PIECE_TOKENS or offset + tokens > MAX_PIECED_CHAIN_TOKENS or dtype not in PIECED_CHAIN_DTYPES:
+        return [(0, tokens)]
+    return [(start, min(start + CHAIN_PIECE_TOKENS, tokens)) for start in range(0, tokens, CHAIN_PIECE_TOKENS)]
+
+
+def _causal_chain(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention on CPU of `query` (heads, tokens, head_dim) at the last `tokens` positions of `keys` and
+    `values` (kv_heads, offset + tokens, head_dim): query i sees keys 0 .. offset + i. (heads, tokens, head_dim).
+
+    In pieces (`_chain_pieces`): a piece from position 0 is the kernel's own causal call; any other sees the keys up
+    to its end through an additive mask (`_piece_mask`). One piece after an offset is one causal call over queries
+    padded at the front with a zero row per offset token, so query i sits at position offset + i; the padding rows
+    cost offset²/2 products that nobody reads.
+    """
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    tokens, offset = query.shape[1], keys.shape[1] - query.shape[1]
+    q, k, v = query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)
+    pieces = _chain_pieces(tokens, offset, query.dtype)
+    if len(pieces) == 1 and offset:
+        padded = torch.cat((q.new_zeros(1, q.shape[1], offset, q.shape[3]), q), dim=2)
+        return flash(padded, k, v, 0.0, True, scale=scale)[0][0, :, offset:]
+    parts = []
+    for start, end in pieces:
+        seen = offset + end
+        if offset + start == 0:
+            parts.append(flash(q[:, :, :end], k[:, :, :end], v[:, :, :end], 0.0, True, scale=scale)[0][0])
+        else:
+            mask = _piece_mask(end - start, seen, query.dtype)
+            attended = flash(
+                q[:, :, start:end], k[:, :, :seen], v[:, :, :seen], 0.0, False, attn_mask=mask, scale=scale
+            )
+            parts.append(attended[0][0])
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+@functools.lru_cache(maxsize=16)
+def _piece_mask(rows: int, keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask (1, 1, rows, keys) of a chain's last `rows` queries over its first `keys` keys: row r sees
+    keys 0 .. keys - rows + r. Cached: a pass's layers all ask for the same few (never written to)."""
+    allowed = torch.ones(rows, keys, dtype=torch.bool).tril_(keys - rows)
+    return torch.zeros(rows, keys, dtype=dtype).masked_fill_(~allowed, float("-inf"))[None, None]
 
 
 # Blocks of a tree pass smaller than this are attended together (one kernel call over their block-diagonal mask):
@@ -318,11 +372,7 @@ def _tree_after_past(
             led = _causal_after_past(query[:, :lead], chain, past, scale)
             seen = LayerKV(torch.cat((past.keys, chain.keys), dim=1), torch.cat((past.values, chain.values), dim=1))
         else:
-            flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-            causal = flash(
-                query[:, :lead].unsqueeze(0), chain.keys.unsqueeze(0), chain.values.unsqueeze(0), 0.0, True, scale=scale
-            )
-            led = causal[0][0]
+            led = _causal_chain(query[:, :lead], chain.keys, chain.values, scale)
             seen = chain
         if lead == query.shape[1]:
             return led
@@ -429,9 +479,13 @@ class Attention(nn.Module):
         if isinstance(mask, TreeAfterPast):
             attended = _tree_after_past(query, new, past, mask, self.head_dim**-0.5)
             return self.out(attended.transpose(0, 1).reshape(tokens, self.heads * self.head_dim)), new
-        if mask is None and past is not None and past.keys.shape[1] and tokens > 1 and hidden.device.type == "cpu":
-            # No tree: causal attention continuing after the past tokens, without a mask (see _causal_after_past).
-            attended = _causal_after_past(query, new, past, self.head_dim**-0.5)
+        if mask is None and tokens > 1 and hidden.device.type == "cpu":
+            # No tree: causal attention from position 0 or continuing after the past tokens, in the kernel's causal
+            # calls (see _causal_chain and _causal_after_past).
+            if past is not None and past.keys.shape[1]:
+                attended = _causal_after_past(query, new, past, self.head_dim**-0.5)
+            else:
+                attended = _causal_chain(query, key, value, self.head_dim**-0.5)
             return self.out(attended.transpose(0, 1).reshape(tokens, self.heads * self.head_dim)), new
         if past is not None:
             key = torch.cat((past.keys, key), dim=1)
