@@ -218,22 +218,28 @@ def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: 
 
 
 # torch's CPU flash kernel computes keys in blocks of 512 for every block of queries, however few of them a causal
-# query may see: a chain under about a thousand tokens costs it most of a full square. Cut into pieces of this many
-# queries, each one call over the keys up to the piece's end (those before it densely, its own square by a mask), it
-# computes about half. One layer's chain (Qwen3-0.6B's heads, 2 Zen 4 cores): 540 tokens 1.24x faster in bfloat16,
-# 300-1,024 tokens 1.11-1.24x, 1,536 a tie (bench/results/2026-12-05-zen4/masked_pieces.txt); a whole bfloat16 tree
-# read 1.020-1.022x (pieces_ab.txt). No log-sum-exp merge: each piece is a whole softmax. Longer chains stay one call,
-# and so do float32 ones: alone they gained too (1.21x at 540), inside a float32 read 0.986-0.993x.
+# query may see: a chain under about a thousand tokens costs it most of a full square. Chains of more than
+# CHAIN_PIECE_TOKENS and at most MAX_PIECED_CHAIN_TOKENS tokens (offset included) are attended another way, by dtype:
+# - bfloat16 and float16: in pieces of CHAIN_PIECE_TOKENS queries, each one flash call over the keys up to the
+#   piece's end (those before it densely, its own square by a mask), so about half the products are computed. One
+#   layer's chain (Qwen3-0.6B's heads, 2 Zen 4 cores): 540 tokens 1.24x faster, 300-1,024 tokens 1.11-1.24x, 1,536
+#   a tie (bench/results/2026-12-05-zen4/masked_pieces.txt); a whole bfloat16 tree read 1.020-1.022x (pieces_ab.txt).
+#   No log-sum-exp merge: each piece is a whole softmax.
+# - float32: the same pieces were 1.21x faster alone but 0.986-0.993x inside a read. There the kernel's own float32
+#   blocks are the slow part: batched float32 GEMMs over blocks of CHAIN_GEMM_ROWS queries with an exact softmax
+#   between them (`_gemm_chain`) ran a chain of 540 tokens 1.38x and 860 tokens 1.16x faster alone, errors as small
+#   (gemm_attention.txt), and a whole float32 tree read 1.031x (gemm_chain_ab.txt).
+# Longer chains stay one flash call.
 CHAIN_PIECE_TOKENS = 192
 MAX_PIECED_CHAIN_TOKENS = 1024
-PIECED_CHAIN_DTYPES = (torch.bfloat16, torch.float16)
+CHAIN_GEMM_ROWS = 64
 
 
-def _chain_pieces(tokens: int, offset: int, dtype: torch.dtype) -> list[tuple[int, int]]:
+def _chain_pieces(tokens: int, offset: int) -> list[tuple[int, int]]:
     """The pieces (start, end) of `tokens` queries at positions offset .. offset + tokens - 1 that `_causal_chain`
-    attends one call each: one piece where pieces do not pay (a short chain, one past MAX_PIECED_CHAIN_TOKENS, or
-    a dtype not in PIECED_CHAIN_DTYPES)."""
-    if tokens <= CHAIN_PIECE_TOKENS or offset + tokens > MAX_PIECED_CHAIN_TOKENS or dtype not in PIECED_CHAIN_DTYPES:
+    attends one flash call each in bfloat16 and float16: one piece where pieces do not pay (a chain of at most
+    CHAIN_PIECE_TOKENS tokens, or one past MAX_PIECED_CHAIN_TOKENS)."""
+    if tokens <= CHAIN_PIECE_TOKENS or offset + tokens > MAX_PIECED_CHAIN_TOKENS:
         return [(0, tokens)]
     return [(start, min(start + CHAIN_PIECE_TOKENS, tokens)) for start in range(0, tokens, CHAIN_PIECE_TOKENS)]
 
@@ -242,15 +248,17 @@ def _causal_chain(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     """Causal attention on CPU of `query` (heads, tokens, head_dim) at the last `tokens` positions of `keys` and
     `values` (kv_heads, offset + tokens, head_dim): query i sees keys 0 .. offset + i. (heads, tokens, head_dim).
 
-    In pieces (`_chain_pieces`): a piece from position 0 is the kernel's own causal call; any other sees the keys up
-    to its end through an additive mask (`_piece_mask`). One piece after an offset is one causal call over queries
-    padded at the front with a zero row per offset token, so query i sits at position offset + i; the padding rows
-    cost offset²/2 products that nobody reads.
+    In pieces (`_chain_pieces`): in float32 by `_gemm_chain`; otherwise a piece from position 0 is the kernel's own
+    causal call and any other sees the keys up to its end through an additive mask (`_piece_mask`). One piece after
+    an offset is one causal call over queries padded at the front with a zero row per offset token, so query i sits
+    at position offset + i; the padding rows cost offset²/2 products that nobody reads.
     """
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     tokens, offset = query.shape[1], keys.shape[1] - query.shape[1]
     q, k, v = query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)
-    pieces = _chain_pieces(tokens, offset, query.dtype)
+    pieces = _chain_pieces(tokens, offset)
+    if len(pieces) > 1 and query.dtype == torch.float32:
+        return _gemm_chain(query, keys, values, scale)
     if len(pieces) == 1 and offset:
         padded = torch.cat((q.new_zeros(1, q.shape[1], offset, q.shape[3]), q), dim=2)
         return flash(padded, k, v, 0.0, True, scale=scale)[0][0, :, offset:]
@@ -266,6 +274,28 @@ def _causal_chain(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
             )
             parts.append(attended[0][0])
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _gemm_chain(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """`_causal_chain` in float32 as batched GEMMs: per block of CHAIN_GEMM_ROWS queries, the scores of a key/value
+    head's query heads over the keys up to the block's end (one `bmm`), the block's own square masked above its
+    diagonal, an exact softmax (max, exp, sum in float32) and one `bmm` with the values."""
+    heads, tokens, width = query.shape
+    kv_heads, length, _ = keys.shape
+    group, offset = heads // kv_heads, length - tokens
+    scaled = (query * scale).view(kv_heads, group, tokens, width)
+    keys_t = keys.transpose(1, 2)
+    out = query.new_empty(kv_heads, group, tokens, width)
+    above = torch.ones(CHAIN_GEMM_ROWS, CHAIN_GEMM_ROWS, dtype=torch.bool).triu_(1)
+    for start in range(0, tokens, CHAIN_GEMM_ROWS):
+        end = min(tokens, start + CHAIN_GEMM_ROWS)
+        rows, seen = end - start, offset + end
+        scores = torch.bmm(scaled[:, :, start:end].reshape(kv_heads, group * rows, width), keys_t[:, :, :seen])
+        scores.view(kv_heads, group, rows, seen)[..., offset + start :].masked_fill_(above[:rows, :rows], float("-inf"))
+        weights = scores.sub_(scores.amax(-1, keepdim=True)).exp_()
+        total = weights.sum(-1, keepdim=True)
+        out[:, :, start:end] = torch.bmm(weights, values[:, :seen]).div_(total).view(kv_heads, group, rows, width)
+    return out.view(heads, tokens, width)
 
 
 @functools.lru_cache(maxsize=16)

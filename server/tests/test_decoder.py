@@ -136,44 +136,58 @@ def _causal_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
 def test_a_causal_chain_in_pieces_equals_the_masked_softmax(
     monkeypatch: pytest.MonkeyPatch, offset: int, tokens: int, pieces: int, dtype: torch.dtype
 ) -> None:
-    """`_causal_chain` cuts bfloat16 chains of 193-1,024 tokens into masked pieces (torch's kernel computes a 512-key
-    block for every query block otherwise) and stays the softmax over exactly the keys each query may see."""
+    """`_causal_chain` attends chains of 193-1,024 tokens in pieces (torch's kernel computes a 512-key block for
+    every query block otherwise): masked flash calls in bfloat16, batched GEMMs in float32. Either way it stays the
+    softmax over exactly the keys each query may see."""
     from decision_server import decoder
 
     generator = torch.Generator().manual_seed(offset * 1000 + tokens)
     query = torch.randn(4, tokens, 16, generator=generator).to(dtype)
     keys, values = (torch.randn(2, offset + tokens, 16, generator=generator).to(dtype) for _ in range(2))
     masks: list[tuple[int, int]] = []
-    piece_mask = decoder._piece_mask
+    gemm_calls: list[int] = []
+    piece_mask, gemm_chain = decoder._piece_mask, decoder._gemm_chain
     monkeypatch.setattr(
         decoder, "_piece_mask", lambda rows, seen, kind: masks.append((rows, seen)) or piece_mask(rows, seen, kind)
     )
+    monkeypatch.setattr(decoder, "_gemm_chain", lambda *args: gemm_calls.append(1) or gemm_chain(*args))
     ours = decoder._causal_chain(query, keys, values, 0.25)
     assert ours.dtype == dtype and ours.shape == (4, tokens, 16)
-    # Every piece but one from position 0 is a masked call over the keys up to its end; float32 stays one call.
-    pieces = pieces if dtype == torch.bfloat16 else 1
-    assert len(masks) == (pieces - 1 if offset == 0 else pieces if pieces > 1 else 0)
-    assert all(seen <= offset + tokens and rows <= decoder.CHAIN_PIECE_TOKENS for rows, seen in masks)
+    if dtype == torch.float32:
+        assert (len(gemm_calls), len(masks)) == ((1 if pieces > 1 else 0), 0)
+    else:
+        # Every piece but one from position 0 is a masked call over the keys up to its end.
+        assert not gemm_calls and len(masks) == (pieces - 1 if offset == 0 else pieces if pieces > 1 else 0)
+        assert all(seen <= offset + tokens and rows <= decoder.CHAIN_PIECE_TOKENS for rows, seen in masks)
     expected = _causal_reference(query, keys, values, 0.25)
     # bfloat16: the kernel rounds its output (and the probabilities before the value product) to bfloat16.
     torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6 if dtype == torch.float32 else 3e-2)
 
 
+def test_gemm_chain_reads_strided_heads_as_the_decoder_passes_them() -> None:
+    """The decoder's queries, keys and values are (heads, tokens, head_dim) views of token-major projections."""
+    from decision_server.decoder import _gemm_chain
+
+    generator = torch.Generator().manual_seed(7)
+    tokens, offset = 300, 20
+    query = torch.randn(tokens, 8, 32, generator=generator).transpose(0, 1)
+    keys, values = (torch.randn(offset + tokens, 2, 32, generator=generator).transpose(0, 1) for _ in range(2))
+    expected = _causal_reference(query, keys, values, 32**-0.5)
+    torch.testing.assert_close(_gemm_chain(query, keys, values, 32**-0.5).double(), expected, rtol=0, atol=2e-6)
+
+
 def test_chain_pieces_cover_the_chain_in_order() -> None:
     from decision_server.decoder import CHAIN_PIECE_TOKENS, MAX_PIECED_CHAIN_TOKENS, _chain_pieces
 
-    bf16 = torch.bfloat16
     for offset, tokens in [(0, 193), (0, 540), (30, 540), (0, MAX_PIECED_CHAIN_TOKENS), (24, 1000)]:
-        pieces = _chain_pieces(tokens, offset, bf16)
+        pieces = _chain_pieces(tokens, offset)
         assert pieces[0][0] == 0 and pieces[-1][1] == tokens and len(pieces) == -(-tokens // CHAIN_PIECE_TOKENS)
         assert all(end == start for (_, end), (start, _) in itertools.pairwise(pieces))
         assert all(0 < end - start <= CHAIN_PIECE_TOKENS for start, end in pieces)
     # Short chains, and chains past the limit (a tie there: bench/results/2026-12-05-zen4/), stay one call.
-    assert _chain_pieces(CHAIN_PIECE_TOKENS, 0, bf16) == [(0, CHAIN_PIECE_TOKENS)]
-    assert _chain_pieces(MAX_PIECED_CHAIN_TOKENS + 1, 0, bf16) == [(0, MAX_PIECED_CHAIN_TOKENS + 1)]
-    assert _chain_pieces(500, MAX_PIECED_CHAIN_TOKENS - 499, bf16) == [(0, 500)]
-    # float32 reads lost with pieces (0.986-0.993x): one call.
-    assert _chain_pieces(540, 0, torch.float32) == [(0, 540)]
+    assert _chain_pieces(CHAIN_PIECE_TOKENS, 0) == [(0, CHAIN_PIECE_TOKENS)]
+    assert _chain_pieces(MAX_PIECED_CHAIN_TOKENS + 1, 0) == [(0, MAX_PIECED_CHAIN_TOKENS + 1)]
+    assert _chain_pieces(500, MAX_PIECED_CHAIN_TOKENS - 499) == [(0, 500)]
 
 
 def test_fast_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smollm2_reference: Any) -> None:

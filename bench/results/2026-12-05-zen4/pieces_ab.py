@@ -1,7 +1,8 @@
 # ruff: noqa
-"""Lab: one tree read (8 reads over a 540-token head with 40-token tails, one pass) with causal chains in masked
-pieces (`decoder._causal_chain`, 2026-12-05) against one causal call per chain (the code before), taking turns in
-one process. Usage: DTYPE=bfloat16|float32 python pieces_ab.py MODEL [ROUNDS]   (repository root, PYTHONPATH=server,
+"""Lab: one tree read (8 reads over a 540-token head with 40-token tails, one pass) with causal chains in pieces
+(`decoder._causal_chain`, 2026-12-05: masked flash calls in bfloat16; from the second run on, batched GEMMs in
+float32, before that one call there) against one causal call per chain (the code before), taking turns in one
+process. Usage: DTYPE=bfloat16|float32 python pieces_ab.py MODEL [ROUNDS]   (repository root, PYTHONPATH=server,
 MKL dispatch and tcmalloc preloaded as the launcher does on AMD)"""
 
 import os, statistics, sys
