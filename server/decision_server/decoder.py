@@ -21,6 +21,8 @@ from decision_server.layers import (
     ParallelLMHead,
     RowParallelLinear,
     VocabParallelEmbedding,
+    amx_row_buckets,
+    gemm_rows,
     linear_weight_bytes,
 )
 
@@ -443,8 +445,13 @@ class KeptRows:
     mask: torch.Tensor
 
     @classmethod
-    def of(cls, keep: torch.Tensor, mask: torch.Tensor | None, past_length: int, tokens: int) -> KeptRows:
-        """`mask` as `DecoderLM.hidden_states` takes it (None = causal after the past)."""
+    def of(
+        cls, keep: torch.Tensor, mask: torch.Tensor | None, past_length: int, tokens: int, bucket: bool = False
+    ) -> KeptRows:
+        """`mask` as `DecoderLM.hidden_states` takes it (None = causal after the past). With `bucket`, the last kept
+        row repeats up to `gemm_rows` rows (callers read the first len(keep))."""
+        if bucket and keep.numel():
+            keep = torch.cat((keep, keep[-1:].expand(gemm_rows(len(keep)) - len(keep))))
         if mask is not None:
             return cls(keep, mask.index_select(2, keep))
         keys = torch.arange(past_length + tokens, device=keep.device)
@@ -488,9 +495,15 @@ class Attention(nn.Module):
         past: LayerKV | None,
         rows: KeptRows | None = None,
     ) -> tuple[torch.Tensor, LayerKV]:
-        """Attention output of every token, or with `rows` of those rows only (keys/values are of every token)."""
-        tokens = hidden.shape[0]
+        """Attention output of every token, or with `rows` of those rows only (keys/values are of every token).
+
+        `hidden` may end in padding rows past the pass's tokens (`cos` has a row per token: `DecoderLM.hidden_states`):
+        they go through the projections, and the output has them as zeros; attention and keys/values never see them.
+        """
+        tokens, run_rows = cos.shape[0], hidden.shape[0]
         packed = self.qkv(hidden)
+        if run_rows > tokens:
+            packed = packed[:tokens]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         query = packed[:, :q_size].view(tokens, self.heads, self.head_dim)
         key = packed[:, q_size : q_size + kv_size].view(tokens, self.kv_heads, self.head_dim)
@@ -508,7 +521,7 @@ class Attention(nn.Module):
             return self._rows_only(query, new, past, rows), new
         if isinstance(mask, TreeAfterPast):
             attended = _tree_after_past(query, new, past, mask, self.head_dim**-0.5)
-            return self.out(attended.transpose(0, 1).reshape(tokens, self.heads * self.head_dim)), new
+            return self.out(_token_major(attended, run_rows)), new
         if mask is None and tokens > 1 and hidden.device.type == "cpu":
             # No tree: causal attention from position 0 or continuing after the past tokens, in the kernel's causal
             # calls (see _causal_chain and _causal_after_past).
@@ -516,7 +529,7 @@ class Attention(nn.Module):
                 attended = _causal_after_past(query, new, past, self.head_dim**-0.5)
             else:
                 attended = _causal_chain(query, key, value, self.head_dim**-0.5)
-            return self.out(attended.transpose(0, 1).reshape(tokens, self.heads * self.head_dim)), new
+            return self.out(_token_major(attended, run_rows)), new
         if past is not None:
             key = torch.cat((past.keys, key), dim=1)
             value = torch.cat((past.values, value), dim=1)
@@ -538,8 +551,7 @@ class Attention(nn.Module):
             # (copying them out per layer cost about 6 % of causal attention, measured).
             enable_gqa=self.heads != self.kv_heads,
         )
-        merged = attended[0].transpose(0, 1).reshape(tokens, self.heads * self.head_dim)
-        return self.out(merged), new
+        return self.out(_token_major(attended[0], run_rows)), new
 
     def _rows_only(self, query: torch.Tensor, new: LayerKV, past: LayerKV | None, rows: KeptRows) -> torch.Tensor:
         """Attention output (rows, hidden) of the kept rows' queries over every key they may see."""
@@ -548,7 +560,6 @@ class Attention(nn.Module):
             values = torch.cat((past.values, new.values), dim=1)
         else:
             keys, values = new.keys, new.values
-        count = rows.index.shape[0]
         attended = F.scaled_dot_product_attention(
             query.index_select(1, rows.index).unsqueeze(0),
             keys.unsqueeze(0),
@@ -557,7 +568,19 @@ class Attention(nn.Module):
             scale=self.head_dim**-0.5,
             enable_gqa=self.heads != self.kv_heads,
         )
-        return self.out(attended[0].transpose(0, 1).reshape(count, self.heads * self.head_dim))
+        return self.out(_token_major(attended[0], rows.index.shape[0]))
+
+
+def _token_major(attended: torch.Tensor, rows: int) -> torch.Tensor:
+    """Attention output (heads, tokens, head_dim) as `rows` >= tokens token-major rows (rows, heads * head_dim) for
+    the output projection, the rows past `tokens` (a pass's padding) zeros."""
+    heads, tokens, head_dim = attended.shape
+    if rows == tokens:
+        return attended.transpose(0, 1).reshape(tokens, heads * head_dim)
+    merged = attended.new_empty(rows, heads * head_dim)
+    merged[:tokens].view(tokens, heads, head_dim).copy_(attended.transpose(0, 1))
+    merged[tokens:].zero_()
+    return merged
 
 
 class GatedMLP(nn.Module):
@@ -656,6 +679,8 @@ class DecoderLM(nn.Module):
         self.norm = norm
         self.head = head
         self.rotary = rotary
+        # Passes run their GEMMs at bucketed row counts where oneDNN's AMX kernels are built per count (ROW_BUCKET).
+        self.bucket_rows = amx_row_buckets(self)
 
     @classmethod
     def load(
@@ -776,21 +801,26 @@ class DecoderLM(nn.Module):
         `mask` (1, 1, tokens, past + tokens), booleans, True = may attend; None = causal. The hidden states are
         (tokens, hidden), or with `keep` (token indices) those rows only, in that order: the last layer then
         computes only them (`KeptRows`).
+
+        With `bucket_rows` (AMX) the layers run `gemm_rows(tokens)` rows: padding rows of token 0 follow the
+        tokens through the projections and row-wise ops and are never attended (`Attention.forward`).
         """
-        hidden = self.embedding(token_ids)
+        tokens = len(token_ids)
+        run_rows = gemm_rows(tokens) if self.bucket_rows else tokens
+        hidden = self.embedding(F.pad(token_ids, (0, run_rows - tokens)) if run_rows > tokens else token_ids)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
         past_length = int(past[0].keys.shape[1]) if past else 0
         layer_mask: torch.Tensor | TreeAfterPast | None = mask
         if mask is not None and hidden.device.type == "cpu":
             layer_mask = TreeAfterPast.of(mask, past_length, hidden.dtype) or mask
         last = len(self.layers) - 1
-        rows = None if keep is None else KeptRows.of(keep, mask, past_length, len(token_ids))
+        rows = None if keep is None else KeptRows.of(keep, mask, past_length, tokens, self.bucket_rows)
         new: list[LayerKV] = []
         for index, layer in enumerate(self.layers):
             layer_past = past[index] if past is not None else None
             hidden, kv = layer(hidden, cos, sin, layer_mask, layer_past, rows if index == last else None)
             new.append(kv)
-        return self.norm(hidden), new
+        return self.norm(hidden[: tokens if keep is None else len(keep)]), new
 
     def parameter_bytes(self) -> int:
         """Bytes of this rank's weights (a tied tensor counted once)."""

@@ -43,6 +43,14 @@ FAST_MARGIN = 1.05
 PROBE_ROWS = 512
 PROBE_MAX_WEIGHT = 1 << 23
 PROBE_MAX_FEATURES = 4096
+# oneDNN builds (JIT-compiles) a GEMM kernel for every row count it meets and caches it. With AMX (half-precision
+# weights on an Intel Xeon with AMX tiles, whose tiles hold 16 rows) the first call at a new count took 6-16 ms more
+# per decoder shape, and a bfloat16 tree read at a new token count 1.045x one at a count seen before; every served
+# request packs a new count. There passes run their GEMMs at a multiple of this many rows (`gemm_rows`): at a new count
+# a read took 1,513 ms against 1,600 without (1.058x, bench/results/2026-12-05-amx/). With AVX-512 kernels (Zen 4) a
+# new count cost 0.2-1.3 ms per shape and the padding rows more than that (0.990x, bench/results/2026-12-05-zen4/), so
+# only AMX passes are bucketed (`amx_row_buckets`).
+ROW_BUCKET = 16
 
 logger = logging.getLogger(__name__)
 
@@ -326,6 +334,24 @@ def linear_weight_bytes(module: nn.Module) -> int:
         for m in module.modules()
         if isinstance(m, ColumnParallelLinear | RowParallelLinear) and _is_packed(m.weight)
     )
+
+
+def amx_row_buckets(module: nn.Module) -> bool:
+    """Whether passes over `module` should run their GEMMs at `gemm_rows` rows: where oneDNN multiplies its packed
+    half-precision weights in AMX tiles (see ROW_BUCKET)."""
+    return torch.cpu._is_amx_tile_supported() and any(
+        isinstance(m, ColumnParallelLinear | RowParallelLinear)
+        and isinstance(m.weight, torch.Tensor)
+        and m.weight.is_mkldnn
+        and m.weight.dtype in (torch.bfloat16, torch.float16)
+        for m in module.modules()
+    )
+
+
+def gemm_rows(rows: int) -> int:
+    """The row count a pass of `rows` tokens runs its oneDNN GEMMs at: `rows` up to ROW_BUCKET (few counts, each
+    cached once), else `rows` rounded up to a multiple of ROW_BUCKET."""
+    return rows if rows <= ROW_BUCKET else -(-rows // ROW_BUCKET) * ROW_BUCKET
 
 
 def _is_packed(weight: torch.Tensor | split_gemm.SplitWeight) -> bool:

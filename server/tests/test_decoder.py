@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from decision_server import layers
 from decision_server.decoder import UnsupportedModelError
 from decision_server.decoder_model import DecoderModel
 from decision_server.distributed import ParallelConfig
@@ -591,3 +592,80 @@ def test_the_last_layer_computes_only_the_kept_rows(request: pytest.FixtureReque
                     assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("dtype, matmul", [("float32", "fast"), ("bfloat16", "auto")])
+@pytest.mark.parametrize("shape", ["causal", "tree", "causal after past"])
+def test_bucketed_passes_run_their_gemms_at_bucketed_row_counts(
+    tiny_qwen3_dir: Path, dtype: str, matmul: str, shape: str
+) -> None:
+    """With `bucket_rows` (AMX: oneDNN builds a kernel per row count) every projection runs `gemm_rows` rows, and
+    the padding changes nothing else: hidden states as without it, keys/values of the pass's tokens only. The padding
+    needs no AMX, so it is checked on every CPU."""
+    model = load_model(tiny_qwen3_dir, dtype=dtype, matmul=matmul)
+    assert isinstance(model, DecoderModel)
+    network = model.network
+    rule = network.bucket_rows
+    assert layers.ROW_BUCKET == 16
+    generator = torch.Generator().manual_seed(11)
+    past_length, tokens = (23 if "past" in shape else 0), 40
+    ids = torch.randint(0, model.token_limit, (past_length + tokens,), generator=generator)
+    positions = torch.arange(past_length, past_length + tokens)
+    past = mask = None
+    if past_length:
+        with torch.inference_mode():
+            _, past = network.hidden_states(ids[:past_length], torch.arange(past_length), None, None)
+    if shape == "tree":
+        allowed = _branches_mask(0, [10, 10, 10, 10], {1: 2})
+        allowed[:, 0] = True
+        mask = model.tree_attention_mask(allowed)
+        positions = torch.tensor([i % 10 for i in range(tokens)])
+    keep = torch.arange(0, tokens, 2)  # 20 kept rows: 32 in the last layer
+    linears = [m for m in network.modules() if isinstance(m, layers.ColumnParallelLinear | layers.RowParallelLinear)]
+    rows_seen: list[int] = []
+    hooks = [m.register_forward_hook(lambda _m, args, _o: rows_seen.append(args[0].shape[0])) for m in linears]
+    try:
+        with torch.inference_mode():
+            results = {}
+            for bucket in (True, False):
+                network.bucket_rows = bucket
+                rows_seen.clear()
+                results[bucket] = (
+                    network.hidden_states(ids[past_length:], positions, mask, past),
+                    network.hidden_states(ids[past_length:], positions, mask, past, keep),
+                )
+                per_layer = 4 * len(network.layers)
+                assert rows_seen[:per_layer] == [48 if bucket else 40] * per_layer
+                # The kept pass: full rows up to the last layer, whose output projection and MLP see the kept rows.
+                last = rows_seen[per_layer + per_layer - 3 :]
+                assert last == [32 if bucket else 20] * 3
+    finally:
+        network.bucket_rows = rule
+        for hook in hooks:
+            hook.remove()
+    tolerance = {"float32": 1e-5, "bfloat16": 2e-2}[dtype]
+    for (bucketed, bucketed_kv), (plain, plain_kv) in zip(results[True], results[False], strict=True):
+        assert bucketed.shape == plain.shape
+        torch.testing.assert_close(bucketed.float(), plain.float(), rtol=0, atol=tolerance)
+        for ours, theirs in zip(bucketed_kv, plain_kv, strict=True):
+            assert ours.keys.shape == theirs.keys.shape == (network.shape.kv_heads, tokens, network.shape.head_dim)
+            torch.testing.assert_close(ours.keys.float(), theirs.keys.float(), rtol=0, atol=tolerance)
+            torch.testing.assert_close(ours.values.float(), theirs.values.float(), rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("amx", [True, False])
+@pytest.mark.parametrize("dtype, matmul", [("float32", "fast"), ("float32", "exact"), ("bfloat16", "auto")])
+def test_only_passes_over_amx_half_precision_gemms_are_bucketed(
+    tiny_qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, amx: bool, dtype: str, matmul: str
+) -> None:
+    """Row buckets pay where oneDNN builds AMX kernels per row count (bfloat16 packed weights on an AMX CPU), not
+    where its AVX-512 kernels cost less than the padding (Zen 4), nor for float32 weights (AMX does not multiply
+    them)."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    model = load_model(tiny_qwen3_dir, dtype=dtype, matmul=matmul)
+    assert isinstance(model, DecoderModel)
+    assert model.network.bucket_rows == (amx and dtype == "bfloat16" and layers.bfloat16_packs())
+
+
+def test_gemm_rows_rounds_up_to_the_bucket_above_it() -> None:
+    assert [layers.gemm_rows(n) for n in (1, 15, 16, 17, 32, 33, 860, 861)] == [1, 15, 16, 32, 32, 48, 864, 864]
