@@ -364,6 +364,8 @@ mod tests {
         assert_eq!(value_after(&default_threads, "--compile"), "auto");
         let split = rank0_args(&model, socket, &["--matmul", "split"]);
         assert_eq!(value_after(&split, "--matmul"), "split");
+        let widen = rank0_args(&model, socket, &["--matmul", "widen"]);
+        assert_eq!(value_after(&widen, "--matmul"), "widen");
         assert!(!default_threads.contains(&OsString::from("--master-port")));
         assert_eq!(value_after(&default_threads, "--prefix-cache-mb"), "auto");
 

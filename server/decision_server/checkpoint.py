@@ -4,6 +4,7 @@ never a whole tensor, so a rank's memory holds its share of the weights and noth
 from __future__ import annotations
 
 import json
+import math
 from contextlib import ExitStack
 from pathlib import Path
 from types import TracebackType
@@ -48,6 +49,10 @@ class Checkpoint:
 
     def shape(self, name: str) -> list[int]:
         return list(self._slice(name).get_shape())
+
+    def elements(self, suffix: str = "") -> int:
+        """How many values the tensors whose names end in `suffix` hold, from the headers."""
+        return sum(math.prod(self.shape(name)) for name in self._files if name.endswith(suffix))
 
     def stored_dtypes(self, suffix: str = "") -> set[str]:
         """The on-disk dtypes ("BF16", "F32", ...) of the tensors whose names end in `suffix`, from the headers."""

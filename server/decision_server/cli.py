@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--matmul",
-        choices=("auto", "exact", "fast", "split"),  # layers.MATMUL_CHOICES (not imported: it pulls in torch)
+        choices=("auto", "exact", "fast", "split", "widen"),  # layers.MATMUL_CHOICES (not imported: it pulls in torch)
         default="auto",
         help="How float32 linear layers multiply on CPU. exact: torch's F.linear (MKL), the sums transformers' own "
         "forward computes (labels within 1e-5 of it). fast: oneDNN's prepacked GEMM, the kernel vLLM's CPU backend "
@@ -86,8 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
         "and a low bfloat16 part, two bfloat16 GEMMs summed in float32 (MKL), about 2x faster per GEMM where the CPU "
         "has AMX; labels move by about 1e-4. auto: times the modes at load at the model's widest linear and runs "
         "the fastest, leaving a more exact mode only for one at least 5%% faster on this CPU (the log says what it "
-        "measured). bfloat16 linears are prepacked in every mode "
-        "(same numbers). Applies to the shard's own decoder (Llama family, Qwen3).",
+        "measured). In bfloat16 or float16, exact runs the dtype's own GEMM (oneDNN, prepacked) and widen holds the "
+        "weights widened to float32 and runs float32 GEMMs (same products, float32 sums in another order, outputs "
+        "rounded to the dtype; twice the weights' memory): auto times those two and widens only when the float32 "
+        "copies fit in half the free memory. widen on a float32 model is refused. Applies to the shard's own "
+        "decoder (Llama family, Qwen3).",
     )
     serve.add_argument(
         "--compile",

@@ -17,8 +17,9 @@ import torch
 from decision_server.checkpoint import Checkpoint
 from decision_server.decoder import DecoderLM, DecoderShape, LayerKV
 from decision_server.distributed import ParallelConfig, ShardGroup, join_group, partition
-from decision_server.layers import resolve_matmul, vocab_parallel_scores
+from decision_server.layers import resolve_matmul, vocab_parallel_scores, widen_fits_memory
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
+from decision_server.prefix_cache import free_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,13 @@ def load_decoder_model(
             # exact in bfloat16 as the checkpoint's (a split weight is then one bfloat16 part, not two).
             bfloat16_weights = checkpoint.stored_dtypes("_proj.weight") == {"BF16"}
             widest = (shape.hidden_size, 2 * (end - start))
-            matmul = resolve_matmul(matmul, device.type, dtype, widest, group, bfloat16_weights, matmul_record)
+            # `--matmul auto` in half precision may widen the linears to float32: this rank's share of them, at
+            # 4 bytes a value instead of the dtype's, must fit in the memory free now (`layers.widen_fits_memory`).
+            widened_extra = checkpoint.elements("_proj.weight") // group.world_size * (4 - dtype.itemsize)
+            widen_fits = widen_fits_memory(widened_extra, free_memory_bytes(device))
+            matmul = resolve_matmul(
+                matmul, device.type, dtype, widest, group, bfloat16_weights, matmul_record, widen_fits
+            )
             network = DecoderLM.load(checkpoint, config, group, dtype, device, matmul)
             bytes_read = checkpoint.bytes_read
         group.startup_barrier()

@@ -30,7 +30,18 @@ PLAIN_MATMUL_ENV = "DECISION_PLAIN_MATMUL"
 # CPU backend uses), "split" runs two bfloat16 GEMMs on each activation's high and low bfloat16 parts with float32
 # sums (`split_gemm`); "auto" times them on this CPU at load (`resolve_matmul`).
 MATMUL_MODES = ("exact", "fast", "split")
-MATMUL_CHOICES = ("auto", *MATMUL_MODES)
+# How bfloat16 and float16 linear layers multiply on CPU: "exact" runs oneDNN's prepacked half-precision GEMM (the
+# kernel vLLM's CPU backend runs), "widen" holds the weights widened to float32 (exactly: every half-precision value
+# is a float32 value) and runs MKL's float32 GEMM on the activations widened the same way, rounding its output to the
+# model's dtype. Both multiply the same half-precision values and sum in float32; only the order of the sums differs.
+# Where bfloat16 has no faster multiplier than float32 (an Intel Xeon without AMX: oneDNN's AVX512-BF16 kernel ran
+# 170 GFLOP/s against float32's 305; an AVX2-only CPU, where F.linear converts the weight on every call) widening
+# is the faster GEMM, at twice the weights' memory.
+HALF_MATMUL_MODES = ("exact", "widen")
+MATMUL_CHOICES = ("auto", *MATMUL_MODES, "widen")
+# `--matmul auto` widens half-precision weights only when the float32 copies' extra bytes are at most this share of
+# the memory free at load, so a large model never trades its prefix cache (or the machine) for a faster GEMM.
+WIDEN_MEMORY_SHARE = 0.5
 # `--matmul auto` on a CPU leaves a mode for a less exact one only when that is faster by this factor on
 # `probe_matmul`: a near tie keeps the more exact sums. It narrows, but cannot close, the band where the probe picks
 # differently between loads: on an AVX2 Zen 3 where oneDNN ran about 1.07x MKL, loads picked `fast` 14 times in 20
@@ -57,17 +68,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class MatmulProbe:
-    """Seconds of one float32 GEMM on this CPU's threads in each `--matmul` mode that can run here (the fastest of
-    a few rounds; `exact` always), and the shape timed."""
+    """Seconds of one GEMM on this CPU's threads in each `--matmul` mode that can run here for the model's dtype (the
+    fastest of a few rounds; `exact` always), the shape timed and the dtype."""
 
     seconds: dict[str, float]
     shape: tuple[int, int, int]  # rows, in_features, out_features
+    dtype: str = "float32"
 
     @property
     def choice(self) -> str:
-        """The fastest mode, where each step down in exactness (`MATMUL_MODES`' order) buys at least FAST_MARGIN."""
+        """The fastest mode, where each step away from `exact` (`MATMUL_MODES`' order in float32) buys at least
+        FAST_MARGIN."""
         best = "exact"
-        for mode in MATMUL_MODES[1:]:
+        for mode in (*MATMUL_MODES[1:], *HALF_MATMUL_MODES[1:]):
             if mode in self.seconds and self.seconds[mode] * FAST_MARGIN < self.seconds[best]:
                 best = mode
         return best
@@ -105,7 +118,7 @@ class MatmulProbe:
             os.replace(partial, record)
         except OSError as error:
             logger.warning("matmul auto: cannot keep the probe's times in %s: %s", record, error)
-        return MatmulProbe(seconds, self.shape), probes
+        return MatmulProbe(seconds, self.shape, self.dtype), probes
 
 
 def mkl_kernels() -> str:
@@ -144,9 +157,10 @@ def _probe_key(probe: MatmulProbe) -> str:
     flags = hashlib.sha256(fields.get("flags", "").encode()).hexdigest()[:12]
     rows, k, n = probe.shape
     threads = torch.get_num_threads()
+    dtype = "" if probe.dtype == "float32" else f" | {probe.dtype}"  # float32 keys as before half probes existed
     return (
         f"{cpu} ({family}, flags {flags}) | torch {torch.__version__} | MKL {mkl_kernels()} | {threads} threads"
-        f" | {rows}x{k}x{n}"
+        f" | {rows}x{k}x{n}{dtype}"
     )
 
 
@@ -156,9 +170,11 @@ def probe_matmul(
     rows: int = PROBE_ROWS,
     rounds: int = 5,
     bfloat16_weights: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> MatmulProbe | None:
     """Times MKL's `F.linear` against oneDNN's prepacked GEMM and the bfloat16 split GEMM on random float32 data of
-    the given linear's shape (capped: `PROBE_MAX_FEATURES`, `PROBE_MAX_WEIGHT`), the modes taking turns; each
+    the given linear's shape (capped: `PROBE_MAX_FEATURES`, `PROBE_MAX_WEIGHT`), or for a bfloat16/float16 `dtype`
+    its own GEMM (`exact`) against the widened one (`widen`), the modes taking turns; each
     mode's time is its fastest round, since noise from the rest of the machine only ever adds time (medians of 3
     picked the slower GEMM once in 9 probes on a busy 2-core VM; minima of 5 never did,
     bench/results/2026-12-02-zen4/). `bfloat16_weights`: the checkpoint's weights are exact in bfloat16, so a split
@@ -167,7 +183,7 @@ def probe_matmul(
     if os.environ.get(PLAIN_MATMUL_ENV) == "1":
         return None
     onednn, split = torch.backends.mkldnn.is_available(), split_gemm.available()
-    if not (onednn or split):
+    if dtype == torch.float32 and not (onednn or split):
         return None
     k = min(in_features, PROBE_MAX_FEATURES)
     n = max(1, min(out_features, PROBE_MAX_FEATURES, PROBE_MAX_WEIGHT // k))
@@ -176,13 +192,20 @@ def probe_matmul(
     weight = torch.randn(n, k, generator=generator) * k**-0.5
     if bfloat16_weights:
         weight = weight.to(torch.bfloat16).float()
-    runs: dict[str, Callable[[], torch.Tensor]] = {"exact": lambda: F.linear(x, weight)}
-    if onednn:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        runs["fast"] = lambda: matmul(x, packed)
-    if split:
-        parts = split_gemm.SplitWeight(weight)
-        runs["split"] = lambda: split_gemm.split_linear(x, parts)
+    runs: dict[str, Callable[[], torch.Tensor]] = {}
+    if dtype != torch.float32:
+        x, weight = x.to(dtype), weight.to(dtype)
+        held = {mode: pack_for_matmul(weight, mode) for mode in HALF_MATMUL_MODES}
+        for mode in HALF_MATMUL_MODES:
+            runs[mode] = lambda mode=mode: matmul(x, held[mode])
+    else:
+        runs["exact"] = lambda: F.linear(x, weight)
+        if onednn:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            runs["fast"] = lambda: matmul(x, packed)
+        if split:
+            parts = split_gemm.SplitWeight(weight)
+            runs["split"] = lambda: split_gemm.split_linear(x, parts)
     seconds: dict[str, list[float]] = {mode: [] for mode in runs}
     with torch.inference_mode():
         for run in runs.values():
@@ -192,7 +215,8 @@ def probe_matmul(
                 started = time.perf_counter()
                 runs[mode]()
                 seconds[mode].append(time.perf_counter() - started)
-    return MatmulProbe({mode: min(times) for mode, times in seconds.items()}, (rows, k, n))
+    fastest = {mode: min(times) for mode, times in seconds.items()}
+    return MatmulProbe(fastest, (rows, k, n), str(dtype).removeprefix("torch."))
 
 
 def check_matmul(mode: str) -> None:
@@ -209,10 +233,12 @@ def resolve_matmul(
     group: ShardGroup | None = None,
     bfloat16_weights: bool = True,
     record: Path | None = None,
+    widen_fits: bool = True,
 ) -> str:
-    """`auto` → the fastest float32 GEMM measured on this CPU (`probe_matmul` at the model's widest linear `shape`,
-    (in_features, out_features); `bfloat16_weights`: the checkpoint stores its linears in bfloat16), else `mode`
-    unchanged.
+    """`auto` → the fastest GEMM measured on this CPU for `dtype` (`probe_matmul` at the model's widest linear
+    `shape`, (in_features, out_features); `bfloat16_weights`: the checkpoint stores its linears in bfloat16), else
+    `mode` unchanged. In bfloat16 or float16, auto compares the dtype's own GEMM with the widened one, and widens only
+    where `widen_fits` (`widen_fits_memory`).
 
     Which is fastest depends on the CPU, not its vendor alone: oneDNN's prepacked GEMM ran 1.1-1.75x MKL's on AMD
     CPUs (Zen 3, Zen 4) but 0.92-1.19x by shape on another AVX2-only Zen 3, about 1.16x on an Intel Xeon with AMX,
@@ -223,22 +249,30 @@ def resolve_matmul(
     nothing and auto is `exact` without a probe. The ranks of a `group` each time their own share and then run
     one mode: the most exact of the modes they chose. `record`: a file that keeps each mode's fastest time across
     loads (`MatmulProbe.kept_with`), so that a load beside busy neighbours decides by the quiet times seen before.
+    `widen` on a float32 model is a `ValueError`: there is nothing to widen.
     """
     check_matmul(mode)
+    half = dtype in (torch.bfloat16, torch.float16)
+    if mode == "widen" and not half:
+        raise ValueError(
+            f"--matmul widen applies to bfloat16 and float16 models (their weights widened to float32); this model "
+            f"runs in {str(dtype).removeprefix('torch.')}: use --matmul auto, exact, fast or split"
+        )
     if mode != "auto":
         return mode
-    if device_type != "cpu" or dtype != torch.float32:
+    if device_type != "cpu" or not (half or dtype == torch.float32) or (half and not widen_fits):
         return "exact"
-    timed = probe_matmul(*shape, bfloat16_weights=bfloat16_weights)
+    modes = HALF_MATMUL_MODES if half else MATMUL_MODES
+    timed = probe_matmul(*shape, bfloat16_weights=bfloat16_weights, dtype=dtype)
     probe, probes = (None, 0) if timed is None else timed.kept_with(record)
     choice = "exact" if probe is None else probe.choice
     if group is not None and group.world_size > 1:
-        vote = torch.tensor([MATMUL_MODES.index(choice)], dtype=torch.int64)
-        choice = MATMUL_MODES[int(group.all_reduce_min(vote).item())]
+        vote = torch.tensor([modes.index(choice)], dtype=torch.int64)
+        choice = modes[int(group.all_reduce_min(vote).item())]
     if probe is None or timed is None:
         return choice
     logger.info(
-        "matmul auto: timed the float32 GEMMs on this CPU",
+        f"matmul auto: timed the {probe.dtype} GEMMs on this CPU",
         extra={
             "fields": {
                 **{f"{name}_ms": round(seconds * 1e3, 2) for name, seconds in probe.seconds.items()},
@@ -246,6 +280,7 @@ def resolve_matmul(
                 "probes": probes,
                 "record": None if record is None else str(record),
                 "shape": list(probe.shape),
+                "dtype": probe.dtype,
                 "bfloat16_weights": bfloat16_weights,
                 "margin": FAST_MARGIN,
                 "measured_fastest": probe.choice,
@@ -256,9 +291,31 @@ def resolve_matmul(
     return choice
 
 
-def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor | split_gemm.SplitWeight:
-    """`weight` (out, in) in oneDNN's blocked layout, or as bfloat16 parts for "split", where that pays and keeps
-    the promised numbers, else unchanged.
+def widen_fits_memory(extra_bytes: int, free_bytes: int) -> bool:
+    """Whether `--matmul auto` may widen half-precision weights whose float32 copies take `extra_bytes` more than the
+    weights do, with `free_bytes` free at load (`WIDEN_MEMORY_SHARE`)."""
+    return extra_bytes <= WIDEN_MEMORY_SHARE * free_bytes
+
+
+@dataclass(frozen=True)
+class WideWeight:
+    """A bfloat16 or float16 linear weight held widened to float32 for `--matmul widen` (exactly: every
+    half-precision value is a float32 value); `dtype`, the model's, is what the GEMM's output is rounded to."""
+
+    weight: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.weight.nbytes)
+
+
+HeldWeight = torch.Tensor | split_gemm.SplitWeight | WideWeight
+
+
+def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> HeldWeight:
+    """`weight` (out, in) in oneDNN's blocked layout, or as bfloat16 parts for "split", or widened to float32 for
+    "widen" (bfloat16 and float16 weights), where that pays and keeps the promised numbers, else unchanged.
 
     bfloat16 is always packed: the prepacked GEMM gives the same numbers as F.linear (which also runs oneDNN,
     repacking the weight on every call) and is faster: 388-418 GFLOP/s against 298-417 for the decoder's shapes
@@ -268,10 +325,12 @@ def pack_for_matmul(weight: torch.Tensor, mode: str = "exact") -> torch.Tensor |
     forward against 2.0e-5 for F.linear's; the split GEMM's outputs land 6-22x further from float64 than MKL's
     (`split_gemm`). So exactness is the default and speed the choice.
     """
-    if mode not in MATMUL_MODES:
-        raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_MODES)}, got {mode!r}")
+    if mode not in MATMUL_CHOICES[1:]:
+        raise ValueError(f"matmul mode must be one of {', '.join(MATMUL_CHOICES[1:])}, got {mode!r}")
     if weight.device.type != "cpu" or os.environ.get(PLAIN_MATMUL_ENV) == "1":
         return weight
+    if mode == "widen" and weight.dtype in (torch.bfloat16, torch.float16):
+        return WideWeight(weight.float(), weight.dtype)
     if mode == "split" and weight.dtype == torch.float32:
         if not split_gemm.available():
             raise RuntimeError("--matmul split needs MKL's bfloat16 GEMM, which this torch build does not export")
@@ -306,10 +365,11 @@ def half_gemm_is_slow(dtype: torch.dtype) -> bool:
     return False
 
 
-def matmul(
-    x: torch.Tensor, weight: torch.Tensor | split_gemm.SplitWeight, bias: torch.Tensor | None = None
-) -> torch.Tensor:
+def matmul(x: torch.Tensor, weight: HeldWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ weight.T + bias` for a plain or a `pack_for_matmul` weight."""
+    if isinstance(weight, WideWeight):
+        wide_bias = None if bias is None else bias.float()
+        return F.linear(x.float(), weight.weight, wide_bias).to(weight.dtype)
     if isinstance(weight, split_gemm.SplitWeight):
         return split_gemm.split_linear(x, weight, bias)
     if weight.is_mkldnn:
@@ -354,8 +414,8 @@ def gemm_rows(rows: int) -> int:
     return rows if rows <= ROW_BUCKET else -(-rows // ROW_BUCKET) * ROW_BUCKET
 
 
-def _is_packed(weight: torch.Tensor | split_gemm.SplitWeight) -> bool:
-    return isinstance(weight, split_gemm.SplitWeight) or weight.is_mkldnn
+def _is_packed(weight: HeldWeight) -> bool:
+    return isinstance(weight, split_gemm.SplitWeight | WideWeight) or weight.is_mkldnn
 
 
 class ColumnParallelLinear(nn.Module):
@@ -365,7 +425,7 @@ class ColumnParallelLinear(nn.Module):
     so one matmul computes all of them.
     """
 
-    weight: torch.Tensor | split_gemm.SplitWeight
+    weight: HeldWeight
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, matmul: str = "exact") -> None:
         super().__init__()
@@ -411,7 +471,7 @@ class RowParallelLinear(nn.Module):
     """`x @ W.T + b` where this rank holds the input features [start, end) of `x` and the matching columns of
     `W`: the partial products are summed across ranks, then the (whole) bias is added once."""
 
-    weight: torch.Tensor | split_gemm.SplitWeight
+    weight: HeldWeight
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, group: ShardGroup, matmul: str = "exact"

@@ -69,9 +69,10 @@ def load_model(
     The registry (architectures.py) says which code runs the architecture. Decoder architectures (Llama family,
     Qwen3) get the shard's own decoder when it accepts the config (each rank reads only its weight slices);
     everything else gets transformers' modeling, which cannot be split, so it is refused above world size 1.
-    `matmul` ("auto", "exact", "fast" or "split", `layers.MATMUL_CHOICES`) is how the own decoder's float32 linears
-    multiply; auto times them on this CPU and picks the fastest (`layers.resolve_matmul`). transformers' modeling
-    always runs its own (exact) linears. The loaded model's `matmul` is the mode that runs, never "auto".
+    `matmul` ("auto", "exact", "fast", "split" or "widen", `layers.MATMUL_CHOICES`) is how the own decoder's linears
+    multiply; auto times the modes of the model's dtype on this CPU and picks the fastest (`layers.resolve_matmul`).
+    transformers' modeling always runs its own (exact) linears. The loaded model's `matmul` is the mode that runs,
+    never "auto".
     `matmul_record`: the file where auto keeps each mode's fastest time across loads (the shard passes
     `paths.matmul_record()`; None, the library default, keeps nothing: a library caller's probes, a test's faked
     ones included, never reach the shard's record).
@@ -98,12 +99,7 @@ def load_model(
         # Ranks on one CPU share its cores: each takes its part rather than all of them, which would oversubscribe.
         torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
     torch_dtype = resolve_dtype(dtype, device)
-    if device.type == "cpu" and half_gemm_is_slow(torch_dtype):
-        logger.warning(
-            "this --dtype has no fast GEMM on this CPU (it lacks AVX-512 or AMX): every linear converts its weight "
-            "and runs several times slower than float32, which --dtype auto picks and which is also exact",
-            extra={"fields": {"dtype": dtype_name(torch_dtype), "cpu": torch.backends.cpu.get_cpu_capability()}},
-        )
+    slow_half = device.type == "cpu" and half_gemm_is_slow(torch_dtype)
     family = joint_schema_family(architecture.name, path)
     if family is not None:
         from decision_server.joint_schema import load_joint_schema_model
@@ -126,6 +122,7 @@ def load_model(
                 }
             },
         )
+        _warn_slow_half(slow_half, torch_dtype, "exact")
         return pooled
     check_matmul(matmul)
     fused.check_mode(compile_mode)
@@ -154,12 +151,13 @@ def load_model(
         )
     else:
         loaded = _load_transformers(path, loader, torch_dtype, device, needs_custom_mask)
-        if requested_matmul == "fast":
+        if requested_matmul not in ("auto", "exact"):
             logger.warning(
                 "--matmul applies to the shard's own decoder only; transformers' modeling keeps its linears",
                 extra={"fields": {"matmul": requested_matmul, "architecture": loaded.architecture}},
             )
         matmul = "exact"
+    _warn_slow_half(slow_half, torch_dtype, matmul)
     logger.info(
         "model loaded",
         extra={
@@ -182,6 +180,25 @@ def load_model(
         },
     )
     return loaded
+
+
+def _warn_slow_half(slow: bool, dtype: torch.dtype, matmul: str) -> None:
+    """Warns where a half-precision model's linears run the dtype's slow path on this CPU (`slow`: no AVX-512 or AMX,
+    `layers.half_gemm_is_slow`) and were not widened to float32 (`--matmul widen`, which auto picks there when the
+    float32 copies fit in memory)."""
+    if slow and matmul != "widen":
+        logger.warning(
+            "this --dtype has no fast GEMM on this CPU (it lacks AVX-512 or AMX) and its linears were not widened: "
+            "every linear converts its weight and runs several times slower than float32 (--dtype auto, also "
+            "exact) or than --matmul widen (float32 GEMMs of the widened weights, twice their memory)",
+            extra={
+                "fields": {
+                    "dtype": dtype_name(dtype),
+                    "matmul": matmul,
+                    "cpu": torch.backends.cpu.get_cpu_capability(),
+                }
+            },
+        )
 
 
 class UnknownModelClassError(ValueError):

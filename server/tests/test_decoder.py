@@ -220,6 +220,32 @@ def test_split_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smo
     assert worst <= 2e-4, worst
 
 
+def test_widened_bfloat16_decoder_reads_what_the_bfloat16_gemm_reads(smollm2_dir: Path, smollm2_reference: Any) -> None:
+    """`--matmul widen` multiplies the same bfloat16 values in float32 with another order of sums: its labels are no
+    further from float32 transformers than the packed bfloat16 decoder's."""
+    widened = load_model(smollm2_dir, dtype="bfloat16", matmul="widen")
+    native = load_model(smollm2_dir, dtype="bfloat16", matmul="exact")
+    assert isinstance(widened, DecoderModel) and widened.matmul == "widen" and native.matmul == "exact"
+    weight = widened.network.layers[0].mlp.gate_up.weight
+    assert isinstance(weight, layers.WideWeight) and weight.dtype == torch.bfloat16
+    # Every linear held in float32: 2 bytes more per value than the packed bfloat16 model, and counted so.
+    held = [getattr(m, "weight", None) for m in widened.network.modules()]
+    values = sum(w.weight.numel() for w in held if isinstance(w, layers.WideWeight))
+    assert values > 0 and layers.linear_weight_bytes(widened.network) == 4 * values
+    assert widened.weight_bytes() - native.weight_bytes() == 2 * values
+    reference = wrap_module(smollm2_reference, widened.path, CPU, torch.float32)
+    worst = {"widen": 0.0, "exact": 0.0, "between": 0.0}
+    for scored_request in _requests(widened):
+        ours, packed = widened.score(scored_request), native.score(scored_request)
+        theirs = reference.score(scored_request)
+        for name, mine, other in (("widen", ours, theirs), ("exact", packed, theirs), ("between", ours, packed)):
+            gaps = (abs(a - b) for a, b in zip(mine.label_logprobs, other.label_logprobs, strict=True))
+            worst[name] = max(worst[name], *gaps)
+    # bfloat16 rounding over 30 layers moves SmolLM2's labels by up to about 0.17 from float32 in either kernel (the
+    # two kernels' roundings differ, so they land up to about 0.2 apart: "between"); widening must not add to that.
+    assert worst["widen"] <= max(1.5 * worst["exact"], 0.05), worst
+
+
 def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
     smollm2_dir: Path, sliding_qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -229,7 +255,11 @@ def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
     for fast_ms, split_ms, expected in ((6.0, 12.0, "fast"), (12.0, 12.0, "exact"), (12.0, 4.0, "split")):
 
         def probe(
-            in_features: int, out_features: int, bfloat16_weights: bool = True, measured: tuple = (fast_ms, split_ms)
+            in_features: int,
+            out_features: int,
+            bfloat16_weights: bool = True,
+            dtype: torch.dtype = torch.float32,
+            measured: tuple = (fast_ms, split_ms),
         ) -> layers.MatmulProbe:
             timed.append((in_features, out_features, bfloat16_weights))
             seconds = {"exact": 10e-3, "fast": measured[0] / 1e3, "split": measured[1] / 1e3}
@@ -281,6 +311,12 @@ def test_a_half_dtype_without_a_fast_gemm_on_this_cpu_is_warned_about(
             assert warned[0].fields["dtype"] == "bfloat16" and warned[0].fields["cpu"]  # type: ignore[attr-defined]
         assert model.network.layers[0].mlp.gate_up.weight.is_mkldnn == packs  # type: ignore[attr-defined]
         caplog.clear()
+    # Widened to float32 (`--matmul widen`, which auto picks where it is faster and fits), the linears are fast.
+    monkeypatch.setattr(layers, "bfloat16_packs", lambda: False)
+    with caplog.at_level("WARNING", logger="decision_server"):
+        widened = load_model(tiny_qwen3_dir, dtype="bfloat16", matmul="widen")
+    assert isinstance(widened.network.layers[0].mlp.gate_up.weight, layers.WideWeight)  # type: ignore[attr-defined]
+    assert not any(r.getMessage().startswith(warning) for r in caplog.records)
     # float32 (what auto picks on a CPU) is never warned about, whatever the CPU packs.
     with caplog.at_level("WARNING", logger="decision_server"):
         load_model(tiny_qwen3_dir, dtype="auto")
@@ -654,17 +690,19 @@ def test_bucketed_passes_run_their_gemms_at_bucketed_row_counts(
 
 
 @pytest.mark.parametrize("amx", [True, False])
-@pytest.mark.parametrize("dtype, matmul", [("float32", "fast"), ("float32", "exact"), ("bfloat16", "auto")])
+@pytest.mark.parametrize(
+    "dtype, matmul", [("float32", "fast"), ("float32", "exact"), ("bfloat16", "exact"), ("bfloat16", "widen")]
+)
 def test_only_passes_over_amx_half_precision_gemms_are_bucketed(
     tiny_qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch, amx: bool, dtype: str, matmul: str
 ) -> None:
     """Row buckets pay where oneDNN builds AMX kernels per row count (bfloat16 packed weights on an AMX CPU), not
     where its AVX-512 kernels cost less than the padding (Zen 4), nor for float32 weights (AMX does not multiply
-    them)."""
+    them, nor for half-precision weights widened to float32)."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     model = load_model(tiny_qwen3_dir, dtype=dtype, matmul=matmul)
     assert isinstance(model, DecoderModel)
-    assert model.network.bucket_rows == (amx and dtype == "bfloat16" and layers.bfloat16_packs())
+    assert model.network.bucket_rows == (amx and matmul == "exact" and dtype == "bfloat16" and layers.bfloat16_packs())
 
 
 def test_gemm_rows_rounds_up_to_the_bucket_above_it() -> None:

@@ -401,7 +401,10 @@ def test_matmul_auto_runs_the_gemm_measured_fastest_on_this_cpu(
 
     asked: list[tuple[int, int, bool]] = []
 
-    def probe(in_features: int, out_features: int, bfloat16_weights: bool = True) -> MatmulProbe:
+    def probe(
+        in_features: int, out_features: int, bfloat16_weights: bool = True, dtype: torch.dtype = torch.float32
+    ) -> MatmulProbe:
+        assert dtype == torch.float32
         asked.append((in_features, out_features, bfloat16_weights))
         measured = {"exact": exact_ms, "fast": fast_ms, "split": split_ms}
         seconds = {mode: ms / 1e3 for mode, ms in measured.items() if ms is not None}
@@ -413,7 +416,7 @@ def test_matmul_auto_runs_the_gemm_measured_fastest_on_this_cpu(
     assert asked == [(1024, 6144, True), (1024, 6144, False)]  # timed at the shape and weights asked for
     # Nothing is timed where the mode changes nothing, or where it was chosen explicitly.
     assert resolve_matmul("auto", "cuda", torch.float32, (1024, 6144)) == "exact"
-    assert resolve_matmul("auto", "cpu", torch.bfloat16, (1024, 6144)) == "exact"  # bfloat16 is always packed
+    assert resolve_matmul("auto", "cpu", torch.float64, (1024, 6144)) == "exact"  # no mode for float64
     assert [resolve_matmul(mode, "cpu") for mode in ("exact", "fast", "split")] == ["exact", "fast", "split"]
     assert len(asked) == 2
     monkeypatch.setattr(layers, "probe_matmul", lambda *args, **kwargs: None)  # neither oneDNN nor MKL's bfloat16
@@ -434,7 +437,7 @@ def test_matmul_auto_decides_by_the_fastest_times_seen_on_this_machine(
 
     timings = iter([(14.5, 15.2, 7.1), (80.0, 64.0, 88.0), (80.0, 64.0, 88.0), (80.0, 64.0, 88.0)])
 
-    def probe(in_features: int, out_features: int, bfloat16_weights: bool = True) -> MatmulProbe:
+    def probe(in_features: int, out_features: int, **kwargs: Any) -> MatmulProbe:
         seconds = dict(zip(("exact", "fast", "split"), (ms / 1e3 for ms in next(timings)), strict=True))
         return MatmulProbe(seconds, (512, in_features, out_features))
 
@@ -486,11 +489,11 @@ class _OtherRankVotes:
 
     world_size = 2
 
-    def __init__(self, other: str) -> None:
-        self.other = other
+    def __init__(self, other: str, modes: tuple[str, ...] = ("exact", "fast", "split")) -> None:
+        self.other, self.modes = other, modes
 
     def all_reduce_min(self, tensor: torch.Tensor) -> torch.Tensor:
-        return torch.minimum(tensor, torch.tensor([("exact", "fast", "split").index(self.other)]))
+        return torch.minimum(tensor, torch.tensor([self.modes.index(self.other)]))
 
 
 @pytest.mark.parametrize(
@@ -587,3 +590,120 @@ def test_the_shard_keeps_its_matmul_record_in_the_cache_directory_unless_told(
     assert matmul_record() == tmp_path / "cache" / "matmul-probes.json"
     monkeypatch.setenv(MATMUL_RECORD_ENV, str(tmp_path / "volume" / "probes.json"))  # the image: /data
     assert matmul_record() == tmp_path / "volume" / "probes.json"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widened_half_precision_weights_multiply_the_same_values_in_float32(dtype: torch.dtype) -> None:
+    """`--matmul widen`: the weights held in float32 (exactly), float32 GEMMs on the widened activations, outputs
+    rounded to the model's dtype: the products the dtype's own GEMM computes, summed in float32 in another order."""
+    from decision_server.layers import WideWeight, linear_weight_bytes
+
+    generator = torch.Generator().manual_seed(9)
+    weight = (torch.randn(96, 64, generator=generator) * 0.125).to(dtype)
+    bias = torch.randn(96, generator=generator).to(dtype)
+    x = torch.randn(13, 64, generator=generator).to(dtype)
+    column = ColumnParallelLinear(weight, bias, matmul="widen")
+    row = RowParallelLinear(weight, None, ShardGroup.single(CPU), matmul="widen")
+    assert isinstance(column.weight, WideWeight) and column.weight.dtype == dtype
+    assert column.weight.weight.dtype == torch.float32 and torch.equal(column.weight.weight, weight.float())
+    assert column.out_features == 96
+    wide = column(x)
+    assert wide.dtype == dtype and wide.shape == (13, 96)
+    assert torch.equal(wide, F.linear(x.float(), weight.float(), bias.float()).to(dtype))
+    assert torch.equal(row(x), F.linear(x.float(), weight.float()).to(dtype))
+    # Against float64 sums of the same values: within the dtype's own rounding of the output, like its own GEMM.
+    reference = F.linear(x.double(), weight.double(), bias.double())
+    native = F.linear(x, weight, bias)
+    ulp = {torch.bfloat16: 2**-8, torch.float16: 2**-11}[dtype]
+    bound = ulp * reference.abs() + 1e-6
+    assert bool(((wide.double() - reference).abs() <= bound).all())
+    assert bool(((native.double() - reference).abs() <= 2 * bound).all())
+    # Packed weights are counted at their float32 size: twice the dtype's.
+    assert linear_weight_bytes(torch.nn.Sequential(column, row)) == 2 * weight.numel() * 4
+    # A float32 weight has nothing to widen: it stays as it is.
+    assert not isinstance(ColumnParallelLinear(weight.float(), matmul="widen").weight, WideWeight)
+
+
+@pytest.mark.parametrize(
+    ("exact_ms", "widen_ms", "fits", "expected"),
+    [
+        (10.0, 5.6, True, "widen"),  # an Intel Xeon without AMX: oneDNN's bfloat16 at 0.56x float32
+        (10.0, 9.6, True, "exact"),  # 1.04x: a near tie keeps the dtype's own GEMM
+        (2.0, 10.0, True, "exact"),  # AMX or Zen 4: bfloat16 well ahead
+        (10.0, 1.5, False, "exact"),  # faster, but the float32 copies would not fit: nothing is timed
+    ],
+)
+def test_matmul_auto_in_half_precision_widens_only_where_float32_is_faster_and_fits(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    exact_ms: float,
+    widen_ms: float,
+    fits: bool,
+    expected: str,
+) -> None:
+    import json
+
+    import decision_server.layers as layers
+
+    asked: list[torch.dtype] = []
+
+    def probe(in_features: int, out_features: int, bfloat16_weights: bool = True, **kwargs: Any) -> MatmulProbe:
+        asked.append(kwargs["dtype"])
+        seconds = {"exact": exact_ms / 1e3, "widen": widen_ms / 1e3}
+        return MatmulProbe(seconds, (512, in_features, out_features), str(kwargs["dtype"]).removeprefix("torch."))
+
+    monkeypatch.setattr(layers, "probe_matmul", probe)
+    record = tmp_path / "matmul-probes.json"
+    for dtype in (torch.bfloat16, torch.float16):
+        with caplog.at_level("INFO", logger="decision_server.layers"):
+            chosen = resolve_matmul("auto", "cpu", dtype, (1024, 6144), record=record, widen_fits=fits)
+        assert chosen == expected
+    assert asked == ([torch.bfloat16, torch.float16] if fits else [])
+    if fits:
+        # Each dtype keeps its own times, apart from the float32 GEMMs' (whose keys stay as they were).
+        keys = sorted(json.loads(record.read_text()))
+        assert [key.rsplit(" | ", 1)[-1] for key in keys] == ["bfloat16", "float16"]
+        fields = [r.fields for r in caplog.records if r.getMessage().startswith("matmul auto")]  # type: ignore[attr-defined]
+        assert [f["dtype"] for f in fields] == ["bfloat16", "float16"]
+        assert all(f["matmul"] == expected and f["widen_ms"] == widen_ms for f in fields)
+        assert caplog.records[0].getMessage() == "matmul auto: timed the bfloat16 GEMMs on this CPU"
+    # Off the CPU nothing is timed, and an explicit mode is taken as it is.
+    assert resolve_matmul("auto", "cuda", torch.bfloat16, (1024, 6144)) == "exact"
+    assert resolve_matmul("widen", "cpu", torch.bfloat16) == "widen"
+    assert len(asked) == (2 if fits else 0)
+
+
+def test_matmul_widen_is_refused_for_float32_models() -> None:
+    with pytest.raises(ValueError, match="--matmul widen applies to bfloat16 and float16 models"):
+        resolve_matmul("widen", "cpu", torch.float32)
+
+
+@pytest.mark.parametrize(("here", "other", "expected"), [("widen", "widen", "widen"), ("widen", "exact", "exact")])
+def test_matmul_auto_widens_on_every_rank_or_on_none(
+    monkeypatch: pytest.MonkeyPatch, here: str, other: str, expected: str
+) -> None:
+    import decision_server.layers as layers
+
+    measured = {"exact": 10e-3, "widen": 5e-3 if here == "widen" else 20e-3}
+    monkeypatch.setattr(layers, "probe_matmul", lambda k, n, **kwargs: MatmulProbe(measured, (512, k, n), "bfloat16"))
+    group: Any = _OtherRankVotes(other, ("exact", "widen"))
+    assert resolve_matmul("auto", "cpu", torch.bfloat16, (1024, 3072), group) == expected
+
+
+def test_widening_must_fit_in_half_the_free_memory() -> None:
+    from decision_server.layers import WIDEN_MEMORY_SHARE, widen_fits_memory
+
+    assert WIDEN_MEMORY_SHARE == 0.5
+    gib = 1 << 30
+    assert widen_fits_memory(1 * gib, 2 * gib) and widen_fits_memory(0, 0)
+    assert not widen_fits_memory(1 * gib + 1, 2 * gib)
+    assert not widen_fits_memory(16 * gib, 24 * gib)  # an 8B model's linears in bfloat16 on a 24 GB machine
+
+
+def test_probe_matmul_times_the_half_precision_gemm_against_the_widened_one() -> None:
+    for dtype in (torch.bfloat16, torch.float16):
+        probe = probe_matmul(256, 512, rows=16, rounds=2, dtype=dtype)
+        assert probe is not None and probe.dtype == str(dtype).removeprefix("torch.")
+        assert set(probe.seconds) == {"exact", "widen"} and all(s > 0 for s in probe.seconds.values())
+        assert probe.choice in ("exact", "widen")

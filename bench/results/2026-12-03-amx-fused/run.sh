@@ -36,7 +36,7 @@ done
 for p in 39203 39204 39205; do curl -s "127.0.0.1:$p/info" | python3 -c 'import json,sys; i=json.load(sys.stdin); print(sys.argv[1], i["dtype"], i["matmul"])' "$p"; done
 grep -o 'exact_ms=[0-9.]* fast_ms=[0-9.]* split_ms=[0-9.]*' "$W/ours.log"
 for name in ours ours-bf16 ours-bf16-eager; do
-  echo "$name $(grep -o 'dtype=[a-z0-9]* matmul=[a-z]* compiled_chains=[a-z]*' "$W/$name.log" | head -1)"
+  echo "$name $(grep -m1 'model loaded' "$W/$name.log" | grep -o 'dtype=[a-z0-9]*\|matmul=[a-z]*\|compiled_chains=[a-z]*' | tr '\n' ' ')"
 done
 # Every row has its own seed: vLLM's prefix cache (and ours) would otherwise answer a later row's states from an
 # earlier row's.
