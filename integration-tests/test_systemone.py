@@ -460,14 +460,25 @@ def test_mkl_dispatch_features_preloads_its_library_and_reads_like_the_reference
     assert_matches_reference(reference, ALL_TYPES, payload)
 
 
-def test_bfloat16_runs_its_chains_compiled_and_info_says_so(launcher_factory: Callable[..., Launcher]) -> None:
+@pytest.mark.parametrize(
+    ("matmul", "modes"),
+    [(None, ("exact", "widen")), ("widen", ("widen",))],
+    ids=["matmul-auto", "matmul-widen"],
+)
+def test_bfloat16_runs_its_chains_compiled_and_info_says_so(
+    launcher_factory: Callable[..., Launcher], matmul: str | None, modes: tuple[str, ...]
+) -> None:
     """--dtype bfloat16 with the default --compile auto: the shard builds the elementwise chains with torch.compile
-    at warm-up, `GET /info` reports `compiled_chains: true`, and decisions answer through them."""
-    launcher = launcher_factory(["--dtype", "bfloat16", "--hostname", "127.0.0.1"], name="bf16")
+    at warm-up, `GET /info` reports `compiled_chains: true` and a half-precision GEMM mode (`--matmul auto` picks
+    `exact` or `widen` by timing them on this CPU; `--matmul widen` is kept as asked), and decisions answer through
+    them."""
+    flags = ["--dtype", "bfloat16", "--hostname", "127.0.0.1"] + (["--matmul", matmul] if matmul else [])
+    launcher = launcher_factory(flags, name=f"bf16-{matmul or 'auto'}")
     launcher.wait_healthy(timeout_s=300)
     with httpx2.Client(base_url=launcher.url, timeout=120) as client:
         info = client.get("/info").json()
         assert (info["dtype"], info["compiled_chains"]) == ("bfloat16", True), info
+        assert info["matmul"] in modes, info
         answers, _ = ok_answers(client, ALL_TYPES)
     for qid, question in ALL_TYPES["questions"].items():
         probabilities = label_probabilities(question, answers["answers"][qid])

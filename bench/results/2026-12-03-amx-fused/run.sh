@@ -5,7 +5,8 @@
 # compiled: `--compile auto`) and ours in bfloat16 with `--compile off`; vLLM at its defaults (bfloat16). Run from
 # the repository root after `make install` and the peer install of bench/parity/README.md (~45 min). ROWS picks
 # rows by name (default: all), without the TAG prefix. C16_REQUESTS sets both C 16 rows' requests per round (defaults
-# 32 and 48; 16 on a slower CPU such as Zen 4).
+# 32 and 48; 16 on a slower CPU such as Zen 4). The C 16 rows warm each server with one wave of 16 requests first
+# (since 2026-12-06; before, they ran --warmup 0, and a first round's new batch shapes could make it cold).
 set -euo pipefail
 O=${OUT:-bench/results/2026-12-03-amx-fused}
 T=${TAG:-amx}  # the rows' name prefix (the machine)
@@ -52,5 +53,5 @@ ab $T-8x512-c1-defaults 39203 --seed 14501 --state-tokens 512 --questions 8 --re
 ab $T-8x512-c1-bf16 39204 --seed 14503 --state-tokens 512 --questions 8 --requests 12 --rounds 4 --warmup 1 --pause 3
 ab $T-8x512-c1-bf16-eager 39205 --seed 14504 --state-tokens 512 --questions 8 --requests 12 --rounds 4 --warmup 1 --pause 3
 ab $T-1x512-c1-defaults 39203 --seed 14502 --state-tokens 512 --questions 1 --requests 12 --rounds 4 --warmup 1 --pause 3
-ab $T-8x512-c16-defaults 39203 --seed 14601 --state-tokens 512 --questions 8 --concurrency 16 --requests ${C16_REQUESTS:-32} --rounds 2 --warmup 0 --pause 3
-ab $T-8x512-c16-bf16 39204 --seed 14602 --state-tokens 512 --questions 8 --concurrency 16 --requests ${C16_REQUESTS:-48} --rounds 2 --warmup 0 --pause 3
+ab $T-8x512-c16-defaults 39203 --seed 14601 --state-tokens 512 --questions 8 --concurrency 16 --requests ${C16_REQUESTS:-32} --rounds 2 --warmup 16 --pause 3
+ab $T-8x512-c16-bf16 39204 --seed 14602 --state-tokens 512 --questions 8 --concurrency 16 --requests ${C16_REQUESTS:-48} --rounds 2 --warmup 16 --pause 3
