@@ -220,9 +220,14 @@ def test_split_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smo
     assert worst <= 2e-4, worst
 
 
+# The largest label log-probability distance from float32 transformers that bfloat16's rounding gives SmolLM2 on the
+# prompts of `_requests`, in any GEMM kernel measured (0.06-0.17 on two CPUs), with a margin.
+BFLOAT16_LABEL_ENVELOPE = 0.25
+
+
 def test_widened_bfloat16_decoder_reads_what_the_bfloat16_gemm_reads(smollm2_dir: Path, smollm2_reference: Any) -> None:
-    """`--matmul widen` multiplies the same bfloat16 values in float32 with another order of sums: its labels are no
-    further from float32 transformers than the packed bfloat16 decoder's."""
+    """`--matmul widen` multiplies the same bfloat16 values in float32 with another order of sums: its labels stay
+    inside bfloat16's own distance from float32 transformers, the envelope the packed bfloat16 decoder lands in."""
     widened = load_model(smollm2_dir, dtype="bfloat16", matmul="widen")
     native = load_model(smollm2_dir, dtype="bfloat16", matmul="exact")
     assert isinstance(widened, DecoderModel) and widened.matmul == "widen" and native.matmul == "exact"
@@ -241,9 +246,12 @@ def test_widened_bfloat16_decoder_reads_what_the_bfloat16_gemm_reads(smollm2_dir
         for name, mine, other in (("widen", ours, theirs), ("exact", packed, theirs), ("between", ours, packed)):
             gaps = (abs(a - b) for a, b in zip(mine.label_logprobs, other.label_logprobs, strict=True))
             worst[name] = max(worst[name], *gaps)
-    # bfloat16 rounding over 30 layers moves SmolLM2's labels by up to about 0.17 from float32 in either kernel (the
-    # two kernels' roundings differ, so they land up to about 0.2 apart: "between"); widening must not add to that.
-    assert worst["widen"] <= max(1.5 * worst["exact"], 0.05), worst
+    # bfloat16 rounding over 30 layers moves SmolLM2's labels from float32 by up to about 0.17 in either kernel, and
+    # which kernel lands closer depends on the CPU: Intel without AMX widen 0.10 against oneDNN's AVX512-BF16 0.17,
+    # Zen 4 widen 0.16 against 0.06 (the two land up to 0.22 apart: "between"). Widening must stay in that envelope;
+    # a wrong widened weight or a missing rounding moves labels by whole units.
+    assert worst["exact"] <= BFLOAT16_LABEL_ENVELOPE, worst
+    assert worst["widen"] <= BFLOAT16_LABEL_ENVELOPE and worst["between"] <= 1.5 * BFLOAT16_LABEL_ENVELOPE, worst
 
 
 def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
