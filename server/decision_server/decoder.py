@@ -25,6 +25,7 @@ from decision_server.layers import (
     gemm_rows,
     linear_weight_bytes,
 )
+from decision_server.segments import NEW, SegmentLayout
 
 # Architectures this decoder implements; others fall back to transformers' modeling at world size 1 only.
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
@@ -349,7 +350,12 @@ class TreeAfterPast:
         allowed = mask[0, 0]
         if not bool(allowed[:, :past_length].all()):
             return None
-        own = allowed[:, past_length:]
+        return cls.of_own(allowed[:, past_length:], past_length, dtype)
+
+    @classmethod
+    def of_own(cls, own: torch.Tensor, past_length: int, dtype: torch.dtype) -> TreeAfterPast | None:
+        """The split form of a pass whose tokens all see `past_length` past keys, with `own` ((tokens, tokens)
+        booleans) among themselves; None where there is neither a past nor a lead."""
         lead = _lead_chain(own)
         if lead < MIN_LEAD_TOKENS:
             lead = 0
@@ -458,6 +464,154 @@ class KeptRows:
         return cls(keep, (keys <= (keep + past_length).unsqueeze(-1))[None, None])
 
 
+@dataclass(frozen=True)
+class _SegmentRun:
+    """One segment of a packed pass as the kernels take it: `past` its key ranges; on CPU a tree segment is split
+    like a branches pass (`split`), else attended with `mask` ((1, 1, n, past + n) booleans) in one call; a causal
+    segment (`causal`) needs no mask on CPU and none without a past elsewhere."""
+
+    start: int
+    end: int
+    past: tuple[tuple[bool, int, int], ...]  # (from the pass's own new keys, start, end)
+    causal: bool
+    split: TreeAfterPast | None
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """A `segments.SegmentLayout` ready for one pass's layers: every segment attended on its own (no product
+    between unrelated requests is ever computed), each layer's output assembled in stream order.
+
+    On CPU the segments use the kernels the decoder already splits passes into (`_causal_chain`,
+    `_causal_after_past`, `_tree_after_past`); elsewhere (CUDA) one SDPA call per segment with its own mask, over
+    its past and its own keys only. Both compute the same attention: the CPU path is what CI runs, and the SDPA
+    path is run on CPU by the tests too (`dense=True`)."""
+
+    runs: tuple[_SegmentRun, ...]
+    split_kernels: bool
+
+    @classmethod
+    def of(
+        cls, layout: SegmentLayout, past_length: int, dtype: torch.dtype, device: torch.device, dense: bool = False
+    ) -> SegmentPlan:
+        layout.check(past_length)
+        split_kernels = device.type == "cpu" and not dense
+        runs = []
+        for segment in layout.segments:
+            seen = segment.past_length
+            own = torch.from_numpy(segment.own_allowed())
+            causal = segment.tree is None or bool(torch.equal(own, torch.ones_like(own).tril()))
+            split = None
+            if split_kernels and not causal:
+                split = TreeAfterPast.of_own(own, seen, dtype)
+            mask = None
+            if not (causal and (split_kernels or not seen)) and split is None:
+                allowed = torch.cat((torch.ones(len(segment), seen, dtype=torch.bool), own), dim=1)
+                mask = allowed.to(device)[None, None]
+            past = tuple((piece.source == NEW, piece.start, piece.end) for piece in segment.past)
+            runs.append(_SegmentRun(segment.start, segment.end, past, causal, split, mask))
+        return cls(tuple(runs), split_kernels)
+
+    @staticmethod
+    def past_of(run: _SegmentRun, past: LayerKV | None, new: LayerKV) -> LayerKV | None:
+        """The keys/values `run` sees whole, in its ranges' order (views where there is one range)."""
+        keys, values = [], []
+        for from_new, start, end in run.past:
+            source = new if from_new else past
+            if source is None:
+                raise ValueError("a segment sees past keys the pass was not given")
+            keys.append(source.keys[:, start:end])
+            values.append(source.values[:, start:end])
+        if not keys:
+            return None
+        if len(keys) == 1:
+            return LayerKV(keys[0], values[0])
+        return LayerKV(torch.cat(keys, dim=1), torch.cat(values, dim=1))
+
+    def attend(self, query: torch.Tensor, new: LayerKV, past: LayerKV | None, scale: float) -> torch.Tensor:
+        """Attention of every token of the pass, (heads, tokens, head_dim), segment by segment."""
+        parts = []
+        for run in self.runs:
+            q = query[:, run.start : run.end]
+            own = LayerKV(new.keys[:, run.start : run.end], new.values[:, run.start : run.end])
+            seen = self.past_of(run, past, new)
+            if run.split is not None:
+                parts.append(_tree_after_past(q, own, seen, run.split, scale))
+            elif self.split_kernels and run.causal and seen is not None:
+                parts.append(_causal_after_past(q, own, seen, scale))
+            elif self.split_kernels and run.causal:
+                parts.append(_causal_chain(q, own.keys, own.values, scale))
+            else:
+                parts.append(_dense_attention(q, own, seen, run.mask, scale))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _dense_attention(
+    query: torch.Tensor, own: LayerKV, seen: LayerKV | None, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """One SDPA call of `query` over `seen` + `own` keys with a boolean `mask` (None: causal, without a past)."""
+    keys, values = own.keys, own.values
+    if seen is not None:
+        keys, values = torch.cat((seen.keys, keys), dim=1), torch.cat((seen.values, values), dim=1)
+    attended = F.scaled_dot_product_attention(
+        query.unsqueeze(0),
+        keys.unsqueeze(0),
+        values.unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None and query.shape[1] > 1,
+        scale=scale,
+        enable_gqa=query.shape[0] != keys.shape[0],
+    )
+    return attended[0]
+
+
+@dataclass(frozen=True)
+class SegmentRows:
+    """`KeptRows` of a packed pass: the last layer computes only the kept rows, each over its own segment's keys.
+
+    `index` (rows,) token indices as `KeptRows.index` (bucket padding included); per segment, the positions in
+    `index` of its rows, their indices inside the segment and their mask over the segment's past + own keys."""
+
+    index: torch.Tensor
+    plan: SegmentPlan
+    groups: tuple[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor], ...]  # (run, slots, local rows, mask)
+
+    @classmethod
+    def of(cls, keep: torch.Tensor, plan: SegmentPlan, layout: SegmentLayout, bucket: bool = False) -> SegmentRows:
+        if bucket and keep.numel():
+            keep = torch.cat((keep, keep[-1:].expand(gemm_rows(len(keep)) - len(keep))))
+        wanted = keep.tolist()
+        groups = []
+        for number, (run, segment) in enumerate(zip(plan.runs, layout.segments, strict=True)):
+            slots = [slot for slot, token in enumerate(wanted) if run.start <= token < run.end]
+            if not slots:
+                continue
+            local = [wanted[slot] - run.start for slot in slots]
+            own = torch.from_numpy(segment.own_allowed()[local])
+            mask = torch.cat((torch.ones(len(local), segment.past_length, dtype=torch.bool), own), dim=1)
+            device = keep.device
+            groups.append(
+                (
+                    number,
+                    torch.tensor(slots, dtype=torch.long, device=device),
+                    torch.tensor(local, dtype=torch.long, device=device),
+                    mask.to(device)[None, None],
+                )
+            )
+        return cls(keep, plan, tuple(groups))
+
+    def attend(self, query: torch.Tensor, new: LayerKV, past: LayerKV | None, scale: float) -> torch.Tensor:
+        """Attention output of the kept rows, (heads, rows, head_dim) in `index` order."""
+        out = query.new_empty(query.shape[0], self.index.shape[0], query.shape[2])
+        for number, slots, local, mask in self.groups:
+            run = self.plan.runs[number]
+            own = LayerKV(new.keys[:, run.start : run.end], new.values[:, run.start : run.end])
+            q = query[:, run.start : run.end].index_select(1, local)
+            out.index_copy_(1, slots, _dense_attention(q, own, self.plan.past_of(run, past, new), mask, scale))
+        return out
+
+
 @dataclass
 class LayerKV:
     keys: torch.Tensor  # (kv_heads_here, tokens, head_dim), positions already applied
@@ -491,9 +645,9 @@ class Attention(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | TreeAfterPast | None,
+        mask: torch.Tensor | TreeAfterPast | SegmentPlan | None,
         past: LayerKV | None,
-        rows: KeptRows | None = None,
+        rows: KeptRows | SegmentRows | None = None,
     ) -> tuple[torch.Tensor, LayerKV]:
         """Attention output of every token, or with `rows` of those rows only (keys/values are of every token).
 
@@ -518,7 +672,13 @@ class Attention(nn.Module):
         if rows is not None:
             if not rows.index.numel():
                 return hidden[:0], new  # no query at all: the layer only adds its keys/values
+            if isinstance(rows, SegmentRows):
+                attended = rows.attend(query, new, past, self.head_dim**-0.5)
+                return self.out(_token_major(attended, attended.shape[1])), new
             return self._rows_only(query, new, past, rows), new
+        if isinstance(mask, SegmentPlan):
+            attended = mask.attend(query, new, past, self.head_dim**-0.5)
+            return self.out(_token_major(attended, run_rows)), new
         if isinstance(mask, TreeAfterPast):
             attended = _tree_after_past(query, new, past, mask, self.head_dim**-0.5)
             return self.out(_token_major(attended, run_rows)), new
@@ -617,9 +777,9 @@ class DecoderLayer(nn.Module):
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | TreeAfterPast | None,
+        mask: torch.Tensor | TreeAfterPast | SegmentPlan | None,
         past: LayerKV | None,
-        rows: KeptRows | None = None,
+        rows: KeptRows | SegmentRows | None = None,
     ) -> tuple[torch.Tensor, LayerKV]:
         """The layer's output for every token, or with `rows` for those rows only (keys/values of every token)."""
         attended, new = self.attention(self.input_norm(hidden), cos, sin, mask, past, rows)
@@ -795,8 +955,13 @@ class DecoderLM(nn.Module):
         mask: torch.Tensor | None,
         past: list[LayerKV] | None,
         keep: torch.Tensor | None = None,
+        segments: SegmentLayout | None = None,
+        dense_segments: bool = False,
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Final-norm hidden states of a packed sequence, and each layer's new keys/values (of every token).
+
+        `segments` (with no `mask`): the pass packs many reads, each segment attended on its own keys only
+        (`SegmentPlan`; `dense_segments` runs them with the SDPA calls used off CPU, for tests).
 
         `mask` (1, 1, tokens, past + tokens), booleans, True = may attend; None = causal. The hidden states are
         (tokens, hidden), or with `keep` (token indices) those rows only, in that order: the last layer then
@@ -810,11 +975,21 @@ class DecoderLM(nn.Module):
         hidden = self.embedding(F.pad(token_ids, (0, run_rows - tokens)) if run_rows > tokens else token_ids)
         cos, sin = self.rotary.cos_sin(positions, hidden.dtype)
         past_length = int(past[0].keys.shape[1]) if past else 0
-        layer_mask: torch.Tensor | TreeAfterPast | None = mask
-        if mask is not None and hidden.device.type == "cpu":
-            layer_mask = TreeAfterPast.of(mask, past_length, hidden.dtype) or mask
+        layer_mask: torch.Tensor | TreeAfterPast | SegmentPlan | None = mask
+        rows: KeptRows | SegmentRows | None = None
+        if segments is not None:
+            if mask is not None:
+                raise ValueError("a packed pass takes segments or a mask, not both")
+            plan = SegmentPlan.of(segments, past_length, hidden.dtype, hidden.device, dense_segments)
+            layer_mask = plan
+            if keep is not None:
+                rows = SegmentRows.of(keep, plan, segments, self.bucket_rows)
+        else:
+            if mask is not None and hidden.device.type == "cpu":
+                layer_mask = TreeAfterPast.of(mask, past_length, hidden.dtype) or mask
+            if keep is not None:
+                rows = KeptRows.of(keep, mask, past_length, tokens, self.bucket_rows)
         last = len(self.layers) - 1
-        rows = None if keep is None else KeptRows.of(keep, mask, past_length, tokens, self.bucket_rows)
         new: list[LayerKV] = []
         for index, layer in enumerate(self.layers):
             layer_past = past[index] if past is not None else None

@@ -23,6 +23,10 @@ from decision_server.prefix_cache import free_memory_bytes
 
 logger = logging.getLogger(__name__)
 
+# Kept rows whose logits are computed at once (`DecoderModel._scores_in_pieces`): 256 rows of a 150k vocabulary are
+# 150 MB of float32 logits.
+LOGIT_PIECE_ROWS = 256
+
 
 @dataclass
 class DecoderModel(LoadedModel):
@@ -60,6 +64,35 @@ class DecoderModel(LoadedModel):
     def agree_min(self, value: int) -> int:
         return int(self.group.all_reduce_min(torch.tensor([value], dtype=torch.int64, device=self.device)).item())
 
+    # The SDPA form of segment attention (`decoder.SegmentPlan`) everywhere, as off CPU; tests set it on CPU.
+    dense_segments: bool = False
+
+    def packs_segments(self) -> bool:
+        return True
+
+    def _scores_in_pieces(self, kept: torch.Tensor, request: ScoreRequest) -> tuple[list[float], list[int]]:
+        """`layers.vocab_parallel_scores` of the kept rows, LOGIT_PIECE_ROWS rows at a time: a packed batch may keep
+        thousands of rows, and each costs a full-vocabulary row of float32 logits (600 kB for 150k tokens)."""
+        labels: list[float] = [0.0] * len(request.label_rows)
+        greedy: list[int] = [0] * len(request.greedy_rows)
+        for start in range(0, max(len(kept), 1), LOGIT_PIECE_ROWS):
+            end = start + LOGIT_PIECE_ROWS
+            label_at = [k for k, row in enumerate(request.label_rows) if start <= row < end]
+            greedy_at = [k for k, row in enumerate(request.greedy_rows) if start <= row < end]
+            values, tokens = vocab_parallel_scores(
+                self.network.head.local_logits(kept[start:end]),
+                self.network.head.start,
+                self.group,
+                [request.label_rows[k] - start for k in label_at],
+                [request.label_tokens[k] for k in label_at],
+                [request.greedy_rows[k] - start for k in greedy_at],
+            )
+            for k, value in zip(label_at, values, strict=True):
+                labels[k] = value
+            for k, token in zip(greedy_at, tokens, strict=True):
+                greedy[k] = token
+        return labels, greedy
+
     def score(self, request: ScoreRequest) -> ScoredPass:
         if isinstance(request.attention_mask, dict):
             raise ValueError("the decoder has full-attention layers only; it takes one mask, not one per layer type")
@@ -81,15 +114,10 @@ class DecoderModel(LoadedModel):
                 keys, values = request.past
                 past = [LayerKV(keys[layer], values[layer]) for layer in range(keys.shape[0])]
             keep = torch.tensor(request.keep, dtype=torch.long, device=device)
-            kept, new = self.network.hidden_states(ids, positions, request.attention_mask, past, keep)
-            label_logprobs, greedy = vocab_parallel_scores(
-                self.network.head.local_logits(kept),
-                self.network.head.start,
-                self.group,
-                request.label_rows,
-                request.label_tokens,
-                request.greedy_rows,
+            kept, new = self.network.hidden_states(
+                ids, positions, request.attention_mask, past, keep, request.segments, self.dense_segments
             )
+            label_logprobs, greedy = self._scores_in_pieces(kept, request)
             scored = ScoredPass(label_logprobs=label_logprobs, greedy_tokens=greedy)
             if request.return_key_values:
                 scored.keys = torch.stack([kv.keys for kv in new])
@@ -122,6 +150,9 @@ def _digest(request: ScoreRequest) -> int:
         request.label_rows,
         request.label_tokens,
         request.greedy_rows,
+        [bound for segment in request.segments.segments for bound in (segment.start, segment.end)]
+        if request.segments is not None
+        else [],
     ]
     flat = [value for part in parts for value in (len(part), *part)]
     return zlib.crc32(np.asarray(flat, dtype=np.int64).tobytes())

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from decision_server.prefix_cache import KeyValues
+from decision_server.segments import SegmentLayout
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -63,6 +64,9 @@ class ScoreRequest:
     past: KeyValues | None = None
     # Return the new tokens' keys/values, (layers, kv_heads, tokens, head_dim) each, for the prefix cache.
     return_key_values: bool = False
+    # A pass packing many reads (instead of `attention_mask`): which keys each run of tokens sees, `past` first.
+    # Only models whose `packs_segments` is true take it.
+    segments: SegmentLayout | None = None
 
 
 @dataclass
@@ -207,6 +211,13 @@ class LoadedModel(ABC):
         it. Where it does, the tree engine runs them as one pass: the weights are read once and every GEMM has
         the rows of both. transformers' attention takes the dense mask as it is, so only the shard's own decoder
         says yes (on CPU, where it splits masks into `decoder.TreeAfterPast`)."""
+        return False
+
+    def packs_segments(self) -> bool:
+        """Whether `score` takes `ScoreRequest.segments`: one pass over every read of a batch, attention computed per
+        segment so unrelated requests never meet in a kernel. Where it does, the tree engine runs each batch as one
+        forward pass; elsewhere (transformers' attention takes one dense mask) it plans passes per state, since a
+        dense mask over many requests costs products quadratic in the batch."""
         return False
 
     def synchronize(self) -> None:

@@ -68,14 +68,33 @@ def assert_same_reads(tree: Any, naive: Any, tolerance: float = 1e-4) -> None:
 PLANS = {"one-pass": (10**9, 10**9), "default": (32, 256), "split": (4, 16), "branches": (8, 64)}
 
 
+# How the decoder runs a batch: one packed pass with its CPU kernels per segment; the same pass with one SDPA call per
+# segment (what runs off CPU); or, as a model without segments (transformers' modeling), planned passes in turn.
+KERNELS = ("packed", "packed-sdpa", "passes")
+
+
+def with_kernel(monkeypatch: pytest.MonkeyPatch, model: LoadedModel, kernel: str) -> None:
+    if kernel == "packed-sdpa":
+        monkeypatch.setattr(model, "dense_segments", True)
+    if kernel == "passes":
+        monkeypatch.setattr(model, "packs_segments", lambda: False)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("name", MODELS)
 def test_tree_equals_naive_on_a_mixed_batch(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, naive_outcomes: Any, name: str, plan: str
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    naive_outcomes: Any,
+    name: str,
+    plan: str,
+    kernel: str,
 ) -> None:
     from decision_server import decoder
 
     model = request.getfixturevalue(name)
+    with_kernel(monkeypatch, model, kernel)
     reads = decision_batch(model.path)
     min_chain, min_split = PLANS[plan]
     # Branch passes after a computed chain attend it without a mask and themselves block by block.
@@ -85,24 +104,30 @@ def test_tree_equals_naive_on_a_mixed_batch(
     tree = TreeEngine(model, min_chain_tokens=min_chain, min_split_tokens=min_split).run(reads)
     # (Chain continuations go through the same attention as one causal block, without a tree mask.)
     tree_passes = [split for split in split_passes if any(mask is not None for _, _, mask in split.blocks)]
-    assert bool(tree_passes) == (plan == "branches")
+    if kernel == "packed-sdpa":
+        assert not split_passes
+    elif kernel == "passes":
+        assert bool(tree_passes) == (plan == "branches")
     naive = naive_outcomes(model, reads)
     assert_same_reads(tree, naive)
     assert naive.forward_passes == len(reads) + sum(1 for r in reads for label in r.labels if len(label) > 1)
-    if plan == "one-pass":
+    if kernel != "passes" or plan == "one-pass":
+        # Both requests, their questions and the unrelated read: one walk over the layers.
         assert tree.forward_passes == 1
-    if plan == "split":
+    elif plan == "split":
         # A causal pass per shared chain, a masked pass per set of branches: several, far fewer than naive's.
         assert 3 <= tree.forward_passes < naive.forward_passes
     assert tree.packed_tokens == TreeEngine(model).run(reads).packed_tokens
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("plan", ["default", "split"])
 def test_planned_passes_with_a_prefix_cache_equal_naive(
-    tiny_qwen3: LoadedModel, naive_outcomes: Any, plan: str
+    tiny_qwen3: LoadedModel, monkeypatch: pytest.MonkeyPatch, naive_outcomes: Any, plan: str, kernel: str
 ) -> None:
     from decision_server.prefix_cache import PrefixCache
 
+    with_kernel(monkeypatch, tiny_qwen3, kernel)
     min_chain, min_split = PLANS[plan]
     tree = TreeEngine(
         tiny_qwen3, prefix_cache=PrefixCache(64 << 20), min_chain_tokens=min_chain, min_split_tokens=min_split
@@ -112,6 +137,9 @@ def test_planned_passes_with_a_prefix_cache_equal_naive(
     # The second half continues from what the first half cached (chat head, first state) and adds a new state.
     second = tree.run(reads)
     assert sum(o.tokens_cached for o in second.outcomes) > 0
+    if kernel != "passes":
+        # Cached prefixes of two roots and a new state, all in one pass.
+        assert first.forward_passes == second.forward_passes == 1
     assert_same_reads(first, naive_outcomes(tiny_qwen3, reads[: len(reads) // 2]), tolerance=1e-5)
     assert_same_reads(second, naive_outcomes(tiny_qwen3, reads), tolerance=1e-5)
 
@@ -242,11 +270,16 @@ def test_sliding_window_layers_get_a_windowed_tree_mask(tmp_path: Path, attn: st
     )
 
 
-def test_each_new_state_gets_a_chunk_of_its_own_with_a_prefix_cache(tiny_qwen3: LoadedModel) -> None:
+def test_each_new_state_gets_a_chunk_of_its_own_with_a_prefix_cache_where_passes_run_in_turn(
+    tiny_qwen3: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Two requests with long states (after a shared head) and three questions each, then a short unrelated read.
-    # The states share no pass, and with a prefix cache every pass keeps its keys/values until the chunk ends: one
-    # chunk holding both was 1.1x slower per token (measured). Each new state starts a chunk, its questions stay
-    # with it, the short read packs with whatever is open, and the second chunk continues the head from the cache.
+    # For a model that runs planned passes in turn (no segments), the states share no pass, and with a prefix cache
+    # every pass keeps its keys/values until the chunk ends: one chunk holding both was 1.1x slower per token
+    # (measured). Each new state starts a chunk, its questions stay with it, the short read packs with whatever is
+    # open, and the second chunk continues the head from the cache. A model that packs segments runs them all in one.
+    packed = TreeEngine(tiny_qwen3, min_split_tokens=64, prefix_cache=PrefixCache(64 << 20))
+    monkeypatch.setattr(tiny_qwen3, "packs_segments", lambda: False)
     generator = torch.Generator().manual_seed(3)
 
     def tokens(count: int) -> tuple[int, ...]:
@@ -266,3 +299,8 @@ def test_each_new_state_gets_a_chunk_of_its_own_with_a_prefix_cache(tiny_qwen3: 
     # Below the split size, and without a cache (nothing outlives its use), states pack together as before.
     assert len(TreeEngine(tiny_qwen3, min_split_tokens=128, prefix_cache=PrefixCache(64 << 20))._chunks(reads)) == 1
     assert len(TreeEngine(tiny_qwen3, min_split_tokens=64)._chunks(reads)) == 1
+    monkeypatch.undo()
+    assert len(packed._chunks(reads)) == 1
+    together = packed.run(reads)
+    assert together.forward_passes == 1
+    assert_same_reads(together, NaiveEngine(tiny_qwen3).run(reads), tolerance=1e-5)

@@ -28,10 +28,13 @@ from decision_server.engines.base import Engine
 from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
+from decision_server.segments import NEW, PAST, AttentionSegment, SegmentLayout, ranges
 
-# Defaults sized for a CPU: the dense (T, T) mask and attention scores grow with T squared, and every logit row
-# costs a full-vocabulary projection (600 kB in float32 for a 150k vocabulary).
-DEFAULT_MAX_PACKED_TOKENS = 4096
+# Unique prompt tokens of one chunk (the router's default batch, `--max-batch-prefill-tokens`, so a batch is one
+# chunk; the shard passes its device's budget, `batch_budget.py`). Models that take a dense (T, T) mask (those that
+# do not pack segments) pay for it quadratically, and compute every kept row's full-vocabulary logits at once (600 kB
+# in float32 for a 150k vocabulary): DEFAULT_MAX_LOGIT_ROWS rows a chunk for them.
+DEFAULT_MAX_PACKED_TOKENS = 8192
 DEFAULT_MAX_LOGIT_ROWS = 512
 # A shared chain at least this long gets a causal pass of its own (shorter ones ride the branches' masked pass:
 # one more pass costs a full walk over the layers).
@@ -105,8 +108,9 @@ class TokenTrie:
                 fresh += 1
         return fresh
 
-    def missing_nodes(self, read: ReadSpec) -> int:
-        """How many nodes inserting `read` (from its salt's root) would add, without inserting it."""
+    def missing_nodes(self, read: ReadSpec, labels: bool = True) -> int:
+        """How many nodes inserting `read` (from its salt's root) would add, without inserting it (its prompt's
+        only, without `labels`)."""
         virtual: dict[tuple[int, int], int] = {}
         next_virtual = [len(self.tokens)]
 
@@ -125,7 +129,7 @@ class TokenTrie:
         key = _salt_root(read.cache_salt)
         root = -1 - self._root_ids[key] if key in self._root_ids else -1 - len(self.root_keys)
         answer = walk(root, read.prompt)
-        for label in read.labels:
+        for label in read.labels if labels else ():
             walk(answer, label[:-1])
         return next_virtual[0] - len(self.tokens)
 
@@ -379,7 +383,7 @@ class TreeEngine(Engine):
         self,
         model: LoadedModel,
         max_packed_tokens: int = DEFAULT_MAX_PACKED_TOKENS,
-        max_logit_rows: int = DEFAULT_MAX_LOGIT_ROWS,
+        max_logit_rows: int | None = None,
         prefix_cache: PrefixCache | None = None,
         min_chain_tokens: int = DEFAULT_MIN_CHAIN_TOKENS,
         min_split_tokens: int = DEFAULT_MIN_SPLIT_TOKENS,
@@ -388,6 +392,9 @@ class TreeEngine(Engine):
         if (reason := tree_refusal(model.text_config)) is not None:
             # Never silently wrong: a masked pass over such layers mixes the questions of a batch.
             raise EngineRefusedError(f"tree reads cannot serve {model.architecture}: {reason}")
+        if max_logit_rows is None:
+            # A model that packs segments computes its logits in pieces of rows (`DecoderModel._scores_in_pieces`).
+            max_logit_rows = max_packed_tokens if model.packs_segments() else DEFAULT_MAX_LOGIT_ROWS
         if max_packed_tokens < 1 or max_logit_rows < 1:
             raise ValueError("tree read budgets must be positive")
         if prefix_cache is not None and (reason := model.supports_prefix_cache()) is not None:
@@ -405,41 +412,42 @@ class TreeEngine(Engine):
         return batch
 
     def _chunks(self, reads: Sequence[ReadSpec]) -> list[list[ReadSpec]]:
-        """Splits the batch, in request order, into groups whose packed tree fits the budgets.
+        """Splits the batch, in request order, into groups whose packed tree fits the budgets: `max_packed_tokens`
+        unique prompt tokens (label branches ride along, bounded by `max_logit_rows`). A batch the router formed
+        under the same token budget is one chunk, and with a model that packs segments one forward pass.
 
         A read too large for the budget on its own still runs, alone. Reads that share a prefix are usually
         adjacent (the router sends a request's questions together), so greedy filling keeps most sharing.
         Budgets count tokens as if nothing were cached, so cache hits only ever make a pass smaller.
 
-        With a prefix cache, a chunk also holds at most one new state: a read whose prompt is mostly new and adds
-        `min_split_tokens` or more (another request's state, not one more question about the same state). Such
-        subtrees get passes of their own anyway (`plan_passes`); packed together they share no work, and every
-        pass keeps its keys/values for the cache until the chunk ends, so more of them are alive at once. The next
-        chunk continues from the cache where the states share a chat head. Measured on a 2-core Intel, Qwen3-0.6B
-        shape: four 540-token states in one chunk computed 199 tokens/s, one per chunk 218
-        (bench/results/2026-12-02-c16): most of the concurrency-16 loss of the issue "Faster per token".
-        Without a cache nothing is kept past its last use, and splitting would only recompute shared heads.
+        For a model that runs passes one after another (no segments), with a prefix cache, a chunk also holds at
+        most one new state: a read whose prompt is mostly new and adds `min_split_tokens` or more (another
+        request's state, not one more question about the same state). Such subtrees get passes of their own anyway
+        (`plan_passes`); packed together they share no work, and every pass keeps its keys/values for the cache
+        until the chunk ends, so more of them are alive at once (measured on a 2-core Intel, Qwen3-0.6B shape: four
+        540-token states in one chunk computed 199 tokens/s, one per chunk 218, bench/results/2026-12-02-c16).
         """
         chunks: list[list[ReadSpec]] = []
         current: list[ReadSpec] = []
         trie = TokenTrie()
-        rows = 0
+        prompt_tokens = rows = 0
         holds_state = False
+        one_state = self.prefix_cache is not None and not self.model.packs_segments()
         for read in reads:
             read_rows = 1 + sum(len(label) - 1 for label in read.labels)
-            added = trie.missing_nodes(read)
-            new_state = (
-                self.prefix_cache is not None and added >= self.min_split_tokens and 2 * added > len(read.prompt)
-            )
+            added = trie.missing_nodes(read, labels=False)
+            new_state = one_state and added >= self.min_split_tokens and 2 * added > len(read.prompt)
             if current and (
-                len(trie) + added > self.max_packed_tokens
+                prompt_tokens + added > self.max_packed_tokens
                 or rows + read_rows > self.max_logit_rows
                 or (new_state and holds_state)
             ):
                 chunks.append(current)
-                current, trie, rows, holds_state = [], TokenTrie(), 0, False
+                current, trie, prompt_tokens, rows, holds_state = [], TokenTrie(), 0, 0, False
+                added = len(read.prompt)
             place_read(trie, read, None)
             current.append(read)
+            prompt_tokens += added
             rows += read_rows
             holds_state = holds_state or new_state
         if current:
@@ -469,6 +477,8 @@ class TreeEngine(Engine):
         }
         if self._single_pass(trie, cached_of_root):
             scores = self._run_single_pass(trie, placed, prefixes, batch)
+        elif self.model.packs_segments():
+            scores = self._run_packed(trie, placed, prefixes, cached_of_root, batch)
         else:
             scores = self._run_passes(trie, placed, cached_of_root, batch)
         batch.packed_tokens += len(trie)
@@ -550,6 +560,45 @@ class TreeEngine(Engine):
         if remember:
             self._remember(placed, stored)
         return scores
+
+    def _run_packed(
+        self,
+        trie: TokenTrie,
+        placed: Sequence[PlacedRead],
+        prefixes: Sequence[CachedPrefix | None],
+        cached_of_root: dict[int, CachedPrefix],
+        batch: BatchOutcome,
+    ) -> NodeScores:
+        """Every read of the chunk in one forward pass: the planned passes (`plan_passes`: each state a causal chain,
+        the short branches after it one masked run) become segments of one token stream, each seeing its cached
+        prefix and the runs before it that hold its ancestors (`segments.SegmentLayout`). The weights are read once
+        for the whole batch, and no kernel spans two requests."""
+        passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens)
+        stream = [node for step in passes for node in step.nodes]
+        at = {node: index for index, node in enumerate(stream)}
+        layout = _PastLayout([prefix for prefix in prefixes if prefix is not None])
+        cached = {root: ranges(layout.positions(prefix), PAST) for root, prefix in cached_of_root.items()}
+        segments, start = [], 0
+        for step in passes:
+            end = start + len(step.nodes)
+            tree = None if step.chain else trie.subset_ancestor_matrix(step.nodes)
+            past = cached.get(step.root, ()) + ranges([at[node] for node in step.past], NEW)
+            segments.append(AttentionSegment(start, end, past, tree))
+            start = end
+        remember = self.prefix_cache is not None
+        request = replace(
+            self._score_request(trie, stream, placed),
+            position_ids=[trie.depths[node] for node in stream],
+            segments=SegmentLayout(tuple(segments)),
+            past=layout.key_values(),
+            return_key_values=remember,
+        )
+        scored = self._forward(request, batch)
+        if remember and scored.keys is not None and scored.values is not None:
+            stored = _NodeKeyValues()
+            stored.add(stream, scored.keys, scored.values)
+            self._remember(placed, stored)
+        return NodeScores.of(request, stream, scored)
 
     def _score_request(self, trie: TokenTrie, nodes: Sequence[int], placed: Sequence[PlacedRead]) -> ScoreRequest:
         """A pass over `nodes` keeping the rows of the answer and label nodes among them."""

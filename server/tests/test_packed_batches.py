@@ -1,0 +1,151 @@
+"""A batch of many requests is one forward pass (segments of one packed token stream), and every read of it equals
+an independent transformers forward: reads packed beside other requests see nothing of theirs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import reference_sequence_logprob
+
+from decision_server.engines import ReadSpec, TreeEngine
+from decision_server.engines.tree import DEFAULT_MAX_LOGIT_ROWS
+from decision_server.model import LoadedModel
+from decision_server.prefix_cache import PrefixCache
+from decision_server.segments import NEW, PAST, AttentionSegment, KeyRange, SegmentLayout, ranges
+
+
+def many_requests(requests: int, state_tokens: int, questions: int, seed: int = 5) -> list[ReadSpec]:
+    """`requests` distinct states after one shared head, `questions` reads each (a question tail, then labels:
+    single tokens and multi-token ones sharing a first token), in request order as the router sends them."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def tokens(count: int) -> tuple[int, ...]:
+        return tuple(torch.randint(5, 400, (count,), generator=generator).tolist())
+
+    head = tokens(12)
+    reads = []
+    for _ in range(requests):
+        state = head + tokens(state_tokens)
+        for question in range(questions):
+            reads.append(
+                ReadSpec(
+                    id=len(reads),
+                    prompt=state + tokens(3 + question % 4),
+                    labels=((7,), (8, 9), (8, 11, 12)),
+                )
+            )
+    return reads
+
+
+def assert_equals_transformers(reference: Any, reads: list[ReadSpec], outcomes: Any, tolerance: float) -> None:
+    for read, outcome in zip(reads, outcomes.outcomes, strict=True):
+        assert outcome.id == read.id
+        expected = [reference_sequence_logprob(reference, list(read.prompt), list(label)) for label in read.labels]
+        assert outcome.label_logprobs == pytest.approx(expected, abs=tolerance)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["cpu-kernels", "sdpa-per-segment"])
+def test_a_batch_of_requests_is_one_pass_equal_to_transformers(
+    tiny_qwen3: LoadedModel, tiny_qwen3_reference: Any, monkeypatch: pytest.MonkeyPatch, dense: bool
+) -> None:
+    monkeypatch.setattr(tiny_qwen3, "dense_segments", dense)
+    cache = PrefixCache(64 << 20)
+    engine = TreeEngine(tiny_qwen3, prefix_cache=cache, min_split_tokens=64)
+    cold = many_requests(requests=6, state_tokens=90, questions=3)
+    first = engine.run(cold)
+    assert first.forward_passes == 1
+    assert_equals_transformers(tiny_qwen3_reference, cold, first, 1e-5)
+    # Then the same states with new questions (continued from the cache, one root per state) beside new states.
+    warm = [
+        ReadSpec(id=100 + read.id, prompt=(*read.prompt[:-2], 41, 42, 43), labels=read.labels) for read in cold[::2]
+    ] + [ReadSpec(id=200 + read.id, prompt=read.prompt, labels=read.labels) for read in many_requests(3, 90, 2, 9)]
+    second = engine.run(warm)
+    assert second.forward_passes == 1
+    # All six states come from the cache (a cached position counts once per batch, on its first read).
+    assert sum(outcome.tokens_cached for outcome in second.outcomes[:9]) >= 6 * 90
+    assert_equals_transformers(tiny_qwen3_reference, warm, second, 1e-5)
+
+
+def test_thirty_two_requests_of_eight_questions_are_one_pass(tiny_qwen3: LoadedModel) -> None:
+    # The issue's closed loop at concurrency 32, if all of it reached the shard as one batch: 32 distinct states of
+    # ~512 tokens, 8 questions each. The default budget (8,192 prompt tokens, the router's) holds 15 of them: the
+    # batch is three chunks and three passes, never one per request; under a budget that holds all it is one pass.
+    reads = many_requests(requests=32, state_tokens=500, questions=8)
+    engine = TreeEngine(tiny_qwen3)
+    assert [len(chunk) // 8 for chunk in engine._chunks(reads)] == [15, 15, 2]
+    whole = TreeEngine(tiny_qwen3, max_packed_tokens=32 * 540)
+    batch = whole.run(reads)
+    assert batch.forward_passes == 1
+    assert batch.packed_tokens >= 32 * 512
+
+
+def test_budgets_count_prompt_tokens_and_logit_rows(tiny_qwen3: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = TreeEngine(tiny_qwen3, max_packed_tokens=100, max_logit_rows=6)
+    # Label branches are not prompt tokens: 2 reads of 50 prompt tokens (sharing none) fit 100 with their labels.
+    reads = [ReadSpec(id=i, prompt=tuple(range(i * 50, i * 50 + 50)), labels=((1, 2, 3),)) for i in range(3)]
+    assert [len(chunk) for chunk in engine._chunks(reads)] == [2, 1]
+    # Each read takes 1 + 2 logit rows: two fit in six, whatever the token budget.
+    engine.max_packed_tokens = 10**6
+    assert [len(chunk) for chunk in engine._chunks(reads)] == [2, 1]
+    # Without a given row budget, a model that packs segments (and computes logits in pieces of rows) is bounded by
+    # tokens only; one that takes a dense mask by DEFAULT_MAX_LOGIT_ROWS.
+    assert TreeEngine(tiny_qwen3, max_packed_tokens=65536).max_logit_rows == 65536
+    monkeypatch.setattr(tiny_qwen3, "packs_segments", lambda: False)
+    assert TreeEngine(tiny_qwen3, max_packed_tokens=65536).max_logit_rows == DEFAULT_MAX_LOGIT_ROWS
+
+
+def test_segment_layout_as_one_mask() -> None:
+    # Two requests: state A (3 tokens), its two question branches (2 tokens each) seeing A whole, then state B
+    # continuing 4 cached keys of which it sees the last 2 (another prefix's keys are not its own).
+    branches = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]], dtype=bool)
+    layout = SegmentLayout(
+        (
+            AttentionSegment(0, 3, ()),
+            AttentionSegment(3, 7, (KeyRange(NEW, 0, 3),), branches),
+            AttentionSegment(7, 9, (KeyRange(PAST, 2, 4),)),
+        )
+    )
+    layout.check(past_length=4)
+    allowed = layout.dense_allowed(past_length=4)
+    assert allowed.shape == (9, 13)
+    assert allowed[:3, 4:7].tolist() == np.tril(np.ones((3, 3), dtype=bool)).tolist()
+    assert not allowed[:7, :4].any() and not allowed[7:, :2].any() and allowed[7:, 2:4].all()
+    assert allowed[3:7, 4:7].all() and allowed[3:7, 7:11].tolist() == branches.tolist()
+    assert not allowed[7:, 4:11].any() and allowed[7:, 11:].tolist() == [[True, False], [True, True]]
+    assert ranges([3, 4, 5, 9, 10, 2], NEW) == (KeyRange(NEW, 3, 6), KeyRange(NEW, 9, 11), KeyRange(NEW, 2, 3))
+
+
+@pytest.mark.parametrize(
+    ("segments", "problem"),
+    [
+        ((AttentionSegment(0, 2, ()), AttentionSegment(3, 4, ())), "tile"),
+        ((AttentionSegment(0, 2, (KeyRange(PAST, 0, 5),)),), "past keys"),
+        ((AttentionSegment(0, 2, (KeyRange(NEW, 0, 1),)),), "its own tokens"),
+        ((AttentionSegment(0, 2, (KeyRange(NEW, 2, 3),)), AttentionSegment(2, 3, ())), None),
+        ((AttentionSegment(0, 2, (KeyRange(NEW, 2, 9),)), AttentionSegment(2, 3, ())), "beyond"),
+        ((AttentionSegment(0, 2, (), np.ones((3, 3), dtype=bool)),), "shape"),
+    ],
+)
+def test_segment_layouts_are_checked(segments: tuple[AttentionSegment, ...], problem: str | None) -> None:
+    layout = SegmentLayout(segments)
+    if problem is None:
+        layout.check(past_length=4)
+    else:
+        with pytest.raises(ValueError, match=problem):
+            layout.check(past_length=4)
+
+
+def test_logits_in_pieces_of_rows_equal_all_at_once(tiny_qwen3: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    from decision_server import decoder_model
+
+    reads = many_requests(requests=3, state_tokens=40, questions=4)
+    whole = TreeEngine(tiny_qwen3).run(reads)
+    # 12 reads of 4 kept rows each, in pieces of 5 rows: pieces end inside reads and inside label branches.
+    monkeypatch.setattr(decoder_model, "LOGIT_PIECE_ROWS", 5)
+    pieces = TreeEngine(tiny_qwen3).run(reads)
+    for a, b in zip(whole.outcomes, pieces.outcomes, strict=True):
+        assert a.label_logprobs == pytest.approx(b.label_logprobs, abs=1e-6)
+        assert a.greedy_token_id == b.greedy_token_id
