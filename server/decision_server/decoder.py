@@ -330,11 +330,10 @@ class TreeAfterPast:
     (start, end, mask) over the new tokens after the lead, no token attending outside its block, `mask` None where
     the block is a plain causal chain. The parts are merged exactly by their log-sum-exp.
 
-    `lead`: the pass's first tokens form a causal chain that every later token sees whole (a request's state, with
-    its questions in the same pass: the tree engine runs them as one pass, one walk over the weights, where the
-    model says this split is cheap; `LoadedModel.splits_lead_chains`). The lead is attended causally after the
-    past, and the tokens after it see past + lead as their past. 0 when there is none, or it is shorter than
-    MIN_LEAD_TOKENS.
+    `lead`: the pass's first tokens form a causal chain that every later token sees whole (a tree segment that
+    starts with a chain shorter than the engine's `min_chain_tokens` but at least MIN_LEAD_TOKENS long). The lead is
+    attended causally after the past, and the tokens after it see past + lead as their past. 0 when there is none,
+    or it is shorter than MIN_LEAD_TOKENS.
     """
 
     blocks: tuple[tuple[int, int, torch.Tensor | None], ...]

@@ -124,9 +124,6 @@ class DecoderModel(LoadedModel):
                 scored.values = torch.stack([kv.values for kv in new])
         return scored
 
-    def splits_lead_chains(self) -> bool:
-        return self.device.type == "cpu"
-
     def probe(self) -> float:
         weight = self.network.embedding.weight
         with torch.inference_mode():

@@ -205,14 +205,6 @@ class LoadedModel(ABC):
             return f"layers of type {', '.join(others)} have no per-token keys/values to reuse"
         return None
 
-    def splits_lead_chains(self) -> bool:
-        """Whether a masked pass that starts with a causal chain every later token sees (a state, then its
-        questions) costs this model no more attention than a causal pass over the chain and a masked pass after
-        it. Where it does, the tree engine runs them as one pass: the weights are read once and every GEMM has
-        the rows of both. transformers' attention takes the dense mask as it is, so only the shard's own decoder
-        says yes (on CPU, where it splits masks into `decoder.TreeAfterPast`)."""
-        return False
-
     def packs_segments(self) -> bool:
         """Whether `score` takes `ScoreRequest.segments`: one pass over every read of a batch, attention computed per
         segment so unrelated requests never meet in a kernel. Where it does, the tree engine runs each batch as one

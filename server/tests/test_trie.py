@@ -114,20 +114,6 @@ def _two_states_trie() -> TokenTrie:
     return trie
 
 
-def test_plan_leads_the_branch_pass_with_the_chain_where_the_model_splits_it() -> None:
-    """With `lead_chains`, a state and its questions are one pass (the weights read once); large subtrees still
-    get passes of their own, led by their own chains."""
-    trie = _two_states_trie()
-    passes = plan_passes(trie, min_chain_tokens=32, min_split_tokens=256, lead_chains=True)
-    assert_valid_plan(trie, passes)
-    shapes = [(step.chain, len(step.nodes), len(step.past)) for step in passes]
-    assert shapes == [(False, 13, 0), (False, 312, 10), (False, 312, 10)]
-    # A chain alone is still a causal pass.
-    lone = TokenTrie()
-    lone.add_path(lone.root(""), list(range(40)))
-    assert [(step.chain, len(step.nodes)) for step in plan_passes(lone, 32, 256, lead_chains=True)] == [(True, 40)]
-
-
 def test_plan_keeps_a_short_chain_in_the_branch_pass() -> None:
     trie = TokenTrie()
     head = trie.add_path(trie.root(""), [1, 2, 3])

@@ -5,14 +5,13 @@ exactly what its own causal prefill would, while shared prefixes are computed on
 paths continue from cached keys/values of earlier batches instead of recomputing them. It is exact only when every
 layer applies the mask (attention); models with recurrent or convolution layers use the fork engine instead.
 
-A trie is computed in a few passes rather than one dense-mask pass over everything (see `plan_passes`): a long
-shared chain (chat head + state) runs as a plain causal prefill with the fastest attention kernel, and only the
-short branches hanging off it (questions, multi-token labels) share one masked pass that continues from the
-chain's keys/values. Where the model splits such a mask into those same attention calls itself
-(`LoadedModel.splits_lead_chains`: the shard's own decoder on CPU), the chain leads its branches' pass instead, so
-the weights are read once for both. Large independent subtrees (other requests' states) get passes of their own, so
-a dense mask never spans unrelated requests: its off-diagonal blocks would be pure waste, quadratic in the packed
-length."""
+The trie is planned into runs (see `plan_passes`): a long shared chain (chat head + state) is a causal run, and the
+short branches hanging off it (questions, multi-token labels) one masked run that sees the chain whole; large
+independent subtrees (other requests' states) are planned apart, so no run ever spans unrelated requests. Where the
+model packs segments (`LoadedModel.packs_segments`: the shard's own decoder, on every device) the runs are segments
+of ONE forward pass (`segments.SegmentLayout`): the whole batch reads the weights once per layer, and attention is
+computed run by run. Elsewhere (transformers' modeling takes one dense mask, which would compute every product
+between requests) each run is a forward pass of its own, after the passes holding its ancestors."""
 
 from __future__ import annotations
 
@@ -200,15 +199,13 @@ class Pass:
     chain: bool
 
 
-def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int, lead_chains: bool = False) -> list[Pass]:
+def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int) -> list[Pass]:
     """Orders the trie's nodes into passes: every node after all of its ancestors, each pass either a causal
     chain or a masked set of small branches over a fully visible past.
 
     Under a root (or the end of a chain), the shared chain is followed while each node has one child; then the
     subtrees hanging off its end are split: small ones share one masked pass, large ones are planned on their own
-    with the chain as their past. With `lead_chains` (the model attends a chain at the start of a masked pass as
-    cheaply as in a pass of its own: `LoadedModel.splits_lead_chains`), a chain and the small branches after it
-    are one masked pass, the chain first.
+    with the chain as their past.
     """
     children = trie.children()
     sizes = [1] * len(trie)
@@ -237,10 +234,7 @@ def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int, l
             tops = children[node]
         large = [top for top in tops if sizes[top] >= min_split_tokens]
         small = sorted(node for top in tops if sizes[top] < min_split_tokens for node in subtree(top))
-        if chain and small and lead_chains:
-            # Ancestors precede their descendants in node order, so the chain leads the sorted pass.
-            passes.append(Pass(root, tuple(sorted(chain + small)), past, chain=False))
-        elif chain and (len(chain) >= min_chain_tokens or not small):
+        if chain and (len(chain) >= min_chain_tokens or not small):
             passes.append(Pass(root, tuple(chain), past, chain=True))
             if small:
                 passes.append(Pass(root, tuple(small), past + tuple(chain), chain=False))
@@ -528,7 +522,7 @@ class TreeEngine(Engine):
         cached_of_root: dict[int, CachedPrefix],
         batch: BatchOutcome,
     ) -> NodeScores:
-        passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens, self.model.splits_lead_chains())
+        passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens)
         needed_later = {node for step in passes for node in step.past}
         remember = self.prefix_cache is not None
         stored = _NodeKeyValues()
