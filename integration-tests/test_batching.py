@@ -1,0 +1,103 @@
+"""Batching across requests reaches the model: a closed loop of 32 concurrent requests (8 questions each over
+distinct ~512-token states) runs one forward pass per batch, with several requests in every batch (issue "GPU
+throughput": at most 1.05 passes per batch while batches average 4 requests or more). Counted from the server's own
+metrics: `decision_shard_forward_passes_total` against the `decision_batch_requests` histogram."""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from launchers import Launcher, cache_dir, start_launcher
+
+CONCURRENCY = 32
+REQUESTS_EACH = 3
+WORDS = (
+    "refund order card charged twice account login password reset shipping delayed parcel courier invoice "
+    "subscription cancel upgrade plan pro android crash screen error payment bank transfer missing item wrong "
+    "size return label warehouse support agent waited days reply angry urgent weekend holiday discount code"
+).split()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    from conftest import HEALTH_TIMEOUT_S
+
+    model = cache_dir() / "models" / "tiny-qwen3"
+    assert (model / "config.json").is_file(), f"{model} is missing: run `make fixtures`"
+    workdir: Path = tmp_path_factory.mktemp("batching")
+    launcher = start_launcher(
+        workdir, ["--model-id", str(model), "--dtype", "float32", "--hostname", "127.0.0.1"], name="batching"
+    )
+    try:
+        launcher.wait_healthy(HEALTH_TIMEOUT_S)
+        yield launcher
+    finally:
+        launcher.stop(grace_s=20.0)
+
+
+def metric(text: str, name: str) -> float:
+    match = re.search(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.MULTILINE)
+    assert match, f"/metrics has no {name}"
+    return float(match.group(1))
+
+
+def request_body(rng: random.Random) -> dict[str, Any]:
+    """8 questions about one distinct state of about 512 tokens."""
+    state = {"ticket": " ".join(rng.choice(WORDS) for _ in range(420)), "id": rng.randrange(10**9)}
+    questions: dict[str, Any] = {}
+    for index in range(8):
+        if index % 3 == 0:
+            questions[f"q{index}"] = {
+                "type": "choice",
+                "instructions": f"Which team handles part {index}?",
+                "criteria": {"billing": "payments", "tech": None, "shipping": "parcels", "other": None},
+            }
+        elif index % 3 == 1:
+            questions[f"q{index}"] = {"type": "noul", "instructions": f"Is point {index} urgent?", "criteria": {"true": "it must be answered today"}}
+        else:
+            questions[f"q{index}"] = {
+                "type": "score",
+                "instructions": f"How upset is the customer about point {index}?",
+                "criteria": ["calm", "annoyed", "furious"],
+            }
+    return {"state": state, "questions": questions}
+
+
+def test_a_closed_loop_of_32_requests_runs_one_forward_pass_per_batch(server: Launcher) -> None:
+    before = httpx2.get(f"{server.url}/metrics", timeout=30.0).text
+    failures: list[str] = []
+
+    def client(seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx2.Client(timeout=600.0) as http:
+            for _ in range(REQUESTS_EACH):
+                response = http.post(f"{server.url}/v1/systemone", json=request_body(rng))
+                if response.status_code != 200:
+                    failures.append(f"{response.status_code} {response.text[:300]}")
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(CONCURRENCY)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[:3]
+    after = httpx2.get(f"{server.url}/metrics", timeout=30.0).text
+
+    def delta(name: str) -> float:
+        return metric(after, name) - (metric(before, name) if re.search(rf"^{name}", before, re.MULTILINE) else 0.0)
+
+    batches = delta("decision_batch_requests_count")
+    requests = delta("decision_batch_requests_sum")
+    passes = delta("decision_shard_forward_passes_total")
+    assert requests == CONCURRENCY * REQUESTS_EACH
+    print(f"batches={batches:.0f} requests/batch={requests / batches:.2f} passes/batch={passes / batches:.3f}")
+    assert passes / batches <= 1.05
+    assert requests / batches >= 4
