@@ -29,6 +29,52 @@ pub struct QueueConfig {
     pub max_queued_reads: usize,
 }
 
+/// The unique prompt tokens the router packs into one shard call, and where that number came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchBudget {
+    pub tokens: usize,
+    pub source: BudgetSource,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// `--max-batch-prefill-tokens`, which the launcher also gives the shards.
+    Flag,
+    /// The budget the shard chose for its device (Info's `batch_token_budget`).
+    Shard,
+}
+
+impl BudgetSource {
+    /// How `/info` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BudgetSource::Flag => "--max-batch-prefill-tokens",
+            BudgetSource::Shard => "shard",
+        }
+    }
+}
+
+impl BatchBudget {
+    /// The operator's value when given, else the shard's (`shard_tokens`, from its Info). A shard
+    /// that reports none (0: one built before the field existed) leaves nothing to follow.
+    pub fn choose(flag: Option<u64>, shard_tokens: u32) -> Result<Self, String> {
+        match (flag, shard_tokens) {
+            (Some(tokens), _) => Ok(BatchBudget {
+                tokens: usize::try_from(tokens).unwrap_or(usize::MAX),
+                source: BudgetSource::Flag,
+            }),
+            (None, 0) => Err(
+                "the shard reports no batch token budget; give the router --max-batch-prefill-tokens"
+                    .into(),
+            ),
+            (None, tokens) => Ok(BatchBudget {
+                tokens: tokens as usize,
+                source: BudgetSource::Shard,
+            }),
+        }
+    }
+}
+
 /// Where a request's reads spent their time after it was queued.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct ReadTiming {
@@ -353,6 +399,10 @@ async fn run_batch<B: ReadBackend>(
         Ok(response) => {
             metrics::histogram!("decision_shard_forward_seconds")
                 .record(response.forward_micros as f64 / 1e6);
+            // Walks over the layers, as rank 0 counted them; over decision_batch_reads_count, the
+            // forward passes per batch.
+            metrics::counter!("decision_shard_forward_passes_total")
+                .increment(u64::from(response.forward_passes));
             if response.head_micros > 0 {
                 // Pooled reads: the part of the forward time the joint-schema head took.
                 metrics::histogram!("decision_shard_head_seconds")
