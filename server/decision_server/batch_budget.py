@@ -12,7 +12,9 @@ from decision_server.model_base import LoadedModel
 from decision_server.prefix_cache import CachePlan, free_memory_bytes, kv_bytes_per_token
 
 # On CPU: the budget the router has always packed its calls to (its default before the budget was the shard's).
-# It is not a measurement of the best CPU budget for one-pass batches; the tree engine's rewrite re-measures it.
+# It is not a measurement of the best CPU budget: the tree engine of 2026-12-02 computed the same tokens/s at 1,024,
+# 2,048 and 4,096 packed tokens (bench/results/2026-12-02-c16/packed_rates_nocache.txt), 8,192 was not timed, and
+# one-pass batches change what a larger budget buys; the tree engine's rewrite re-measures it.
 CPU_TOKENS = 8192
 # On CUDA, the share of the memory free after the weights and the prefix cache's budget that one forward's
 # activations may take: the rest is the allocator's slack, and the transients the estimate leaves out.
