@@ -100,3 +100,10 @@ def test_reads_of_a_gone_client_are_not_computed(launcher_factory: Callable[...,
             "/v1/systemone", json={"state": "x", "questions": {"a": {"type": "noul", "instructions": "Fine?"}}}
         )
         assert ok.status_code == 200
+        # Given to the launcher, the budget reaches the router and the shard alike.
+        assert client.get("/info").json()["batch_budget"] == {
+            "max_batch_prefill_tokens": 256,
+            "source": "--max-batch-prefill-tokens",
+            "batch_token_budget": 256,
+            "batch_budget_rule": "--max-batch-prefill-tokens 256",
+        }

@@ -133,17 +133,33 @@ def test_info_shows_no_filesystem_path_without_a_key(ops: Launcher) -> None:
     # The prefix cache is on by default, sized by its rule from the model and the memory free.
     cache = info["prefix_cache"]
     assert cache["enabled"] and cache["budget_bytes"] > 0 and cache["rule"].startswith("auto: "), cache
+    # No --max-batch-prefill-tokens: the shard chose its budget for the CPU and the router packs its calls to it.
+    budget = info["batch_budget"]
+    assert budget["source"] == "shard", budget
+    assert budget["max_batch_prefill_tokens"] == budget["batch_token_budget"] == 8192, budget
+    assert budget["batch_budget_rule"] == "auto on cpu: 8192 tokens, the CPU default", budget
+    assert info["limits"]["max_batch_prefill_tokens"] == 8192
 
 
 def test_shard_debug_lines_reach_the_launchers_output_when_asked_for(ops: Launcher) -> None:
     """--shard-log-level debug: the shard writes a line per batch of reads (its size and forward time) and the
     launcher lets it through its own info filter; torch's and other libraries' debug lines stay out."""
     settle(ops)
+
+    def batch_lines() -> list[str]:
+        return [line for line in ops.output().splitlines() if "read batch" in line]
+
+    lines_before = len(batch_lines())
+    passes_before = metric(ops.url, "decision_shard_forward_passes_total")
     body = {"state": f"Ticket {uuid.uuid4().hex}: refund not received.", "questions": SMALL["questions"]}
     assert post(ops.url, body).status_code == 200
-    wait_for(lambda: "read batch" in ops.output(), "the shard's read batch line", 10.0)
-    line = next(line for line in ops.output().splitlines() if "read batch" in line)
+    wait_for(lambda: len(batch_lines()) > lines_before, "the shard's read batch line", 10.0)
+    line = batch_lines()[lines_before]
     assert "DEBUG" in line and "packed_tokens" in line and "forward_ms" in line, line
+    # The router counts the forward passes each response reports: the ones the shard logged for this batch.
+    passes = re.search(r"forward_passes=(\d+)", line)
+    assert passes is not None and int(passes.group(1)) >= 1, line
+    assert metric(ops.url, "decision_shard_forward_passes_total") - passes_before == int(passes.group(1))
     # The shard's own debug lines only: below info its libraries stay at info (tests/test_logs.py).
     debug = [line for line in ops.output().splitlines() if " DEBUG " in line]
     assert debug and all(re.search(r"shard\{rank=0\}: (read|canvas|pooled) batch ", line) for line in debug), debug[:5]

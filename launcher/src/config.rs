@@ -149,9 +149,13 @@ pub struct Config {
     #[arg(long, env = "OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 
-    /// Token budget of one batched forward pass (sum of prompt tokens per batch).
-    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", default_value_t = 8192)]
-    pub max_batch_prefill_tokens: u32,
+    /// Token budget of one batch: the unique prompt tokens the router packs into one shard call,
+    /// and the packed tokens of one shard forward pass. Unset (auto, default): each shard chooses it
+    /// for its device (on CUDA from the memory left after the weights and the prefix cache, 8192 on
+    /// CPU) and the router follows rank 0's; /info shows it and the rule. Set: passed to the router
+    /// and to every shard, so both use the same.
+    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_batch_prefill_tokens: Option<u32>,
 
     /// How long the batcher waits for more reads before running a batch that is not full, in milliseconds.
     #[arg(long, env = "MAX_BATCH_WAIT_MS", default_value_t = 2)]
@@ -524,7 +528,10 @@ mod tests {
         assert_eq!(config.uds_path, PathBuf::from("/tmp/decision-server"));
         assert_eq!(config.compat, Compat::Typesafe);
         assert_eq!(config.api_key, None);
-        assert_eq!(config.max_batch_prefill_tokens, 8192);
+        assert_eq!(
+            config.max_batch_prefill_tokens, None,
+            "auto: the shards choose it"
+        );
         assert_eq!(config.max_batch_wait_ms, 2);
         assert_eq!(config.max_input_tokens, None, "the router owns the default");
         assert_eq!(config.max_queued_reads, 4096);
@@ -590,6 +597,20 @@ mod tests {
             Some(PathBuf::from("/var/cache/di"))
         );
         assert!(config.json_output);
+    }
+
+    #[test]
+    fn the_batch_budget_is_auto_unless_given_and_never_zero() {
+        assert_eq!(
+            parse_with_env(&[], &[])
+                .expect("parses")
+                .max_batch_prefill_tokens,
+            None
+        );
+        let from_env =
+            parse_with_env(&[], &[("MAX_BATCH_PREFILL_TOKENS", "65536")]).expect("parses");
+        assert_eq!(from_env.max_batch_prefill_tokens, Some(65536));
+        assert!(parse_with_env(&["--max-batch-prefill-tokens", "0"], &[]).is_err());
     }
 
     #[test]

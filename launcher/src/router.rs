@@ -11,7 +11,7 @@ use crate::config::{flag_value, Config};
 pub const API_KEY_ENV: &str = "API_KEY";
 
 /// `decision-router --model-dir … --shard-uds-path … --hostname … --port … --served-model-name …
-/// --compat … --max-batch-prefill-tokens … --max-batch-wait-ms … --max-input-tokens …
+/// --compat … [--max-batch-prefill-tokens …] --max-batch-wait-ms … [--max-input-tokens …]
 /// --max-queued-reads … [--media-allow-hosts …] --media-fetch-timeout-secs … --max-media-items …
 /// --max-image-items … --max-audio-items … --max-video-items … --max-media-bytes …
 /// --max-image-pixels … --max-video-seconds … --max-video-frames … --max-audio-seconds …
@@ -36,20 +36,27 @@ pub fn spec(
         served_model_name.into(),
         "--compat".into(),
         flag_value(&config.compat).into(),
-        "--max-batch-prefill-tokens".into(),
-        config.max_batch_prefill_tokens.to_string().into(),
+    ];
+    // Forwarded only when set: unset, the router follows the shard's budget (the shards get the
+    // same value: shard.rs).
+    if let Some(tokens) = config.max_batch_prefill_tokens {
+        args.extend([
+            "--max-batch-prefill-tokens".into(),
+            tokens.to_string().into(),
+        ]);
+    }
+    args.extend([
         "--max-batch-wait-ms".into(),
         config.max_batch_wait_ms.to_string().into(),
-        "--max-queued-reads".into(),
-        config.max_queued_reads.to_string().into(),
-    ];
+    ]);
     // Forwarded only when set: the router defines the default (router/src/limits.rs).
     if let Some(tokens) = config.max_input_tokens {
-        args.splice(
-            args.len() - 2..args.len() - 2,
-            ["--max-input-tokens".into(), tokens.to_string().into()],
-        );
+        args.extend(["--max-input-tokens".into(), tokens.to_string().into()]);
     }
+    args.extend([
+        "--max-queued-reads".into(),
+        config.max_queued_reads.to_string().into(),
+    ]);
     let hosts: Vec<&str> = config
         .media_allow_hosts
         .iter()
@@ -307,8 +314,11 @@ mod tests {
         // Fetching stays off: no allow-list flag at all, the limits at their defaults.
         assert!(!spec.args.contains(&OsString::from("--media-allow-hosts")));
         assert!(!spec.args.contains(&OsString::from("--public-ops")));
-        // The token limit's default is the router's own.
+        // The token limit's default is the router's own; the batch budget's is the shard's.
         assert!(!spec.args.contains(&OsString::from("--max-input-tokens")));
+        assert!(!spec
+            .args
+            .contains(&OsString::from("--max-batch-prefill-tokens")));
         let after = |flag: &str| {
             let at = spec.args.iter().position(|a| a == flag).expect(flag);
             spec.args[at + 1].clone()

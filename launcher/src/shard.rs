@@ -79,7 +79,8 @@ impl Rendezvous {
 }
 
 /// `decision-server --log-level L serve MODEL_DIR --uds-path SOCKET --dtype D --read-mode M --rank R --world-size N
-/// [--master-addr A --master-port P] [--threads T]`: every rank's place in the group is an explicit flag.
+/// [--master-addr A --master-port P] [--threads T] --prefix-cache-mb C [--max-batch-prefill-tokens B]`: every rank's
+/// place in the group is an explicit flag.
 pub fn spec(
     program: &Path,
     config: &Config,
@@ -125,6 +126,13 @@ pub fn spec(
         "--prefix-cache-mb".into(),
         config.prefix_cache_mb.to_string().into(),
     ]);
+    // Unset, each shard chooses for its device and the router follows (router.rs).
+    if let Some(tokens) = config.max_batch_prefill_tokens {
+        args.extend([
+            "--max-batch-prefill-tokens".into(),
+            tokens.to_string().into(),
+        ]);
+    }
     if let Some(endpoint) = config.otlp_endpoint(|name| std::env::var(name).ok()) {
         args.extend(["--otlp-endpoint".into(), endpoint.into()]);
     }
@@ -373,6 +381,10 @@ mod tests {
         assert_eq!(value_after(&cached, "--prefix-cache-mb"), "256");
         let off = rank0_args(&model, socket, &["--prefix-cache-mb", "0"]);
         assert_eq!(value_after(&off, "--prefix-cache-mb"), "0");
+        // The batch budget reaches the shard only when given (the router gets the same value).
+        assert!(!default_threads.contains(&OsString::from("--max-batch-prefill-tokens")));
+        let budget = rank0_args(&model, socket, &["--max-batch-prefill-tokens", "32768"]);
+        assert_eq!(value_after(&budget, "--max-batch-prefill-tokens"), "32768");
         let debug = rank0_args(&model, socket, &["--shard-log-level", "debug"]);
         assert_eq!(value_after(&debug, "--log-level"), "debug");
 

@@ -118,8 +118,11 @@ pub struct Config {
     #[arg(long, env = "OTLP_SERVICE_NAME", default_value = "decision-router")]
     pub otlp_service_name: String,
     /// Unique prompt tokens packed into one shard call (a single larger request still runs alone).
-    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", default_value_t = 8192)]
-    pub max_batch_prefill_tokens: usize,
+    /// Unset (auto, default): the shard's own batch budget, read from its Info at startup (from the
+    /// GPU memory left after the weights and the prefix cache on CUDA, a CPU default on CPU). Set:
+    /// this value; give the shards the same one (the launcher does), or /info shows the two apart.
+    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_batch_prefill_tokens: Option<u64>,
     /// How long the first read of a batch waits for reads of other requests, in milliseconds.
     #[arg(long, env = "MAX_BATCH_WAIT_MS", default_value_t = 2)]
     pub max_batch_wait_ms: u64,

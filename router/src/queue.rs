@@ -3,7 +3,8 @@
 //!
 //! A batch waits for company only while other requests are on their way (parsed, still being
 //! rendered and tokenized), and never longer than the wait window: a lone request goes to the shard
-//! at once, and requests that arrive while the shard is busy simply ride the next batch.
+//! at once. Requests that arrive while the shard is busy form the next batch, which is sent the
+//! moment the shard answers, so the shard never waits for the router to gather one.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -27,6 +28,52 @@ pub struct QueueConfig {
     pub max_batch_wait: Duration,
     /// Reads that may wait at once; beyond it requests are refused as overloaded.
     pub max_queued_reads: usize,
+}
+
+/// The unique prompt tokens the router packs into one shard call, and where that number came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchBudget {
+    pub tokens: usize,
+    pub source: BudgetSource,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// `--max-batch-prefill-tokens`, which the launcher also gives the shards.
+    Flag,
+    /// The budget the shard chose for its device (Info's `batch_token_budget`).
+    Shard,
+}
+
+impl BudgetSource {
+    /// How `/info` names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BudgetSource::Flag => "--max-batch-prefill-tokens",
+            BudgetSource::Shard => "shard",
+        }
+    }
+}
+
+impl BatchBudget {
+    /// The operator's value when given, else the shard's (`shard_tokens`, from its Info). A shard
+    /// that reports none (0: one built before the field existed) leaves nothing to follow.
+    pub fn choose(flag: Option<u64>, shard_tokens: u32) -> Result<Self, String> {
+        match (flag, shard_tokens) {
+            (Some(tokens), _) => Ok(BatchBudget {
+                tokens: usize::try_from(tokens).unwrap_or(usize::MAX),
+                source: BudgetSource::Flag,
+            }),
+            (None, 0) => Err(
+                "the shard reports no batch token budget; give the router --max-batch-prefill-tokens"
+                    .into(),
+            ),
+            (None, tokens) => Ok(BatchBudget {
+                tokens: tokens as usize,
+                source: BudgetSource::Shard,
+            }),
+        }
+    }
 }
 
 /// Where a request's reads spent their time after it was queued.
@@ -255,6 +302,30 @@ struct Counters {
     backlog: Arc<Backlog>,
 }
 
+/// A batch being gathered: its requests and their unique prompt tokens.
+#[derive(Default)]
+struct Forming {
+    entries: Vec<Entry>,
+    tokens: usize,
+}
+
+impl Forming {
+    /// Takes `entry` if the budget has room for it, and hands it back otherwise. An empty batch takes
+    /// any request: one larger than the budget goes alone.
+    fn offer(&mut self, entry: Entry, budget: usize) -> Result<(), Entry> {
+        if !self.entries.is_empty() && self.tokens + entry.tokens > budget {
+            return Err(entry);
+        }
+        self.tokens += entry.tokens;
+        self.entries.push(entry);
+        Ok(())
+    }
+}
+
+/// Keeps the shard busy: while one batch is at the shard, the next one forms from the requests that
+/// arrive, and it is sent the moment the shard answers the first. Only one call is at the shard at
+/// a time: the ranks of a tensor-parallel group must run batches in the same order, and two calls
+/// in flight could reach them in different orders.
 async fn batcher<B: ReadBackend>(
     mut rx: mpsc::UnboundedReceiver<Entry>,
     backend: B,
@@ -262,66 +333,117 @@ async fn batcher<B: ReadBackend>(
     counters: Counters,
     arrivals: Arc<Arrivals>,
 ) {
+    let budget = config.max_batch_prefill_tokens;
+    // A request that did not fit the batch before it: it starts the next one.
     let mut carry: Option<Entry> = None;
+    // The batch formed while the previous one was at the shard.
+    let mut formed = Forming::default();
     loop {
-        let first = match carry.take() {
-            Some(e) => e,
-            None => match rx.recv().await {
-                Some(e) => e,
+        let batch = if formed.entries.is_empty() {
+            // The shard is idle: gather a batch, waiting (within the window) for requests on their way.
+            match gather(&mut rx, &mut carry, &config, &arrivals).await {
+                Some(batch) => batch,
                 None => return,
-            },
-        };
-        let mut tokens = first.tokens;
-        let mut batch = vec![first];
-        let deadline = Instant::now() + config.max_batch_wait;
-        while tokens < config.max_batch_prefill_tokens {
-            let next = match rx.try_recv() {
-                Ok(entry) => Some(entry),
-                Err(mpsc::error::TryRecvError::Disconnected) => None,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    if arrivals.count.load(Ordering::SeqCst) == 0 {
-                        None
-                    } else {
-                        tokio::select! {
-                            e = rx.recv() => e,
-                            // An arrival was queued or refused: look again.
-                            _ = arrivals.changed.notified() => continue,
-                            _ = tokio::time::sleep_until(deadline) => None,
-                        }
-                    }
-                }
-            };
-            let Some(entry) = next else { break };
-            if tokens + entry.tokens > config.max_batch_prefill_tokens {
-                carry = Some(entry);
-                break;
             }
-            tokens += entry.tokens;
-            batch.push(entry);
-        }
-        // A client that went away has dropped its receiver: its reads are not computed.
-        let (live, gone): (Vec<Entry>, Vec<Entry>) =
-            batch.into_iter().partition(|e| !e.reply.is_closed());
-        let dropped: usize = gone.iter().map(|e| e.reads.len()).sum();
-        if dropped > 0 {
-            metrics::counter!("decision_reads_dropped_total").increment(dropped as u64);
-        }
-        counters.queued.fetch_sub(dropped, Ordering::SeqCst);
-        let dropped_tokens: usize = gone.iter().map(|e| e.tokens).sum();
-        counters
-            .backlog
-            .tokens
-            .fetch_sub(dropped_tokens, Ordering::SeqCst);
-        if live.is_empty() {
+        } else {
+            std::mem::take(&mut formed)
+        };
+        let Some(live) = without_gone_clients(batch, &counters) else {
             continue;
+        };
+        let tokens = live.tokens;
+        let call = run_batch(&backend, live.entries, &counters.queued);
+        tokio::pin!(call);
+        if let Some(entry) = carry.take() {
+            // An empty batch takes any request.
+            let _ = formed.offer(entry, budget);
         }
-        let tokens: usize = live.iter().map(|e| e.tokens).sum();
-        let took = run_batch(&backend, live, &counters.queued).await;
+        // No wait window here: the next batch cannot leave before this call returns anyway.
+        let mut open = true;
+        let took = loop {
+            tokio::select! {
+                biased;
+                took = &mut call => break took,
+                entry = rx.recv(), if open && carry.is_none() && formed.tokens < budget => match entry {
+                    Some(entry) => carry = formed.offer(entry, budget).err(),
+                    None => open = false,
+                },
+            }
+        };
         counters.backlog.tokens.fetch_sub(tokens, Ordering::SeqCst);
         if let Some(took) = took {
             counters.backlog.observe(tokens, took);
         }
     }
+}
+
+/// A batch for an idle shard: the next request (or the one carried over), then whatever is queued
+/// within the budget, waiting for requests on their way until the window closes. None once the
+/// queue has stopped and nothing is left.
+async fn gather(
+    rx: &mut mpsc::UnboundedReceiver<Entry>,
+    carry: &mut Option<Entry>,
+    config: &QueueConfig,
+    arrivals: &Arrivals,
+) -> Option<Forming> {
+    let budget = config.max_batch_prefill_tokens;
+    let first = match carry.take() {
+        Some(entry) => entry,
+        None => rx.recv().await?,
+    };
+    let mut batch = Forming::default();
+    let _ = batch.offer(first, budget);
+    let deadline = Instant::now() + config.max_batch_wait;
+    while batch.tokens < budget {
+        let next = match rx.try_recv() {
+            Ok(entry) => Some(entry),
+            Err(mpsc::error::TryRecvError::Disconnected) => None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                if arrivals.count.load(Ordering::SeqCst) == 0 {
+                    None
+                } else {
+                    tokio::select! {
+                        e = rx.recv() => e,
+                        // An arrival was queued or refused: look again.
+                        _ = arrivals.changed.notified() => continue,
+                        _ = tokio::time::sleep_until(deadline) => None,
+                    }
+                }
+            }
+        };
+        let Some(entry) = next else { break };
+        if let Err(entry) = batch.offer(entry, budget) {
+            *carry = Some(entry);
+            break;
+        }
+    }
+    Some(batch)
+}
+
+/// `batch` less the requests whose client went away (it dropped its receiver): their reads are not
+/// computed, and leave the admission counters now. None when no request is left.
+fn without_gone_clients(batch: Forming, counters: &Counters) -> Option<Forming> {
+    let (live, gone): (Vec<Entry>, Vec<Entry>) = batch
+        .entries
+        .into_iter()
+        .partition(|e| !e.reply.is_closed());
+    let dropped: usize = gone.iter().map(|e| e.reads.len()).sum();
+    if dropped > 0 {
+        metrics::counter!("decision_reads_dropped_total").increment(dropped as u64);
+    }
+    counters.queued.fetch_sub(dropped, Ordering::SeqCst);
+    let dropped_tokens: usize = gone.iter().map(|e| e.tokens).sum();
+    counters
+        .backlog
+        .tokens
+        .fetch_sub(dropped_tokens, Ordering::SeqCst);
+    if live.is_empty() {
+        return None;
+    }
+    Some(Forming {
+        tokens: live.iter().map(|e| e.tokens).sum(),
+        entries: live,
+    })
 }
 
 /// Runs one batch and answers its requests; returns how long the shard took when it answered.
@@ -353,6 +475,10 @@ async fn run_batch<B: ReadBackend>(
         Ok(response) => {
             metrics::histogram!("decision_shard_forward_seconds")
                 .record(response.forward_micros as f64 / 1e6);
+            // Walks over the layers, as rank 0 counted them; over decision_batch_reads_count, the
+            // forward passes per batch.
+            metrics::counter!("decision_shard_forward_passes_total")
+                .increment(u64::from(response.forward_passes));
             if response.head_micros > 0 {
                 // Pooled reads: the part of the forward time the joint-schema head took.
                 metrics::histogram!("decision_shard_head_seconds")
@@ -421,30 +547,44 @@ mod tests {
     use crate::read::LabelGroup;
 
     /// Answers every read with its own first token id as the label log-probability, after `delay`,
-    /// and records the size of each batch it was sent.
+    /// and records the size and start of each call it was sent, and the most calls it held at once.
     #[derive(Clone)]
     struct FakeShard {
         delay: Duration,
-        batches: Arc<Mutex<Vec<usize>>>,
+        calls: Arc<Mutex<Vec<(usize, Instant)>>>,
+        outstanding: Arc<AtomicUsize>,
+        most_outstanding: Arc<AtomicUsize>,
     }
 
     impl FakeShard {
         fn new(delay: Duration) -> Self {
             FakeShard {
                 delay,
-                batches: Arc::new(Mutex::new(Vec::new())),
+                calls: Arc::new(Mutex::new(Vec::new())),
+                outstanding: Arc::new(AtomicUsize::new(0)),
+                most_outstanding: Arc::new(AtomicUsize::new(0)),
             }
         }
 
         fn batches(&self) -> Vec<usize> {
-            self.batches.lock().unwrap().clone()
+            self.calls.lock().unwrap().iter().map(|c| c.0).collect()
+        }
+
+        fn starts(&self) -> Vec<Instant> {
+            self.calls.lock().unwrap().iter().map(|c| c.1).collect()
         }
     }
 
     impl ReadBackend for FakeShard {
         async fn read(&self, reads: Vec<pb::Read>) -> Result<pb::ReadResponse, DecisionError> {
-            self.batches.lock().unwrap().push(reads.len());
+            self.calls
+                .lock()
+                .unwrap()
+                .push((reads.len(), Instant::now()));
+            let now = self.outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_outstanding.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(self.delay).await;
+            self.outstanding.fetch_sub(1, Ordering::SeqCst);
             Ok(pb::ReadResponse {
                 results: reads
                     .iter()
@@ -639,6 +779,56 @@ mod tests {
         assert_eq!(queued[0], Duration::ZERO);
         assert_eq!(queued[1], Duration::from_millis(99));
         assert_eq!(queued[3], Duration::from_millis(197));
+    }
+
+    /// The next batch forms while the shard reads the current one and leaves the moment the shard
+    /// answers: it does not wait for the window, even with a request still on its way (an idle
+    /// shard's batch would), and the shard never holds more than the one call it is reading.
+    #[tokio::test(start_paused = true)]
+    async fn the_next_batch_forms_while_the_shard_reads_and_leaves_when_it_answers() {
+        let shard = FakeShard::new(Duration::from_millis(100));
+        let queue = Queue::start(shard.clone(), config(Duration::from_millis(50)));
+        let t0 = Instant::now();
+        let first = spawn_read(&queue, &[1], 3);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // On its way for the whole test: an idle shard's batch would wait the 50 ms window for it.
+        let on_its_way = queue.arrival();
+        let second = spawn_read(&queue, &[2], 3);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let third = spawn_read(&queue, &[3], 3);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(
+            shard.batches(),
+            vec![1],
+            "the second batch waits for the first call"
+        );
+        assert_eq!(queue.queued_reads(), 3);
+        let (_, first) = first.await.unwrap().unwrap();
+        let (second_outcomes, second) = second.await.unwrap().unwrap();
+        let (_, third) = third.await.unwrap().unwrap();
+        assert_eq!(second_outcomes[0].rows[0].greedy_token_id, 2);
+        assert_eq!(
+            shard.batches(),
+            vec![1, 2],
+            "both later requests rode one batch"
+        );
+        assert_eq!(
+            shard
+                .starts()
+                .iter()
+                .map(|s| s.duration_since(t0))
+                .collect::<Vec<_>>(),
+            vec![Duration::ZERO, Duration::from_millis(100)],
+            "sent the moment the first call returned"
+        );
+        assert_eq!(first.queued, Duration::ZERO);
+        assert_eq!(
+            (second.queued, third.queued),
+            (Duration::from_millis(90), Duration::from_millis(80))
+        );
+        assert_eq!(shard.most_outstanding.load(Ordering::SeqCst), 1);
+        assert_eq!((queue.queued_reads(), queue.queued_tokens()), (0, 0));
+        drop(on_its_way);
     }
 
     #[tokio::test(start_paused = true)]

@@ -29,7 +29,7 @@ use crate::limits::Limits;
 use crate::media::{Fetcher, MediaPolicy};
 use crate::profile::Shape;
 use crate::prompt;
-use crate::queue::{Queue, QueueConfig, ReadTiming};
+use crate::queue::{BatchBudget, BudgetSource, Queue, QueueConfig, ReadTiming};
 use crate::request_body;
 use crate::shard::ShardSet;
 
@@ -40,6 +40,8 @@ pub struct AppState {
     pub model_name: String,
     pub decider: Decider,
     pub shards: ShardSet,
+    /// The tokens the queue packs into one shard call, and where that number came from.
+    pub batch_budget: BatchBudget,
     pub metrics: Option<PrometheusHandle>,
     /// Set when a shutdown signal arrives: `/health` answers 503 and new decision requests are
     /// refused with 503 + Retry-After while the ones already accepted finish.
@@ -259,10 +261,31 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
     if !media.allow_hosts.is_empty() {
         tracing::info!(hosts = %config.media_allow_hosts.join(","), "media URLs are fetched from these hosts");
     }
+    let batch_budget = BatchBudget::choose(
+        config.max_batch_prefill_tokens,
+        shards.info.batch_token_budget,
+    )?;
+    if batch_budget.source == BudgetSource::Flag
+        && batch_budget.tokens != shards.info.batch_token_budget as usize
+    {
+        // Batches the shard then cuts into several forwards, or forwards the router never fills.
+        tracing::warn!(
+            max_batch_prefill_tokens = batch_budget.tokens,
+            shard_batch_token_budget = shards.info.batch_token_budget,
+            shard_rule = %shards.info.batch_budget_rule,
+            "the router packs its shard calls to another budget than the shard's forward passes; give both the same --max-batch-prefill-tokens (the launcher does)"
+        );
+    }
+    tracing::info!(
+        max_batch_prefill_tokens = batch_budget.tokens,
+        source = batch_budget.source.name(),
+        shard_rule = %shards.info.batch_budget_rule,
+        "batch budget"
+    );
     let queue = Queue::start(
         shards.clone(),
         QueueConfig {
-            max_batch_prefill_tokens: config.max_batch_prefill_tokens,
+            max_batch_prefill_tokens: batch_budget.tokens,
             max_batch_wait: Duration::from_millis(config.max_batch_wait_ms),
             max_queued_reads: config.max_queued_reads,
         },
@@ -279,6 +302,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
             shards: shards.clone(),
         },
         shards,
+        batch_budget,
         metrics: metrics_handle(),
         draining: AtomicBool::new(false),
         in_flight: InFlight::default(),
@@ -749,13 +773,21 @@ async fn info_handler(State(state): State<Arc<AppState>>, headers: HeaderMap) ->
             "budget_bytes": info.prefix_cache_bytes,
             "rule": info.prefix_cache_rule,
         },
+        // The router's tokens per shard call and where they came from, beside the shard's budget for
+        // one forward pass and its rule (equal unless the two were started with different values).
+        "batch_budget": {
+            "max_batch_prefill_tokens": state.batch_budget.tokens,
+            "source": state.batch_budget.source.name(),
+            "batch_token_budget": info.batch_token_budget,
+            "batch_budget_rule": info.batch_budget_rule,
+        },
         "limits": {
             "max_questions": limits.max_questions,
             "max_choices": limits.max_choices,
             "max_levels": limits.max_levels,
             "max_input_tokens": limits.max_input_tokens,
             "max_body_bytes": limits.max_body_bytes,
-            "max_batch_prefill_tokens": state.config.max_batch_prefill_tokens,
+            "max_batch_prefill_tokens": state.batch_budget.tokens,
             "max_batch_wait_ms": state.config.max_batch_wait_ms,
             "max_queued_reads": state.config.max_queued_reads,
             "request_timeout_secs": state.config.request_timeout_secs,
@@ -934,6 +966,73 @@ mod tests {
         assert_eq!(info["limits"]["request_timeout_secs"], 120);
         assert_eq!(info["limits"]["header_read_timeout_secs"], 10);
         assert_eq!(info["limits"]["keep_alive_timeout_secs"], 20);
+    }
+
+    /// Without --max-batch-prefill-tokens the router packs its calls to the shard's budget; with it,
+    /// to the flag's. /info shows the one in use, where it came from, and the shard's with its rule.
+    #[tokio::test]
+    async fn info_shows_the_batch_budget_in_use_and_where_it_came_from() {
+        let info = |state: Arc<AppState>| async move {
+            serde_json::from_str::<Value>(&text(call(&state, get("/info")).await).await).unwrap()
+        };
+        let auto = test_state();
+        assert_eq!(
+            auto.batch_budget,
+            BatchBudget {
+                tokens: 4096,
+                source: BudgetSource::Shard
+            }
+        );
+        let shown = info(auto).await;
+        assert_eq!(
+            shown["batch_budget"],
+            json!({
+                "max_batch_prefill_tokens": 4096,
+                "source": "shard",
+                "batch_token_budget": 4096,
+                "batch_budget_rule": "detached: no shards",
+            })
+        );
+        assert_eq!(shown["limits"]["max_batch_prefill_tokens"], 4096);
+
+        let given = state_with(&["--max-batch-prefill-tokens", "2048"]);
+        assert_eq!(given.batch_budget.tokens, 2048);
+        let shown = info(given).await;
+        assert_eq!(
+            shown["batch_budget"]["source"],
+            "--max-batch-prefill-tokens"
+        );
+        assert_eq!(shown["batch_budget"]["max_batch_prefill_tokens"], 2048);
+        assert_eq!(shown["batch_budget"]["batch_token_budget"], 4096);
+        assert_eq!(shown["limits"]["max_batch_prefill_tokens"], 2048);
+
+        // A shard that reports no budget leaves the router nothing to follow but the flag.
+        let mut silent = ShardSet::detached();
+        silent.info.batch_token_budget = 0;
+        let config = Config::parse_from(["decision-router", "--model-dir", "/m"]);
+        let error = build_state(config, silent.clone())
+            .err()
+            .expect("no budget");
+        assert!(error.contains("--max-batch-prefill-tokens"), "{error}");
+        let config = Config::parse_from([
+            "decision-router",
+            "--model-dir",
+            "/m",
+            "--max-batch-prefill-tokens",
+            "1024",
+        ]);
+        assert_eq!(
+            build_state(config, silent).unwrap().batch_budget.tokens,
+            1024
+        );
+        assert!(Config::try_parse_from([
+            "decision-router",
+            "--model-dir",
+            "/m",
+            "--max-batch-prefill-tokens",
+            "0"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -39,12 +39,17 @@ impl ShardSet {
         })
     }
 
-    /// No ranks at all: for tests of the HTTP surface that never read.
+    /// No ranks at all: for tests of the HTTP surface that never read. Its Info has a batch budget,
+    /// as every shard's has, so a router without `--max-batch-prefill-tokens` starts over it.
     #[cfg(test)]
     pub(crate) fn detached() -> Self {
         ShardSet {
             clients: Vec::new(),
-            info: pb::InfoResponse::default(),
+            info: pb::InfoResponse {
+                batch_token_budget: 4096,
+                batch_budget_rule: "detached: no shards".into(),
+                ..Default::default()
+            },
         }
     }
 

@@ -41,6 +41,13 @@ def cache_size(text: str) -> int | str:
     return int(text)
 
 
+def positive_tokens(text: str) -> int:
+    """--max-batch-prefill-tokens: a whole number of tokens, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens, at least 1, got {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decision-server",
@@ -111,6 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
         "chat head + state then costs only the new tokens; reads with different cache salts never share. auto "
         "(default): room for 8 prompts of the model's full length, at most 10%% of the host memory free after "
         "loading (30%% of each GPU's); /info shows the budget and how it was chosen.",
+    )
+    serve.add_argument(
+        "--max-batch-prefill-tokens",
+        type=positive_tokens,
+        default=None,
+        metavar="TOKENS",
+        help="Packed tokens one forward pass may hold; Info reports it and the router packs its calls to it unless "
+        "it was given its own value (the launcher passes the same one to both). Unset (auto, default): on CUDA, half "
+        "of the memory free after loading and the prefix cache's budget, divided by the activation bytes of one "
+        "token estimated from the model's config, within 8192-131072; on CPU 8192. /info shows the budget and how "
+        "it was chosen.",
     )
     serve.add_argument(
         "--otlp-endpoint",
@@ -245,6 +263,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             matmul_record=matmul_record(),
             threads=args.threads,
             prefix_cache_mb=args.prefix_cache_mb,
+            max_batch_prefill_tokens=args.max_batch_prefill_tokens,
             otlp_endpoint=args.otlp_endpoint,
             parallel=ParallelConfig(
                 rank=args.rank,

@@ -51,6 +51,8 @@ class ServeConfig:
     matmul_record: Path | None = None
     threads: int | None = None
     prefix_cache_mb: int | str = "auto"
+    # Packed tokens of one forward pass; None: the device's auto budget (`batch_budget.plan_batch_budget`).
+    max_batch_prefill_tokens: int | None = None
     otlp_endpoint: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
@@ -128,7 +130,9 @@ async def serve(config: ServeConfig) -> None:
             matmul_record=config.matmul_record,
         ),
     )
-    engine = await loop.run_in_executor(model_thread, make_engine, engine_name, model, config.prefix_cache_mb)
+    engine = await loop.run_in_executor(
+        model_thread, make_engine, engine_name, model, config.prefix_cache_mb, config.max_batch_prefill_tokens
+    )
     await loop.run_in_executor(model_thread, warm_up, model, engine)
 
     stop = asyncio.Event()
@@ -165,6 +169,8 @@ async def serve(config: ServeConfig) -> None:
                     "implementation": model.implementation,
                     "prefix_cache_bytes": engine.cache_plan.capacity_bytes,
                     "prefix_cache": engine.cache_plan.rule,
+                    "batch_token_budget": engine.batch_budget.tokens,
+                    "batch_budget": engine.batch_budget.rule,
                     "rank": model.rank,
                     "world_size": model.world_size,
                     "weight_bytes": model.weight_bytes(),

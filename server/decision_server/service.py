@@ -186,6 +186,7 @@ def pooled_response(
         results=results,
         forward_micros=round(batch.forward_seconds * 1e6),
         head_micros=round(batch.head_seconds * 1e6),
+        forward_passes=batch.forward_passes,
     )
 
 
@@ -218,7 +219,9 @@ def canvas_response(specs: list[CanvasSpec], batch: CanvasBatchOutcome) -> decis
                 canvas=decision_pb2.CanvasResult(rows=rows),
             )
         )
-    return decision_pb2.ReadResponse(results=results, forward_micros=round(batch.forward_seconds * 1e6))
+    return decision_pb2.ReadResponse(
+        results=results, forward_micros=round(batch.forward_seconds * 1e6), forward_passes=batch.forward_passes
+    )
 
 
 def next_token_result(spec: ReadSpec, logprobs: list[float], greedy_token_id: int) -> decision_pb2.NextTokenResult:
@@ -250,7 +253,9 @@ def read_response(
                 next_token=next_token_result(spec, outcome.label_logprobs, outcome.greedy_token_id),
             )
         )
-    return decision_pb2.ReadResponse(results=results, forward_micros=round(batch.forward_seconds * 1e6))
+    return decision_pb2.ReadResponse(
+        results=results, forward_micros=round(batch.forward_seconds * 1e6), forward_passes=batch.forward_passes
+    )
 
 
 def new_model_thread() -> ThreadPoolExecutor:
@@ -322,6 +327,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             prefix_cache_bytes=self._engine.cache_plan.capacity_bytes,
             prefix_cache_rule=self._engine.cache_plan.rule,
             compiled_chains=fused.enabled(),
+            batch_token_budget=self._engine.batch_budget.tokens,
+            batch_budget_rule=self._engine.batch_budget.rule,
         )
 
     async def _health(self) -> decision_pb2.HealthResponse:
@@ -408,6 +415,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
                 extra={
                     "fields": {
                         "reads": len(batch.outcomes),
+                        "forward_passes": batch.forward_passes,
                         "packed_tokens": batch.packed_tokens,
                         "forward_ms": round(batch.forward_seconds * 1e3, 3),
                         "head_ms": round(batch.head_seconds * 1e3, 3),

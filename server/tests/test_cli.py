@@ -18,6 +18,7 @@ import grpc
 import pytest
 from conftest import label_logprobs, read_request, socket_dir
 
+from decision_server.cli import build_parser
 from decision_server.layers import MATMUL_MODES
 from decision_server.pb import decision_pb2, decision_pb2_grpc
 from decision_server.serve import remove_stale_socket
@@ -63,7 +64,19 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
         uds = folder / "shard-0.sock"
         leave_stale_socket(uds)
         process = subprocess.Popen(
-            [*COMMAND, "serve", str(tiny_qwen3_dir), "--uds-path", str(uds), "--read-mode", "naive", "--threads", "1"],
+            [
+                *COMMAND,
+                "serve",
+                str(tiny_qwen3_dir),
+                "--uds-path",
+                str(uds),
+                "--read-mode",
+                "naive",
+                "--threads",
+                "1",
+                "--max-batch-prefill-tokens",
+                "3072",
+            ],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
@@ -84,12 +97,15 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             assert ready["uds_path"] == str(uds)
             assert (ready["engine"], ready["implementation"]) == ("naive", "decoder")
             assert ready["architecture"] == "Qwen3ForCausalLM"
+            assert ready["batch_token_budget"] == 3072
             with grpc.insecure_channel(f"unix://{uds}") as channel:
                 stub = decision_pb2_grpc.DecisionShardStub(channel)
                 info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
                 # Info reports the mode auto resolved to, never "auto".
                 expected = ("naive", "float32", "cpu", timed["matmul"])
                 assert (info.engine, info.dtype, info.device, info.matmul) == expected
+                # The operator's budget, which the launcher gives the router too.
+                assert (info.batch_token_budget, info.batch_budget_rule) == (3072, "--max-batch-prefill-tokens 3072")
                 assert stub.Health(decision_pb2.HealthRequest(), timeout=30).probe != 0.0
                 (result,) = stub.Read(read_request([(3, [9707, 11, 1879], [[0], [16, 17]])]), timeout=30).results
                 assert result.id == 3 and len(label_logprobs(result)) == 2
@@ -128,6 +144,16 @@ def test_export_default_command_is_idempotent(smollm2_dir: Path) -> None:
     assert finished.stdout.strip() == str(smollm2_dir)
     assert "export already complete" in finished.stderr
     assert time.monotonic() - started < 30  # interpreter start-up only; a conversion takes far longer
+
+
+def test_the_batch_budget_flag_takes_a_positive_token_count_or_stays_auto(capsys: pytest.CaptureFixture[str]) -> None:
+    serve = ["serve", "/m", "--uds-path", "/tmp/s.sock"]
+    assert build_parser().parse_args(serve).max_batch_prefill_tokens is None
+    assert build_parser().parse_args([*serve, "--max-batch-prefill-tokens", "16384"]).max_batch_prefill_tokens == 16384
+    for bad in ("0", "-5", "auto", "1.5"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*serve, f"--max-batch-prefill-tokens={bad}"])
+        assert "expected a whole number of tokens, at least 1" in capsys.readouterr().err
 
 
 def test_help_lists_every_command() -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from decision_server.batch_budget import CPU_TOKENS
 from decision_server.checkpoint import Checkpoint
 from decision_server.pb import decision_pb2
 
@@ -33,6 +34,9 @@ def test_info_and_health(request: pytest.FixtureRequest, shard: Any, name: str, 
     assert (info.world_size, info.rank) == (1, 0)
     assert info.engine == mode
     assert info.implementation == "decoder"
+    # Every engine reports the batch budget; on CPU without a flag, the CPU default.
+    cpu_default = (CPU_TOKENS, f"auto on cpu: {CPU_TOKENS} tokens, the CPU default")
+    assert (info.batch_token_budget, info.batch_budget_rule) == cpu_default
     assert math.isfinite(health.probe)
     # The probe is computed from the weights: it equals the same op done here, and is not a constant.
     with Checkpoint(model.path) as checkpoint:

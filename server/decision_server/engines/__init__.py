@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 
 from decision_server.architectures import CANVAS_ENGINE, POOLED_ENGINE, choose_engine
+from decision_server.batch_budget import BatchBudget, plan_batch_budget
 from decision_server.engines.base import Engine, validate_read
 from decision_server.engines.canvas import CanvasEngine, validate_canvas
 from decision_server.engines.fork import ForkEngine
 from decision_server.engines.naive import NaiveEngine
 from decision_server.engines.pooled import PooledBatchOutcome, PooledEngine, PooledModel, PooledOutcome, PooledSpec
-from decision_server.engines.tree import TreeEngine
+from decision_server.engines.tree import DEFAULT_MAX_LOGIT_ROWS, TreeEngine
 from decision_server.engines.types import (
     BatchOutcome,
     CanvasBatchOutcome,
@@ -40,23 +41,28 @@ ENGINES: dict[str, type[Engine]] = {"tree": TreeEngine, "fork": ForkEngine, "nai
 logger = logging.getLogger(__name__)
 
 
-def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int | str = 0) -> Engine | CanvasEngine | PooledEngine:
+def make_engine(
+    mode: str, model: LoadedModel, prefix_cache_mb: int | str = 0, max_batch_tokens: int | None = None
+) -> Engine | CanvasEngine | PooledEngine:
     """The engine for --read-mode `mode` (auto, tree, fork, naive), with the prefix cache `prefix_cache_mb` asks
-    for (MiB, 0 for none, or "auto": `plan_prefix_cache`); its `cache_plan` says what it got. Raises
-    EngineRefusedError for tree on a model it would read wrongly. A block-diffusion model gets the canvas engine
-    (its architecture decides; `mode` must be auto, or canvas)."""
+    for (MiB, 0 for none, or "auto": `plan_prefix_cache`); its `cache_plan` says what it got. Its `batch_budget` is
+    the packed tokens of one forward pass for --max-batch-prefill-tokens `max_batch_tokens` (None: auto,
+    `batch_budget.plan_batch_budget`), after the cache's budget is set aside. Raises EngineRefusedError for tree on
+    a model it would read wrongly. A block-diffusion model gets the canvas engine (its architecture decides; `mode`
+    must be auto, or canvas)."""
     name = (
         mode
         if mode in (CANVAS_ENGINE, POOLED_ENGINE)
         else choose_engine(mode, model.architecture, model.text_config, model.path)
     )
     plan = plan_prefix_cache(name, model, prefix_cache_mb)
+    budget = plan_batch_budget(model, plan, max_batch_tokens, logit_rows=DEFAULT_MAX_LOGIT_ROWS)
     engine: Engine | CanvasEngine | PooledEngine
     if name == POOLED_ENGINE:
         if not hasattr(model, "score_pooled"):
             raise ValueError(f"{model.path}: a joint-schema folder loaded without its head")
         pooled: PooledModel = model  # type: ignore[assignment]
-        engine = PooledEngine(pooled)
+        engine = PooledEngine(pooled, padded_tokens=budget.tokens)
     elif name == CANVAS_ENGINE:
         engine = CanvasEngine(model)
     elif name != "tree":
@@ -64,8 +70,9 @@ def make_engine(mode: str, model: LoadedModel, prefix_cache_mb: int | str = 0) -
     else:
         # The budget is the whole model's; each tensor-parallel rank holds its share of the heads.
         cache = PrefixCache(plan.capacity_bytes, heads_share=model.kv_heads_share) if plan.capacity_bytes else None
-        engine = TreeEngine(model, prefix_cache=cache)
+        engine = TreeEngine(model, max_packed_tokens=budget.tokens, prefix_cache=cache)
     engine.cache_plan = plan
+    engine.batch_budget = budget
     return engine
 
 
@@ -101,6 +108,7 @@ def plan_prefix_cache(engine: str, model: LoadedModel, requested: int | str) -> 
 
 __all__ = [
     "ENGINES",
+    "BatchBudget",
     "BatchOutcome",
     "CanvasBatchOutcome",
     "CanvasEngine",

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from decision_server.batch_budget import BatchBudget
 from decision_server.engines.media import run_media_read
 from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadSpec
 from decision_server.model_base import LoadedModel
@@ -53,6 +54,8 @@ class Engine(ABC):
     read_kind = "next_token"
     # The prefix cache it runs with (`make_engine` sets it); Info reports it.
     cache_plan = CachePlan.off("off")
+    # The packed tokens one forward pass may hold (`make_engine` sets it); Info reports it to the router.
+    batch_budget = BatchBudget(0, "unset")
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = model

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from decision_server.batch_budget import BatchBudget
 from decision_server.engines.types import (
     CanvasBatchOutcome,
     CanvasOutcome,
@@ -107,6 +108,7 @@ class CanvasEngine:
     name = READ_KIND
     read_kind = READ_KIND
     cache_plan = CachePlan.off("off")
+    batch_budget = BatchBudget(0, "unset")
 
     def __init__(self, model: LoadedModel) -> None:
         module = getattr(model, "module", None)

@@ -1,6 +1,6 @@
 """The pooled engine: joint-schema reads (Clef). Each read is a backbone forward over its whole prompt (media
 expanded) and one pass of the model's head on that prompt's hidden states, which returns every question's option
-logits. Text-only reads of a batch share padded forwards (longest first, at most `PADDED_TOKENS` per forward); a read
+logits. Text-only reads of a batch share padded forwards (longest first, at most `padded_tokens` per forward); a read
 with media runs alone (its processor tensors and M-RoPE positions are its own)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from decision_server.batch_budget import BatchBudget
 from decision_server.engines.types import InvalidReadError
 from decision_server.joint_head import QUESTION_TYPES, PooledQuestion
 from decision_server.media import MediaItem, MediaPrompt
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
     from decision_server.joint_schema import PooledScores
 
 READ_KIND = "pooled"
-# Padded tokens (reads x the longest) of one shared forward: the router's default prefill budget, so a batch it sends
-# runs in one forward unless its lengths are far apart, and the pads cost at most as much as the batch itself.
+# Padded tokens (reads x the longest) of one shared forward when none is given; `make_engine` gives the shard's batch
+# budget (what the router packs a call to), so a batch it sends runs in one forward unless its lengths are far apart,
+# and the pads cost at most as much as the batch itself.
 PADDED_TOKENS = 8192
 
 
@@ -108,6 +110,7 @@ class PooledEngine:
 
     name = "pooled"
     cache_plan = CachePlan.off("off")
+    batch_budget = BatchBudget(0, "unset")
 
     def __init__(self, model: PooledModel, padded_tokens: int = PADDED_TOKENS) -> None:
         self.model = model
