@@ -6,6 +6,7 @@
 //! | `lifecycle.rs` | `run`: listen, serve, drain on SIGTERM/SIGINT |
 //! | `connections.rs` | the accept loop: connection cap, header and idle clocks, closing at the end |
 //! | `routes.rs` | the route table and the layers around it |
+//! | `prologue.rs` | `DecisionRoute`: auth, draining, in-flight count, body limits and JSON, once for all |
 //! | `decisions.rs` | the decision routes: System One, `/v1/decisions` (OpenAI, SGLang), `/v1/score` |
 //! | `ops.rs` | `/health`, `/info`, `/metrics`, `/v1/models`, `/docs`, the OpenAPI document |
 //! | `auth.rs` | the API key: decision routes, operator routes |
@@ -21,6 +22,7 @@ mod decisions;
 mod lifecycle;
 mod middleware;
 mod ops;
+mod prologue;
 pub mod request_body;
 mod responses;
 mod routes;

@@ -47,10 +47,15 @@ pub(super) fn error_response(state: &AppState, shape: Shape, error: DecisionErro
 }
 
 /// A decision answer; its read timing rides along for the request middleware to report.
-pub(super) fn answered(body: Value, timing: Option<ReadTiming>) -> Response {
-    let mut response = Json(body).into_response();
-    if let Some(timing) = timing {
-        response.extensions_mut().insert(timing);
+pub(super) struct Answered {
+    pub body: Value,
+    pub timing: ReadTiming,
+}
+
+impl IntoResponse for Answered {
+    fn into_response(self) -> Response {
+        let mut response = Json(self.body).into_response();
+        response.extensions_mut().insert(self.timing);
+        response
     }
-    response
 }

@@ -5,23 +5,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use tower_http::decompression::RequestDecompressionLayer;
 
 use super::auth::ops_guard;
 use super::body_clock;
-use super::decisions::{decisions_handler, score_handler, systemone_handler};
+use super::decisions::{Decisions, Score, SystemOne};
 use super::middleware::request_id;
 use super::ops;
+use super::prologue;
 use super::state::AppState;
 
 pub fn app(state: Arc<AppState>) -> Router {
     let body_time = Duration::from_secs(state.config.body_read_timeout_secs);
     Router::new()
-        .route("/v1/systemone", post(systemone_handler))
-        .route("/v1/decisions", post(decisions_handler))
-        .route("/v1/score", post(score_handler))
+        .merge(decision_routes())
         .route("/v1/models", get(ops::models_handler))
         .route("/health", get(ops::health_handler))
         .route("/info", get(ops::info_handler))
@@ -46,4 +45,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         }))
         .layer(middleware::from_fn(request_id))
         .with_state(state)
+}
+
+/// The routes that read on the shards. Each is a `DecisionRoute` behind the one prologue
+/// (`prologue::route`): auth, draining, the in-flight count, body limits and JSON cannot differ
+/// between them.
+fn decision_routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/systemone", prologue::route::<SystemOne>())
+        .route("/v1/decisions", prologue::route::<Decisions>())
+        .route("/v1/score", prologue::route::<Score>())
 }
