@@ -2,6 +2,8 @@
 //! label logits, label mass per answer, optional prompt token ids. The shape does not pick the wording:
 //! `prompt_format_version` reports and pins whichever the profile and strategy render in.
 
+use std::sync::Arc;
+
 use serde_json::{json, Map, Value};
 
 use crate::error::{DecisionError, FieldError, Loc};
@@ -28,7 +30,8 @@ const FIELDS: &[&str] = &[
 ];
 
 pub struct Parsed {
-    pub request: DecisionRequest,
+    /// Shared with the decider while it reads.
+    pub request: Arc<DecisionRequest>,
     pub temperature: f64,
     pub return_prompt_token_ids: bool,
     /// The request's `model`, echoed (`default` when omitted).
@@ -134,7 +137,7 @@ pub fn parse(
         joint,
     };
     Ok(Parsed {
-        request,
+        request: Arc::new(request),
         temperature,
         return_prompt_token_ids,
         model,

@@ -2,6 +2,8 @@
 //! fields) and `/v1/score`. Each parses its wire shape, asks the `Decider`, and formats the answer; the
 //! prologue (`prologue.rs`) runs before each.
 
+use std::sync::Arc;
+
 use axum::http::{header, HeaderMap};
 use serde_json::Value;
 
@@ -24,11 +26,11 @@ impl DecisionRoute for SystemOne {
 
     async fn answer(state: &AppState, body: Value, _: Shape) -> Result<Answered, DecisionError> {
         let compat = state.config.compat;
-        let request = systemone::parse(&body, &state.decider.limits, compat)?;
-        let decided = state.decider.decide(request, 1.0, false).await?;
+        let request = Arc::new(systemone::parse(&body, &state.decider.limits, compat)?);
+        let decided = state.decider.decide(request.clone(), 1.0, false).await?;
         Ok(Answered {
             body: systemone::format(
-                &decided.request,
+                &request,
                 &body["questions"],
                 &decided.decision,
                 &state.model_name,
@@ -61,12 +63,8 @@ impl DecisionRoute for Decisions {
             let (temperature, keep) = (parsed.temperature, parsed.return_prompt_token_ids);
             let decided = state
                 .decider
-                .decide(parsed.request, temperature, keep)
+                .decide(parsed.request.clone(), temperature, keep)
                 .await?;
-            let parsed = sglang::Parsed {
-                request: decided.request,
-                ..parsed
-            };
             Ok(Answered {
                 body: sglang::format(
                     &parsed,
@@ -78,11 +76,10 @@ impl DecisionRoute for Decisions {
             })
         } else {
             let parsed = openai::parse(&body, limits, state.config.compat)?;
-            let decided = state.decider.decide(parsed.request, 1.0, false).await?;
-            let parsed = openai::Parsed {
-                request: decided.request,
-                echo: parsed.echo,
-            };
+            let decided = state
+                .decider
+                .decide(parsed.request.clone(), 1.0, false)
+                .await?;
             Ok(Answered {
                 body: openai::format(
                     &parsed,
