@@ -524,7 +524,7 @@ pub fn format(parsed: &Parsed, decision: &Decision, model: &str, compat: Compat)
                     })
                 }
                 Echo::Score { name, labels } => {
-                    let kind = QuestionKind::Score { levels: Vec::new() };
+                    let kind = QuestionKind::score(Vec::new());
                     json!({
                         "type": "score",
                         "name": name,

@@ -359,7 +359,10 @@ fn parse_question(
                     levels.push(level);
                 }
             }
-            QuestionKind::Score { levels }
+            QuestionKind::Score {
+                levels,
+                sent: items.clone(),
+            }
         }
         _ => {
             let side = |k: &str, errors: &mut Vec<FieldError>| match obj.get(k) {
@@ -418,7 +421,7 @@ pub fn format(
                 json!({"type": "yes_no", "probabilities": {"yes": p[0], "no": p[1]}})
             }
             // Keyed by level index (seed 003): equal level texts stay apart.
-            QuestionKind::Score { levels } => json!({
+            QuestionKind::Score { levels, .. } => json!({
                 "type": "score",
                 "score": probability::expected_score(p),
                 "probabilities": (0..levels.len()).zip(p).map(|(k, pi)| (k.to_string(), json!(pi))).collect::<Map<_, _>>(),
@@ -653,7 +656,8 @@ mod tests {
         assert_eq!(
             parsed.request.questions[1].kind,
             QuestionKind::Score {
-                levels: vec![r#"{"l":1}"#.into(), "same".into(), "same".into()]
+                levels: vec![r#"{"l":1}"#.into(), "same".into(), "same".into()],
+                sent: vec![json!({"l": 1}), json!("same"), json!("same")],
             }
         );
         let omitted = parse(

@@ -10,8 +10,10 @@ use serde_json::Value;
 use super::prologue::DecisionRoute;
 use super::responses::Answered;
 use super::state::AppState;
-use crate::api::{self, openai, score, sglang, systemone};
+use crate::api::score::{self, ScoreRequest};
+use crate::api::{self, openai, sglang, systemone};
 use crate::error::DecisionError;
+use crate::ir::DecisionRequest;
 use crate::profile::Shape;
 
 /// `POST /v1/systemone`.
@@ -19,22 +21,25 @@ pub(super) struct SystemOne;
 
 impl DecisionRoute for SystemOne {
     const SHAPE: Shape = Shape::SystemOne;
+    type Request = Arc<DecisionRequest>;
 
     fn check_headers(headers: &HeaderMap) -> Result<(), DecisionError> {
         refuse_multipart(headers)
     }
 
-    async fn answer(state: &AppState, body: Value, _: Shape) -> Result<Answered, DecisionError> {
-        let compat = state.config.compat;
-        let request = Arc::new(systemone::parse(&body, &state.decider.limits, compat)?);
+    fn parse(state: &AppState, body: &Value, _: Shape) -> Result<Self::Request, DecisionError> {
+        let parsed = systemone::parse(body, &state.decider.limits, state.config.compat)?;
+        Ok(Arc::new(parsed))
+    }
+
+    async fn answer(state: &AppState, request: Self::Request) -> Result<Answered, DecisionError> {
         let decided = state.decider.decide(request.clone(), 1.0, false).await?;
         Ok(Answered {
             body: systemone::format(
                 &request,
-                &body["questions"],
                 &decided.decision,
                 &state.model_name,
-                compat,
+                state.config.compat,
             ),
             timing: decided.timing,
         })
@@ -44,51 +49,64 @@ impl DecisionRoute for SystemOne {
 /// `POST /v1/decisions`: OpenAI's and SGLang's shapes, told apart by their fields.
 pub(super) struct Decisions;
 
+pub(super) enum DecisionsRequest {
+    OpenAi(openai::Parsed),
+    Sglang(sglang::Parsed),
+}
+
 impl DecisionRoute for Decisions {
     const SHAPE: Shape = Shape::OpenAi;
+    type Request = DecisionsRequest;
 
     fn shape(body: &Value) -> Result<Shape, DecisionError> {
         api::decisions_shape(body)
     }
 
-    async fn answer(
-        state: &AppState,
-        body: Value,
-        shape: Shape,
-    ) -> Result<Answered, DecisionError> {
+    fn parse(state: &AppState, body: &Value, shape: Shape) -> Result<Self::Request, DecisionError> {
         let limits = &state.decider.limits;
         if shape == Shape::Sglang {
             let limits = &state.config.compat.limits(Shape::Sglang, limits);
-            let parsed = sglang::parse(&body, limits, state.decider.prompt_format())?;
-            let (temperature, keep) = (parsed.temperature, parsed.return_prompt_token_ids);
-            let decided = state
-                .decider
-                .decide(parsed.request.clone(), temperature, keep)
-                .await?;
-            Ok(Answered {
-                body: sglang::format(
-                    &parsed,
-                    &decided.decision,
-                    decided.reads.as_deref(),
-                    decided.prompt_format,
-                ),
-                timing: decided.timing,
-            })
+            let parsed = sglang::parse(body, limits, state.decider.prompt_format())?;
+            Ok(DecisionsRequest::Sglang(parsed))
         } else {
-            let parsed = openai::parse(&body, limits, state.config.compat)?;
-            let decided = state
-                .decider
-                .decide(parsed.request.clone(), 1.0, false)
-                .await?;
-            Ok(Answered {
-                body: openai::format(
-                    &parsed,
-                    &decided.decision,
-                    &state.model_name,
-                    state.config.compat,
-                ),
-                timing: decided.timing,
-            })
+            let parsed = openai::parse(body, limits, state.config.compat)?;
+            Ok(DecisionsRequest::OpenAi(parsed))
+        }
+    }
+
+    async fn answer(state: &AppState, request: Self::Request) -> Result<Answered, DecisionError> {
+        match request {
+            DecisionsRequest::Sglang(parsed) => {
+                let (temperature, keep) = (parsed.temperature, parsed.return_prompt_token_ids);
+                let decided = state
+                    .decider
+                    .decide(parsed.request.clone(), temperature, keep)
+                    .await?;
+                Ok(Answered {
+                    body: sglang::format(
+                        &parsed,
+                        &decided.decision,
+                        decided.reads.as_deref(),
+                        decided.prompt_format,
+                    ),
+                    timing: decided.timing,
+                })
+            }
+            DecisionsRequest::OpenAi(parsed) => {
+                let decided = state
+                    .decider
+                    .decide(parsed.request.clone(), 1.0, false)
+                    .await?;
+                Ok(Answered {
+                    body: openai::format(
+                        &parsed,
+                        &decided.decision,
+                        &state.model_name,
+                        state.config.compat,
+                    ),
+                    timing: decided.timing,
+                })
+            }
         }
     }
 }
@@ -99,8 +117,9 @@ pub(super) struct Score;
 
 impl DecisionRoute for Score {
     const SHAPE: Shape = Shape::Sglang;
+    type Request = ScoreRequest;
 
-    async fn answer(state: &AppState, body: Value, _: Shape) -> Result<Answered, DecisionError> {
+    fn parse(state: &AppState, body: &Value, _: Shape) -> Result<Self::Request, DecisionError> {
         let info = &state.shards.info;
         if !matches!(info.engine.as_str(), "tree" | "fork" | "naive") {
             return Err(DecisionError::BadRequest {
@@ -117,7 +136,10 @@ impl DecisionRoute for Score {
             n => n - 1,
         };
         let max_tokens = context.min(state.decider.limits.max_input_tokens);
-        let request = score::parse(&body, info.vocab_size, max_tokens)?;
+        score::parse(body, info.vocab_size, max_tokens)
+    }
+
+    async fn answer(state: &AppState, request: Self::Request) -> Result<Answered, DecisionError> {
         let (outcomes, timing) = state.decider.score(score::reads(&request)).await?;
         Ok(Answered {
             body: score::format(&request, &outcomes, &state.model_name),

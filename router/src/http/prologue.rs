@@ -27,6 +27,9 @@ pub(super) trait DecisionRoute: Send + Sync + 'static {
     /// The shape refusals are written in until the body says otherwise.
     const SHAPE: Shape;
 
+    /// The route's request, parsed from the body.
+    type Request: Send;
+
     /// A refusal the headers alone decide, before the body is read as JSON.
     fn check_headers(_headers: &HeaderMap) -> Result<(), DecisionError> {
         Ok(())
@@ -37,12 +40,14 @@ pub(super) trait DecisionRoute: Send + Sync + 'static {
         Ok(Self::SHAPE)
     }
 
-    /// The answer to an admitted request: `body` is JSON, the caller holds the key, and the server
-    /// is not draining.
+    /// The request in `body`, checked against the served model and its limits. The JSON is dropped
+    /// after: whatever the answer echoes must be in the request.
+    fn parse(state: &AppState, body: &Value, shape: Shape) -> Result<Self::Request, DecisionError>;
+
+    /// The answer to an admitted request: the caller holds the key and the server is not draining.
     fn answer(
         state: &AppState,
-        body: Value,
-        shape: Shape,
+        request: Self::Request,
     ) -> impl Future<Output = Result<Answered, DecisionError>> + Send;
 }
 
@@ -54,7 +59,7 @@ pub(super) fn route<R: DecisionRoute>() -> MethodRouter<Arc<AppState>> {
 /// The prologue, in order: the body first, so that any refusal goes out after the whole upload was
 /// taken (one sent mid-upload can be lost with the connection's reset: `request_body.rs`); the
 /// in-flight count, held until the answer is ready; the key; the route's header checks; JSON; the
-/// shape; the refusal while draining, in that shape.
+/// shape; the refusal while draining, in that shape; the route's parse. Then the route answers.
 async fn admit<R: DecisionRoute>(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
@@ -69,7 +74,10 @@ async fn admit<R: DecisionRoute>(
         let value = json_body(body)?;
         shape = R::shape(&value)?;
         refuse_when_draining(&state)?;
-        R::answer(&state, value, shape).await
+        let request = R::parse(&state, &value, shape)?;
+        // Before the reads wait: an 8 MiB body is not held for their whole time.
+        drop(value);
+        R::answer(&state, request).await
     }
     .await;
     match result {

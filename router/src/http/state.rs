@@ -173,8 +173,6 @@ pub(super) fn probe_kinds() -> Vec<QuestionKind> {
             yes: None,
             no: None,
         },
-        QuestionKind::Score {
-            levels: vec!["0".into()],
-        },
+        QuestionKind::score(vec!["0".into()]),
     ]
 }
