@@ -1,7 +1,8 @@
 //! The one opening every decision route runs behind: the body read under `--max-body-bytes` (the body
 //! clock already wraps it), the in-flight count a drain waits for, the API key, JSON, and the 503 while
-//! draining. A decision route is a `DecisionRoute` registered with `route`: it is handed the parsed body
-//! and never sees the raw request, so no route can skip or reorder these steps.
+//! draining. A decision route is a `DecisionRoute` registered with `route`: it never sees the raw
+//! request (its `parse` gets the JSON, its `answer` only what it parsed), so no route can skip or reorder
+//! these steps.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
