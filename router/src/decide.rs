@@ -18,9 +18,8 @@ use crate::shard::ShardSet;
 /// cannot even answer that is frozen or gone (503), one that can is only busy (504).
 pub const TIMEOUT_PROBE: Duration = Duration::from_secs(2);
 
-/// A request with its answers, and (when asked for) the reads that produced them.
+/// A request's answers, and (when asked for) the reads that produced them.
 pub struct Decided {
-    pub request: DecisionRequest,
     pub decision: Decision,
     pub reads: Option<Vec<PreparedRead>>,
     pub timing: ReadTiming,
@@ -49,12 +48,14 @@ impl Decider {
     }
 
     /// `temperature` divides the label log-probabilities before the softmax (label mass is unaffected);
-    /// `keep_reads` returns the prompt and label token ids too. Under `--request-timeout-secs` a
-    /// request that runs out of time is dropped (its reads not yet sent are never computed) and
-    /// answered 504, or 503 when the shards do not answer a health probe either.
+    /// `keep_reads` returns the prompt and label token ids too. The request is shared, not taken: the
+    /// prompt work off the async workers reads it while the caller keeps it to format the answer.
+    /// Under `--request-timeout-secs` a request that runs out of time is dropped (its reads not yet
+    /// sent are never computed) and answered 504, or 503 when the shards do not answer a health probe
+    /// either.
     pub async fn decide(
         &self,
-        request: DecisionRequest,
+        request: Arc<DecisionRequest>,
         temperature: f64,
         keep_reads: bool,
     ) -> Result<Decided, DecisionError> {
@@ -91,7 +92,7 @@ impl Decider {
 
     async fn decide_within(
         &self,
-        request: DecisionRequest,
+        request: Arc<DecisionRequest>,
         temperature: f64,
         keep_reads: bool,
         deadline: Option<(tokio::time::Instant, Duration)>,
@@ -122,13 +123,12 @@ impl Decider {
         let arrival = self.queue.arrival();
         // Rendering and tokenizing are CPU work: keep them off the async workers.
         let max_input_tokens = self.limits.max_input_tokens;
-        let (request, reads) = tokio::task::spawn_blocking(move || {
-            let reads = strategy.prepare(&request, max_input_tokens);
-            (request, reads)
-        })
-        .await
-        .map_err(|e| DecisionError::Internal(format!("prompt preparation panicked: {e}")))?;
-        let mut reads = reads?;
+        let shared = request.clone();
+        let prepared =
+            tokio::task::spawn_blocking(move || strategy.prepare(&shared, max_input_tokens));
+        let mut reads = prepared
+            .await
+            .map_err(|e| DecisionError::Internal(format!("prompt preparation panicked: {e}")))??;
         for read in &mut reads {
             read.media = fetched.clone();
         }
@@ -140,6 +140,7 @@ impl Decider {
             });
         }
         let per_question_prompt_tokens: u64 = reads.iter().map(|r| r.token_ids.len() as u64).sum();
+        // The queue and this request hold the same reads (a clone shares each one).
         let (outcomes, timing) = self
             .queue
             .read(
@@ -189,7 +190,6 @@ impl Decider {
             pooled: !answers.is_empty() && answers.iter().all(|a| a.pooled),
         };
         Ok(Decided {
-            request,
             decision: Decision { answers, usage },
             reads: kept,
             timing,

@@ -95,8 +95,13 @@ pub enum QuestionKind {
         yes: Option<String>,
         no: Option<String>,
     },
-    /// One of the ordered levels; level i is worth i.
-    Score { levels: Vec<String> },
+    /// One of the ordered levels; level i is worth i. `levels` are the texts the prompt shows (an
+    /// object level rendered as JSON); `sent` holds each level exactly as the request sent it (an
+    /// object stays an object), for the shapes that echo them.
+    Score {
+        levels: Vec<String>,
+        sent: Vec<Value>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -106,12 +111,18 @@ pub struct ChoiceOption {
 }
 
 impl QuestionKind {
+    /// A score whose levels were sent as these strings.
+    pub fn score(levels: Vec<String>) -> Self {
+        let sent = levels.iter().map(|l| Value::String(l.clone())).collect();
+        QuestionKind::Score { levels, sent }
+    }
+
     /// How many answers the question allows (its label count).
     pub fn arity(&self) -> usize {
         match self {
             QuestionKind::Choice { options } => options.len(),
             QuestionKind::YesNo { .. } => 2,
-            QuestionKind::Score { levels } => levels.len(),
+            QuestionKind::Score { levels, .. } => levels.len(),
         }
     }
 }

@@ -3,11 +3,10 @@
 //! log-probabilities into probabilities in each response shape.
 
 pub mod api;
-pub mod body_clock;
 pub mod config;
-pub mod connections;
 pub mod decide;
 pub mod error;
+pub mod http;
 pub mod ir;
 pub mod json_text;
 pub mod limits;
@@ -17,7 +16,5 @@ pub mod profile;
 pub mod prompt;
 pub mod queue;
 pub mod read;
-pub mod request_body;
-pub mod server;
 pub mod shard;
 pub mod telemetry;

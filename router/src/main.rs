@@ -1,5 +1,5 @@
 use clap::Parser;
-use decision_router::{config::Config, server};
+use decision_router::{config::Config, http};
 
 /// A request allocates and frees thousands of small objects (tokenizer encodings, JSON values, gRPC
 /// messages); glibc's allocator spent about a third of the router's CPU on them.
@@ -28,7 +28,7 @@ async fn main() {
         tracing::error!("{e}");
         std::process::exit(2);
     }
-    if let Err(e) = server::run(config).await {
+    if let Err(e) = http::run(config).await {
         tracing::error!("{e}");
         drop(_telemetry);
         std::process::exit(1);

@@ -96,39 +96,57 @@ pub enum ReadKind {
     },
 }
 
-/// One read ready for the shard: its whole prompt, what is read after it, and the media its
-/// placeholder tokens stand for (shared by every read of a request).
+/// One read ready for the shard (its `ReadParts`). A clone shares it: the queue holds the reads it
+/// sends and the decider the same reads, to turn their results into answers, without a copy of any
+/// prompt.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PreparedRead {
+pub struct PreparedRead(Arc<ReadParts>);
+
+/// A read's whole prompt, what is read after it, and the media its placeholder tokens stand for
+/// (shared by every read of a request).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadParts {
     /// The prompt (for a canvas read: the encoder's input, thought block included).
     pub token_ids: Vec<u32>,
     pub kind: ReadKind,
     pub media: Arc<[ReadMedia]>,
 }
 
+impl std::ops::Deref for PreparedRead {
+    type Target = ReadParts;
+
+    fn deref(&self) -> &ReadParts {
+        &self.0
+    }
+}
+
+/// A read is changed only while it is prepared (its media attached), before anything shares it; a
+/// shared one would be copied first.
+impl std::ops::DerefMut for PreparedRead {
+    fn deref_mut(&mut self) -> &mut ReadParts {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
 impl PreparedRead {
-    pub fn next_token(token_ids: Vec<u32>, labels: Vec<LabelGroup>) -> Self {
-        PreparedRead {
+    fn new(token_ids: Vec<u32>, kind: ReadKind) -> Self {
+        PreparedRead(Arc::new(ReadParts {
             token_ids,
-            kind: ReadKind::NextToken { labels },
+            kind,
             media: Arc::default(),
-        }
+        }))
+    }
+
+    pub fn next_token(token_ids: Vec<u32>, labels: Vec<LabelGroup>) -> Self {
+        PreparedRead::new(token_ids, ReadKind::NextToken { labels })
     }
 
     pub fn canvas(token_ids: Vec<u32>, canvas: Vec<u32>, rows: Vec<CanvasRow>) -> Self {
-        PreparedRead {
-            token_ids,
-            kind: ReadKind::Canvas { canvas, rows },
-            media: Arc::default(),
-        }
+        PreparedRead::new(token_ids, ReadKind::Canvas { canvas, rows })
     }
 
     pub fn pooled(token_ids: Vec<u32>, questions: Vec<PooledQuestion>, media: (u32, u32)) -> Self {
-        PreparedRead {
-            token_ids,
-            kind: ReadKind::Pooled { questions, media },
-            media: Arc::default(),
-        }
+        PreparedRead::new(token_ids, ReadKind::Pooled { questions, media })
     }
 
     /// The label groups of each question this read answers, in question order (one for a next-token

@@ -1,6 +1,8 @@
 //! `POST /v1/decisions` in OpenAI's shape (spec/API.md §2), read through vLLM's adapter
 //! (spec/PROMPTS.md §1): every question becomes a lettered choice; answers come back typed.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
 
 use super::fields::{self, field_error as err};
@@ -39,7 +41,8 @@ pub enum Echo {
 }
 
 pub struct Parsed {
-    pub request: DecisionRequest,
+    /// Shared with the decider while it reads.
+    pub request: Arc<DecisionRequest>,
     pub echo: Vec<Echo>,
 }
 
@@ -123,7 +126,10 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         },
         joint: false,
     };
-    Ok(Parsed { request, echo })
+    Ok(Parsed {
+        request: Arc::new(request),
+        echo,
+    })
 }
 
 /// The adapter's state text: a string as is; messages joined by a blank line, parts by a newline.
@@ -518,7 +524,7 @@ pub fn format(parsed: &Parsed, decision: &Decision, model: &str, compat: Compat)
                     })
                 }
                 Echo::Score { name, labels } => {
-                    let kind = QuestionKind::Score { levels: Vec::new() };
+                    let kind = QuestionKind::score(Vec::new());
                     json!({
                         "type": "score",
                         "name": name,

@@ -2,6 +2,8 @@
 //! label logits, label mass per answer, optional prompt token ids. The shape does not pick the wording:
 //! `prompt_format_version` reports and pins whichever the profile and strategy render in.
 
+use std::sync::Arc;
+
 use serde_json::{json, Map, Value};
 
 use crate::error::{DecisionError, FieldError, Loc};
@@ -28,7 +30,8 @@ const FIELDS: &[&str] = &[
 ];
 
 pub struct Parsed {
-    pub request: DecisionRequest,
+    /// Shared with the decider while it reads.
+    pub request: Arc<DecisionRequest>,
     pub temperature: f64,
     pub return_prompt_token_ids: bool,
     /// The request's `model`, echoed (`default` when omitted).
@@ -134,7 +137,7 @@ pub fn parse(
         joint,
     };
     Ok(Parsed {
-        request,
+        request: Arc::new(request),
         temperature,
         return_prompt_token_ids,
         model,
@@ -356,7 +359,10 @@ fn parse_question(
                     levels.push(level);
                 }
             }
-            QuestionKind::Score { levels }
+            QuestionKind::Score {
+                levels,
+                sent: items.clone(),
+            }
         }
         _ => {
             let side = |k: &str, errors: &mut Vec<FieldError>| match obj.get(k) {
@@ -415,7 +421,7 @@ pub fn format(
                 json!({"type": "yes_no", "probabilities": {"yes": p[0], "no": p[1]}})
             }
             // Keyed by level index (seed 003): equal level texts stay apart.
-            QuestionKind::Score { levels } => json!({
+            QuestionKind::Score { levels, .. } => json!({
                 "type": "score",
                 "score": probability::expected_score(p),
                 "probabilities": (0..levels.len()).zip(p).map(|(k, pi)| (k.to_string(), json!(pi))).collect::<Map<_, _>>(),
@@ -650,7 +656,8 @@ mod tests {
         assert_eq!(
             parsed.request.questions[1].kind,
             QuestionKind::Score {
-                levels: vec![r#"{"l":1}"#.into(), "same".into(), "same".into()]
+                levels: vec![r#"{"l":1}"#.into(), "same".into(), "same".into()],
+                sent: vec![json!({"l": 1}), json!("same"), json!("same")],
             }
         );
         let omitted = parse(

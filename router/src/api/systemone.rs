@@ -436,13 +436,15 @@ fn parse_score(
             }
         }
     }
-    Some(QuestionKind::Score { levels })
+    Some(QuestionKind::Score {
+        levels,
+        sent: items.clone(),
+    })
 }
 
 /// Formats answers in the System One shape, with the profile's extension fields.
 pub fn format(
     request: &DecisionRequest,
-    raw_questions: &Value,
     decision: &Decision,
     model: &str,
     compat: Compat,
@@ -466,15 +468,10 @@ pub fn format(
                 json!({"type": "noul", "noul": p[0], "probabilities": {"yes": p[0], "no": p[1]}})
             }
             QuestionKind::YesNo { .. } => json!({"type": "noul", "noul": p[0]}),
-            QuestionKind::Score { .. } => {
+            QuestionKind::Score { sent, .. } => {
                 // The legend echoes the levels exactly as sent (objects stay objects).
-                let sent = raw_questions
-                    .get(&question.id)
-                    .and_then(|q| q.get("criteria"))
-                    .and_then(|c| c.as_array());
                 let legend: Map<String, Value> = sent
-                    .into_iter()
-                    .flatten()
+                    .iter()
                     .enumerate()
                     .map(|(i, l)| (i.to_string(), l.clone()))
                     .collect();
@@ -640,9 +637,7 @@ mod tests {
         );
         assert_eq!(
             r.questions[2].kind,
-            QuestionKind::Score {
-                levels: vec!["calm".into(), "annoyed".into(), "furious".into()]
-            }
+            QuestionKind::score(vec!["calm".into(), "annoyed".into(), "furious".into()])
         );
     }
 
@@ -859,7 +854,7 @@ mod tests {
                 pooled: false,
             },
         };
-        let out = format(&r, &body["questions"], &d, "m", Compat::Typesafe);
+        let out = format(&r, &d, "m", Compat::Typesafe);
         assert_eq!(out["answers"]["team"]["choice"], "billing");
         assert!((out["answers"]["team"]["confidence"].as_f64().unwrap() - 0.76).abs() < 1e-12);
         assert_eq!(
@@ -883,7 +878,7 @@ mod tests {
         let keys: Vec<&String> = out["answers"].as_object().unwrap().keys().collect();
         assert_eq!(keys, vec!["team", "urgent", "tone"]);
 
-        let vllm = format(&r, &body["questions"], &d, "m", Compat::Vllm);
+        let vllm = format(&r, &d, "m", Compat::Vllm);
         assert_eq!(vllm["object"], "structured_decision");
         assert!(vllm["id"].as_str().unwrap().starts_with("decision-"));
         assert!(
@@ -906,7 +901,7 @@ mod tests {
         );
         assert!(vllm.get("x_diagnostics").is_none());
 
-        let sglang = format(&r, &body["questions"], &d, "m", Compat::Sglang);
+        let sglang = format(&r, &d, "m", Compat::Sglang);
         assert_eq!(sglang["answers"]["team"]["x_label_mass"], json!(0.9));
         assert!(sglang["answers"]["urgent"].get("confidence").is_none());
         assert_eq!(

@@ -758,9 +758,7 @@ mod tests {
         Question {
             id: "tone".into(),
             instructions: None,
-            kind: QuestionKind::Score {
-                levels: vec!["calm".into(), "angry".into()],
-            },
+            kind: QuestionKind::score(vec!["calm".into(), "angry".into()]),
         }
     }
 

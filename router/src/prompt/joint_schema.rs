@@ -274,7 +274,7 @@ fn prompt_options(question: &Question) -> Vec<PromptOption> {
             listed.sort_by(|a, b| a.id.cmp(&b.id));
             listed
         }
-        QuestionKind::Score { levels } => levels
+        QuestionKind::Score { levels, .. } => levels
             .iter()
             .enumerate()
             .map(|(index, level)| PromptOption {
@@ -447,9 +447,7 @@ mod tests {
             Question {
                 id: "tone".into(),
                 instructions: Some("How upset?".into()),
-                kind: QuestionKind::Score {
-                    levels: vec!["calm".into(), "furious".into()],
-                },
+                kind: QuestionKind::score(vec!["calm".into(), "furious".into()]),
             },
         ]
     }

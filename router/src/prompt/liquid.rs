@@ -82,7 +82,7 @@ impl LiquidStrategy {
                 .into_iter()
                 .map(|code| vec![code.clone(), format!(" {code}")])
                 .collect(),
-            QuestionKind::Score { levels } => DIGITS[..levels.len()]
+            QuestionKind::Score { levels, .. } => DIGITS[..levels.len()]
                 .iter()
                 .map(|d| vec![(*d).to_owned()])
                 .collect(),
@@ -149,7 +149,7 @@ impl ReadStrategy for LiquidStrategy {
         for question in &request.questions {
             let (n, max) = match &question.kind {
                 QuestionKind::Choice { options } => (options.len(), LETTERS.len()),
-                QuestionKind::Score { levels } => (levels.len(), DIGITS.len()),
+                QuestionKind::Score { levels, .. } => (levels.len(), DIGITS.len()),
                 QuestionKind::YesNo { .. } => (2, 2),
             };
             if n > max {
@@ -229,7 +229,7 @@ fn ask(question: &Question) -> String {
             };
             format!("{instructions}{sides}\n\n{YES_NO_REPLY}")
         }
-        QuestionKind::Score { levels } => {
+        QuestionKind::Score { levels, .. } => {
             let legend: Vec<String> = levels
                 .iter()
                 .enumerate()
@@ -346,9 +346,7 @@ mod tests {
         let q = question(
             "tone",
             Some("How upset?"),
-            QuestionKind::Score {
-                levels: vec!["calm".into(), "very_angry".into()],
-            },
+            QuestionKind::score(vec!["calm".into(), "very_angry".into()]),
         );
         assert_eq!(
             content("plain", &q),
@@ -405,9 +403,7 @@ mod tests {
                 question(
                     "tone",
                     Some("Tone?"),
-                    QuestionKind::Score {
-                        levels: (0..10).map(|i| format!("level {i}")).collect(),
-                    },
+                    QuestionKind::score((0..10).map(|i| format!("level {i}")).collect()),
                 ),
             ],
             chat_template_kwargs: Default::default(),

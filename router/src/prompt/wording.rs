@@ -181,7 +181,7 @@ impl Wording {
                 lines.push(side("no", no.as_deref()));
                 lines.push(YES_NO_REPLY.to_owned());
             }
-            QuestionKind::Score { levels } => {
+            QuestionKind::Score { levels, .. } => {
                 for (i, level) in levels.iter().enumerate() {
                     lines.push(format!("{i}: {level}"));
                 }
@@ -334,9 +334,7 @@ mod tests {
     fn score_levels_are_numbered() {
         let question = q(
             Some("How upset?"),
-            QuestionKind::Score {
-                levels: vec!["calm".into(), "annoyed".into(), "furious".into()],
-            },
+            QuestionKind::score(vec!["calm".into(), "annoyed".into(), "furious".into()]),
         );
         assert_eq!(
             Wording::Vllm.user_message("S", &question),

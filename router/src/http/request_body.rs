@@ -13,7 +13,7 @@ use bytes::BytesMut;
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 
-use crate::body_clock;
+use super::body_clock;
 use crate::error::DecisionError;
 
 /// How much of a refused body is read and discarded past the limit before the refusal is sent.

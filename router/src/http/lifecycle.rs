@@ -1,0 +1,170 @@
+//! The router's life: connect to the shards, listen, serve, and on SIGTERM/SIGINT drain (refuse new
+//! work, wait for the accepted requests) before the accept loop closes the connections.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::connections::{self, ConnectionLimits};
+use super::routes::app;
+use super::state::{build_state, AppState};
+use crate::config::Config;
+use crate::shard::ShardSet;
+
+/// Connects to the shards, checks the model's labels, and serves until SIGINT/SIGTERM.
+pub async fn run(config: Config) -> Result<(), String> {
+    let shards = ShardSet::connect(&config.shard_uds_path).await?;
+    shards.health().await.map_err(|e| e.to_string())?;
+    let info = shards.info.clone();
+    tracing::info!(architecture = %info.architecture, dtype = %info.dtype, world_size = info.world_size, engine = %info.engine, implementation = %info.implementation, "connected to shards");
+    let state = build_state(config, shards)?;
+    let addr: SocketAddr = format!("{}:{}", state.config.hostname, state.config.port)
+        .parse()
+        .map_err(|e| {
+            format!(
+                "invalid listen address {}:{}: {e}",
+                state.config.hostname, state.config.port
+            )
+        })?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+    let limits = connection_limits(&state.config);
+    tracing::info!(%addr, model = %state.model_name, max_connections = limits.max_connections, "router ready");
+    let state = Arc::new(state);
+    let mut signals = Signals::install()?;
+    let drain = {
+        let state = state.clone();
+        async move {
+            let signal = signals.recv().await;
+            drain(&state, signal, signals.recv()).await;
+        }
+    };
+    let stats = state.connections.clone();
+    connections::serve(listener, app(state), limits, stats, drain).await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The connection bounds from the flags, with the connection cap kept below the open-file limit
+/// (the shard sockets, the tokenizer's files and the logs need descriptors too).
+pub(super) fn connection_limits(config: &Config) -> ConnectionLimits {
+    let mut max_connections = usize::try_from(config.max_connections).unwrap_or(usize::MAX);
+    if let Some(files) = open_file_limit() {
+        let room = files.saturating_sub(64).max(1);
+        if room < max_connections {
+            tracing::warn!(
+                max_connections,
+                open_file_limit = files,
+                "--max-connections is above what the open-file limit allows; holding at most {room}"
+            );
+            max_connections = room;
+        }
+    }
+    ConnectionLimits {
+        max_connections,
+        header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
+        keep_alive_timeout: Duration::from_secs(config.keep_alive_timeout_secs),
+    }
+}
+
+/// The soft RLIMIT_NOFILE of this process.
+fn open_file_limit() -> Option<usize> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY)
+        .then(|| usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX))
+}
+
+/// A graceful drain: `/health` turns 503 at once and new decision requests get 503 + Retry-After
+/// (the listener keeps accepting, so clients and load balancers hear it rather than a refused
+/// connection) until every request accepted before the signal has been answered. A second signal
+/// ends the wait. The launcher bounds the whole drain with `--shutdown-grace-secs`.
+pub(super) async fn drain(
+    state: &AppState,
+    signal: &'static str,
+    again: impl Future<Output = &'static str>,
+) {
+    state.draining.store(true, Ordering::SeqCst);
+    tracing::info!(
+        in_flight = state.in_flight.count(),
+        "received {signal}: draining (new requests get 503)"
+    );
+    tokio::select! {
+        () = state.in_flight.emptied() => tracing::info!("every accepted request was answered"),
+        signal = again => tracing::warn!("received {signal} again: stopping without waiting"),
+    }
+}
+
+/// SIGINT and SIGTERM, installed once so that a second one is heard too.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let error = |e: std::io::Error| format!("cannot install the SIGINT/SIGTERM handlers: {e}");
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt()).map_err(error)?,
+            terminate: signal(SignalKind::terminate()).map_err(error)?,
+        })
+    }
+
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::super::testing::{call, get, test_state};
+    use super::*;
+
+    /// The drain waits for requests already in flight, and a second signal cuts it short.
+    #[tokio::test]
+    async fn a_drain_refuses_new_work_and_ends_when_the_accepted_requests_are_answered() {
+        let state = test_state();
+        let first = state.in_flight.enter();
+        let second = state.in_flight.enter();
+        let draining = {
+            let state = state.clone();
+            tokio::spawn(async move { drain(&state, "SIGTERM", std::future::pending()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(state.draining.load(Ordering::SeqCst));
+        assert_eq!(
+            call(&state, get("/health")).await.status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        drop(first);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!draining.is_finished(), "one request is still in flight");
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(1), draining)
+            .await
+            .expect("the drain ends with the last request")
+            .unwrap();
+
+        let state = test_state();
+        let _stuck = state.in_flight.enter();
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            drain(&state, "SIGTERM", async { "SIGINT" }),
+        )
+        .await
+        .expect("a second signal ends the wait");
+    }
+}

@@ -1,0 +1,304 @@
+//! The operator routes: `/health` (the shards' real Health RPC, 503 while draining), `/info` (what is
+//! served and under which limits), `/metrics`, `/v1/models`, and the API reference (`/docs`, the
+//! OpenAPI document).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::auth::authorize;
+use super::lifecycle::connection_limits;
+use super::responses::error_response;
+use super::state::{probe_kinds, AppState};
+use crate::api;
+use crate::error::DecisionError;
+use crate::profile::Shape;
+
+pub(super) async fn models_handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = authorize(&state, &headers) {
+        return error_response(&state, Shape::SystemOne, e);
+    }
+    let name = &state.model_name;
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Json(json!({
+        "models": [{
+            "name": name,
+            "description": format!("{name} ({}) served as a decision model by decision-inference", state.shards.info.architecture),
+            "release_date": chrono::Local::now().format("%Y-%m-%d").to_string(),
+        }],
+        "object": "list",
+        "data": [{"id": name, "object": "model", "created": created, "owned_by": "decision-inference"}],
+    }))
+    .into_response()
+}
+
+pub(super) async fn health_handler(State(state): State<Arc<AppState>>) -> Response {
+    if state.draining.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, HeaderValue::from(1))],
+            Json(json!({"status": "draining", "message": DecisionError::Draining.to_string()})),
+        )
+            .into_response();
+    }
+    match state.shards.health().await {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "unavailable", "message": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+pub(super) async fn info_handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+) -> Response {
+    // Only a caller that presented the key learns where the model lives on disk.
+    let keyed = state.config.api_key.is_some() && authorize(&state, &headers).is_ok();
+    if !keyed && !state.config.public_ops {
+        if let Err(e) = authorize(&state, &headers) {
+            return error_response(&state, Shape::SystemOne, e);
+        }
+    }
+    let info = &state.shards.info;
+    let limits = &state.decider.limits;
+    let refusals: Vec<String> = match &state.decider.strategy {
+        Ok(s) => probe_kinds().iter().filter_map(|k| s.refusal(k)).collect(),
+        Err(reason) => vec![reason.clone()],
+    };
+    let mut body = json!({
+        "model_id": state.model_name,
+        "architecture": info.architecture,
+        "dtype": info.dtype,
+        "device": info.device,
+        "shards": state.shards.world_size(),
+        // `read_mode` is the engine's older name, kept for clients that read it.
+        "read_mode": info.engine,
+        "engine": info.engine,
+        "implementation": info.implementation,
+        "matmul": info.matmul,
+        "compiled_chains": info.compiled_chains,
+        "read_strategy": state.decider.strategy.as_ref().map(|s| s.name()).unwrap_or("none"),
+        "modalities": state.decider.strategy.as_ref().map(|s| s.modalities().iter().map(|m| m.field()).collect::<Vec<_>>()).unwrap_or_default(),
+        "prompt_format": state.decider.prompt_format().map(|f| json!({"name": f.name, "version": f.version})),
+        "refusals": refusals,
+        "max_position_embeddings": info.max_position_embeddings,
+        "prefix_cache": {
+            "enabled": info.prefix_cache_bytes > 0,
+            "budget_bytes": info.prefix_cache_bytes,
+            "rule": info.prefix_cache_rule,
+        },
+        // The router's tokens per shard call and where they came from, beside the shard's budget for
+        // one forward pass and its rule (equal unless the two were started with different values).
+        "batch_budget": {
+            "max_batch_prefill_tokens": state.batch_budget.tokens,
+            "source": state.batch_budget.source.name(),
+            "batch_token_budget": info.batch_token_budget,
+            "batch_budget_rule": info.batch_budget_rule,
+        },
+        "limits": {
+            "max_questions": limits.max_questions,
+            "max_choices": limits.max_choices,
+            "max_levels": limits.max_levels,
+            "max_input_tokens": limits.max_input_tokens,
+            "max_body_bytes": limits.max_body_bytes,
+            "max_batch_prefill_tokens": state.batch_budget.tokens,
+            "max_batch_wait_ms": state.config.max_batch_wait_ms,
+            "max_queued_reads": state.config.max_queued_reads,
+            "request_timeout_secs": state.config.request_timeout_secs,
+            "header_read_timeout_secs": state.config.header_read_timeout_secs,
+            "body_read_timeout_secs": state.config.body_read_timeout_secs,
+            "keep_alive_timeout_secs": state.config.keep_alive_timeout_secs,
+            "max_connections": connection_limits(&state.config).max_connections,
+        },
+        "compat": state.config.compat.name(),
+        "version": env!("CARGO_PKG_VERSION"),
+    });
+    if keyed {
+        body["model_dir"] = json!(state.config.model_dir());
+    }
+    Json(body).into_response()
+}
+
+pub(super) async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
+    if let Some(handle) = &state.metrics {
+        metrics::gauge!("decision_queued_reads").set(state.decider.queue.queued_reads() as f64);
+        metrics::gauge!("decision_queued_tokens").set(state.decider.queue.queued_tokens() as f64);
+        metrics::gauge!("decision_read_rate_tokens_per_second")
+            .set(state.decider.queue.read_rate());
+        metrics::gauge!("decision_http_requests_in_flight").set(state.in_flight.count() as f64);
+        metrics::gauge!("decision_http_connections_open")
+            .set(state.connections.open.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("decision_http_connections_closed_idle")
+            .set(state.connections.closed_idle.load(Ordering::Relaxed) as f64);
+        metrics::gauge!("decision_http_connections_closed_slow")
+            .set(state.connections.closed_slow.load(Ordering::Relaxed) as f64);
+        (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            handle.render(),
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "metrics recorder unavailable",
+        )
+            .into_response()
+    }
+}
+
+/// The OpenAPI document, as `decision-router --print-openapi` prints it.
+pub(super) async fn openapi_handler() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        api::schema::openapi_json(),
+    )
+        .into_response()
+}
+
+/// A self-contained reference page (no CDN: deployments are often offline) built from the OpenAPI document.
+pub(super) async fn docs_handler() -> Response {
+    let doc: Value = serde_json::from_str(&api::schema::openapi_json()).unwrap_or_default();
+    let mut rows = String::new();
+    for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+        for (method, op) in item.as_object().into_iter().flatten() {
+            let statuses: Vec<&String> = op["responses"]
+                .as_object()
+                .map(|r| r.keys().collect())
+                .unwrap_or_default();
+            rows.push_str(&format!(
+                "<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td></tr>",
+                method.to_uppercase(),
+                html_escape(path),
+                html_escape(
+                    &statuses
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            ));
+        }
+    }
+    let schemas =
+        html_escape(&serde_json::to_string_pretty(&doc["components"]).unwrap_or_default());
+    let page = format!(
+        "<!doctype html><meta charset=utf-8><title>decision-inference API</title>\
+         <h1>decision-inference API</h1><p>Machine-readable: <a href=/api-doc/openapi.json>/api-doc/openapi.json</a></p>\
+         <table border=1 cellpadding=4><tr><th>method</th><th>path</th><th>statuses</th></tr>{rows}</table>\
+         <h2>Schemas</h2><pre>{schemas}</pre>"
+    );
+    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::state::build_state;
+    use super::super::testing::{call, get, state_with, test_state, text};
+    use crate::config::Config;
+    use crate::queue::{BatchBudget, BudgetSource};
+    use crate::shard::ShardSet;
+    use clap::Parser;
+    use super::*;
+
+    #[tokio::test]
+    async fn without_an_api_key_info_shows_no_filesystem_path() {
+        let state = test_state();
+        let info = text(call(&state, get("/info")).await).await;
+        assert!(
+            !info.contains("private-tree") && !info.contains("model_dir"),
+            "{info}"
+        );
+        let info: Value = serde_json::from_str(&info).unwrap();
+        assert_eq!(info["limits"]["request_timeout_secs"], 120);
+        assert_eq!(info["limits"]["header_read_timeout_secs"], 10);
+        assert_eq!(info["limits"]["keep_alive_timeout_secs"], 20);
+    }
+
+    /// Without --max-batch-prefill-tokens the router packs its calls to the shard's budget; with it,
+    /// to the flag's. /info shows the one in use, where it came from, and the shard's with its rule.
+    #[tokio::test]
+    async fn info_shows_the_batch_budget_in_use_and_where_it_came_from() {
+        let info = |state: Arc<AppState>| async move {
+            serde_json::from_str::<Value>(&text(call(&state, get("/info")).await).await).unwrap()
+        };
+        let auto = test_state();
+        assert_eq!(
+            auto.batch_budget,
+            BatchBudget {
+                tokens: 4096,
+                source: BudgetSource::Shard
+            }
+        );
+        let shown = info(auto).await;
+        assert_eq!(
+            shown["batch_budget"],
+            json!({
+                "max_batch_prefill_tokens": 4096,
+                "source": "shard",
+                "batch_token_budget": 4096,
+                "batch_budget_rule": "detached: no shards",
+            })
+        );
+        assert_eq!(shown["limits"]["max_batch_prefill_tokens"], 4096);
+
+        let given = state_with(&["--max-batch-prefill-tokens", "2048"]);
+        assert_eq!(given.batch_budget.tokens, 2048);
+        let shown = info(given).await;
+        assert_eq!(
+            shown["batch_budget"]["source"],
+            "--max-batch-prefill-tokens"
+        );
+        assert_eq!(shown["batch_budget"]["max_batch_prefill_tokens"], 2048);
+        assert_eq!(shown["batch_budget"]["batch_token_budget"], 4096);
+        assert_eq!(shown["limits"]["max_batch_prefill_tokens"], 2048);
+
+        // A shard that reports no budget leaves the router nothing to follow but the flag.
+        let mut silent = ShardSet::detached();
+        silent.info.batch_token_budget = 0;
+        let config = Config::parse_from(["decision-router", "--model-dir", "/m"]);
+        let error = build_state(config, silent.clone())
+            .err()
+            .expect("no budget");
+        assert!(error.contains("--max-batch-prefill-tokens"), "{error}");
+        let config = Config::parse_from([
+            "decision-router",
+            "--model-dir",
+            "/m",
+            "--max-batch-prefill-tokens",
+            "1024",
+        ]);
+        assert_eq!(
+            build_state(config, silent).unwrap().batch_budget.tokens,
+            1024
+        );
+        assert!(Config::try_parse_from([
+            "decision-router",
+            "--model-dir",
+            "/m",
+            "--max-batch-prefill-tokens",
+            "0"
+        ])
+        .is_err());
+    }
+}
+
