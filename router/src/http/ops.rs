@@ -214,11 +214,11 @@ fn html_escape(s: &str) -> String {
 mod tests {
     use super::super::state::build_state;
     use super::super::testing::{call, get, state_with, test_state, text};
+    use super::*;
     use crate::config::Config;
     use crate::queue::{BatchBudget, BudgetSource};
     use crate::shard::ShardSet;
     use clap::Parser;
-    use super::*;
 
     #[tokio::test]
     async fn without_an_api_key_info_shows_no_filesystem_path() {
@@ -301,4 +301,3 @@ mod tests {
         .is_err());
     }
 }
-
