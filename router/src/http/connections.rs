@@ -25,6 +25,8 @@ use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt as _;
 
+use crate::config::Config;
+
 /// How long connections still open when the server stops get to finish before they are dropped.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
@@ -317,6 +319,40 @@ impl AsyncWrite for ClientClock {
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
     }
+}
+
+/// The connection bounds from the flags, with the connection cap kept below the open-file limit
+/// (the shard sockets, the tokenizer's files and the logs need descriptors too).
+pub(super) fn connection_limits(config: &Config) -> ConnectionLimits {
+    let mut max_connections = usize::try_from(config.max_connections).unwrap_or(usize::MAX);
+    if let Some(files) = open_file_limit() {
+        let room = files.saturating_sub(64).max(1);
+        if room < max_connections {
+            tracing::warn!(
+                max_connections,
+                open_file_limit = files,
+                "--max-connections is above what the open-file limit allows; holding at most {room}"
+            );
+            max_connections = room;
+        }
+    }
+    ConnectionLimits {
+        max_connections,
+        header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
+        keep_alive_timeout: Duration::from_secs(config.keep_alive_timeout_secs),
+    }
+}
+
+/// The soft RLIMIT_NOFILE of this process.
+fn open_file_limit() -> Option<usize> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY)
+        .then(|| usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX))
 }
 
 #[cfg(test)]

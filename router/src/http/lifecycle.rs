@@ -5,9 +5,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
-use super::connections::{self, ConnectionLimits};
+use super::connections;
 use super::routes::app;
 use super::state::{build_state, AppState};
 use crate::config::Config;
@@ -31,7 +30,7 @@ pub async fn run(config: Config) -> Result<(), String> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let limits = connection_limits(&state.config);
+    let limits = connections::connection_limits(&state.config);
     tracing::info!(%addr, model = %state.model_name, max_connections = limits.max_connections, "router ready");
     let state = Arc::new(state);
     let mut signals = Signals::install()?;
@@ -46,40 +45,6 @@ pub async fn run(config: Config) -> Result<(), String> {
     connections::serve(listener, app(state), limits, stats, drain).await;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// The connection bounds from the flags, with the connection cap kept below the open-file limit
-/// (the shard sockets, the tokenizer's files and the logs need descriptors too).
-pub(super) fn connection_limits(config: &Config) -> ConnectionLimits {
-    let mut max_connections = usize::try_from(config.max_connections).unwrap_or(usize::MAX);
-    if let Some(files) = open_file_limit() {
-        let room = files.saturating_sub(64).max(1);
-        if room < max_connections {
-            tracing::warn!(
-                max_connections,
-                open_file_limit = files,
-                "--max-connections is above what the open-file limit allows; holding at most {room}"
-            );
-            max_connections = room;
-        }
-    }
-    ConnectionLimits {
-        max_connections,
-        header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
-        keep_alive_timeout: Duration::from_secs(config.keep_alive_timeout_secs),
-    }
-}
-
-/// The soft RLIMIT_NOFILE of this process.
-fn open_file_limit() -> Option<usize> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit only writes the struct we pass.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    (rc == 0 && limit.rlim_cur != libc::RLIM_INFINITY)
-        .then(|| usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX))
 }
 
 /// A graceful drain: `/health` turns 503 at once and new decision requests get 503 + Retry-After
@@ -131,6 +96,8 @@ mod tests {
     use axum::http::StatusCode;
 
     use super::super::testing::{call, get, test_state};
+    use std::time::Duration;
+
     use super::*;
 
     /// The drain waits for requests already in flight, and a second signal cuts it short.

@@ -12,7 +12,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::auth::authorize;
-use super::lifecycle::connection_limits;
+use super::connections::connection_limits;
 use super::responses::error_response;
 use super::state::{probe_kinds, AppState};
 use crate::api;
