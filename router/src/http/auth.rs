@@ -21,15 +21,19 @@ pub(super) fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Dec
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(str::trim);
+        .and_then(bearer_token);
     match given {
         Some(key) if constant_time_eq(key.as_bytes(), expected.as_bytes()) => Ok(()),
         _ => Err(DecisionError::Unauthorized),
     }
+}
+
+/// The credentials of an `Authorization` value in the `Bearer` scheme. Auth schemes are
+/// case-insensitive (RFC 9110 §11.1), and one or more spaces separate the scheme from the token.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -108,6 +112,22 @@ mod tests {
             call(&state, request).await.status(),
             StatusCode::UNAUTHORIZED
         );
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_matched_case_insensitively() {
+        for value in [
+            "Bearer k1",
+            "bearer k1",
+            "BEARER k1",
+            "BeArEr   k1 ",
+            " Bearer k1",
+        ] {
+            assert_eq!(super::bearer_token(value), Some("k1"), "{value:?}");
+        }
+        for value in ["Basic k1", "Bearerk1", "Bearer ", "Bearer", "k1", ""] {
+            assert_eq!(super::bearer_token(value), None, "{value:?}");
+        }
     }
 
     #[test]
