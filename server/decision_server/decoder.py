@@ -4,8 +4,9 @@ Built from tensor-parallel layers, so one implementation serves world size 1..N;
 
 from __future__ import annotations
 
+import bisect
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -499,13 +500,14 @@ class SegmentPlan:
         runs = []
         for segment in layout.segments:
             seen = segment.past_length
-            own = torch.from_numpy(segment.own_allowed())
-            causal = segment.tree is None or bool(torch.equal(own, torch.ones_like(own).tril()))
+            tree = None if segment.tree is None else torch.from_numpy(segment.tree)
+            causal = tree is None or bool(torch.equal(tree, torch.ones_like(tree).tril()))
             split = None
-            if split_kernels and not causal:
-                split = TreeAfterPast.of_own(own, seen, dtype)
+            if split_kernels and tree is not None and not causal:
+                split = TreeAfterPast.of_own(tree, seen, dtype)
             mask = None
             if not (causal and (split_kernels or not seen)) and split is None:
+                own = torch.from_numpy(segment.own_allowed())
                 allowed = torch.cat((torch.ones(len(segment), seen, dtype=torch.bool), own), dim=1)
                 mask = allowed.to(device)[None, None]
             past = tuple((piece.source == NEW, piece.start, piece.end) for piece in segment.past)
@@ -577,19 +579,23 @@ class SegmentRows:
     groups: tuple[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor], ...]  # (run, slots, local rows, mask)
 
     @classmethod
-    def of(cls, keep: torch.Tensor, plan: SegmentPlan, layout: SegmentLayout, bucket: bool = False) -> SegmentRows:
-        if bucket and keep.numel():
-            keep = torch.cat((keep, keep[-1:].expand(gemm_rows(len(keep)) - len(keep))))
-        wanted = keep.tolist()
+    def of(
+        cls, keep: Sequence[int], plan: SegmentPlan, layout: SegmentLayout, device: torch.device, bucket: bool = False
+    ) -> SegmentRows:
+        """`keep` the kept token indices (a host list: grouping them by segment needs no device round trip)."""
+        wanted = list(keep)
+        if bucket and wanted:
+            wanted += wanted[-1:] * (gemm_rows(len(wanted)) - len(wanted))
+        starts = [run.start for run in plan.runs]
+        slots_of: dict[int, list[int]] = {}
+        for slot, token in enumerate(wanted):
+            slots_of.setdefault(bisect.bisect_right(starts, token) - 1, []).append(slot)
         groups = []
-        for number, (run, segment) in enumerate(zip(plan.runs, layout.segments, strict=True)):
-            slots = [slot for slot, token in enumerate(wanted) if run.start <= token < run.end]
-            if not slots:
-                continue
+        for number, slots in sorted(slots_of.items()):
+            run, segment = plan.runs[number], layout.segments[number]
             local = [wanted[slot] - run.start for slot in slots]
-            own = torch.from_numpy(segment.own_allowed()[local])
+            own = torch.from_numpy(segment.own_rows(local))
             mask = torch.cat((torch.ones(len(local), segment.past_length, dtype=torch.bool), own), dim=1)
-            device = keep.device
             groups.append(
                 (
                     number,
@@ -598,7 +604,7 @@ class SegmentRows:
                     mask.to(device)[None, None],
                 )
             )
-        return cls(keep, plan, tuple(groups))
+        return cls(torch.tensor(wanted, dtype=torch.long, device=device), plan, tuple(groups))
 
     def attend(self, query: torch.Tensor, new: LayerKV, past: LayerKV | None, scale: float) -> torch.Tensor:
         """Attention output of the kept rows, (heads, rows, head_dim) in `index` order."""
@@ -982,7 +988,7 @@ class DecoderLM(nn.Module):
             plan = SegmentPlan.of(segments, past_length, hidden.dtype, hidden.device, dense_segments)
             layer_mask = plan
             if keep is not None:
-                rows = SegmentRows.of(keep, plan, segments, self.bucket_rows)
+                rows = SegmentRows.of(keep.tolist(), plan, segments, hidden.device, self.bucket_rows)
         else:
             if mask is not None and hidden.device.type == "cpu":
                 layer_mask = TreeAfterPast.of(mask, past_length, hidden.dtype) or mask

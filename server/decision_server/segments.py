@@ -55,9 +55,13 @@ class AttentionSegment:
 
     def own_allowed(self) -> np.ndarray:
         """(n, n) booleans: own token i may see own token j."""
+        return self.own_rows(range(len(self)))
+
+    def own_rows(self, rows: Sequence[int]) -> np.ndarray:
+        """(len(rows), n) booleans: the `own_allowed` rows of own tokens `rows`, without building the others."""
         if self.tree is not None:
-            return self.tree
-        return np.tril(np.ones((len(self), len(self)), dtype=bool))
+            return self.tree[list(rows)]
+        return np.arange(len(self))[None, :] <= np.asarray(rows, dtype=np.int64)[:, None]
 
 
 @dataclass(frozen=True)

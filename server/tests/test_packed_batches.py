@@ -115,6 +115,8 @@ def test_segment_layout_as_one_mask() -> None:
     assert not allowed[:7, :4].any() and not allowed[7:, :2].any() and allowed[7:, 2:4].all()
     assert allowed[3:7, 4:7].all() and allowed[3:7, 7:11].tolist() == branches.tolist()
     assert not allowed[7:, 4:11].any() and allowed[7:, 11:].tolist() == [[True, False], [True, True]]
+    for segment in layout.segments:
+        assert segment.own_rows([len(segment) - 1, 0]).tolist() == segment.own_allowed()[[len(segment) - 1, 0]].tolist()
     assert ranges([3, 4, 5, 9, 10, 2], NEW) == (KeyRange(NEW, 3, 6), KeyRange(NEW, 9, 11), KeyRange(NEW, 2, 3))
 
 
