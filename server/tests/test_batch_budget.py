@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import grouped_read
 
 from decision_server import batch_budget
 from decision_server.batch_budget import (
@@ -154,19 +155,7 @@ def test_every_engine_carries_its_budget_and_the_tree_packs_to_it(tiny_qwen3: Lo
 def test_info_reports_the_budget_and_reads_their_forward_passes(tiny_qwen3: LoadedModel, shard: Any) -> None:
     engine = make_engine("tree", tiny_qwen3, prefix_cache_mb=0, max_batch_tokens=4096)
     question = [[[5]], [[6]]]
-    reads = [
-        decision_pb2.Read(
-            id=index,
-            next_token=decision_pb2.NextTokenRead(
-                token_ids=prompt,
-                labels=[
-                    decision_pb2.LabelGroup(variants=[decision_pb2.LabelSequence(token_ids=v) for v in group])
-                    for group in question
-                ],
-            ),
-        )
-        for index, prompt in enumerate([[1, 2, 3, 4], [9, 8, 7]])
-    ]
+    reads = [grouped_read(index, prompt, question) for index, prompt in enumerate([[1, 2, 3, 4], [9, 8, 7]])]
     request = decision_pb2.ReadRequest(reads=reads)
     with shard(tiny_qwen3, engine) as stub:
         info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
