@@ -10,8 +10,14 @@ use tonic::transport::Channel;
 
 use crate::error::DecisionError;
 
-/// How long `/health` waits for every rank's Health RPC: each runs one tiny forward pass.
+/// How long a health probe at startup or after a timed-out request waits for every rank's Health
+/// RPC: each runs one tiny forward pass.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long `/health` waits for the ranks: it must answer within 1 s whatever they do (a monitor
+/// with a short timeout otherwise sees a timeout, not a 503). The probe runs off the shard's model
+/// thread, so a long batch does not delay it; a frozen or gone rank is what misses this.
+pub const HEALTH_ROUTE_TIMEOUT: Duration = Duration::from_millis(800);
 
 #[derive(Clone)]
 pub struct ShardSet {
@@ -59,14 +65,19 @@ impl ShardSet {
 
     /// A real Health RPC on every rank, each within `HEALTH_TIMEOUT` (a frozen rank never answers).
     pub async fn health(&self) -> Result<(), DecisionError> {
+        self.health_within(HEALTH_TIMEOUT).await
+    }
+
+    /// A real Health RPC on every rank, each within `limit`.
+    pub async fn health_within(&self, limit: Duration) -> Result<(), DecisionError> {
         let calls = self.clients.iter().cloned().map(|mut c| async move {
-            tokio::time::timeout(HEALTH_TIMEOUT, c.health(pb::HealthRequest {})).await
+            tokio::time::timeout(limit, c.health(pb::HealthRequest {})).await
         });
         for (rank, result) in join_all(calls).await.into_iter().enumerate() {
             let Ok(result) = result else {
                 return Err(DecisionError::ShardUnavailable(format!(
                     "rank {rank} did not answer a health probe within {} s",
-                    HEALTH_TIMEOUT.as_secs()
+                    limit.as_secs_f64()
                 )));
             };
             let probe = result

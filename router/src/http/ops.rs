@@ -52,7 +52,11 @@ pub(super) async fn health_handler(State(state): State<Arc<AppState>>) -> Respon
         )
             .into_response();
     }
-    match state.shards.health().await {
+    match state
+        .shards
+        .health_within(crate::shard::HEALTH_ROUTE_TIMEOUT)
+        .await
+    {
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
