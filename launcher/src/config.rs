@@ -257,7 +257,9 @@ pub struct Config {
     #[arg(long, env = "SHARD_STARTUP_TIMEOUT_SECS", default_value_t = 600)]
     pub shard_startup_timeout_secs: u64,
 
-    /// On shutdown, how long children get after SIGTERM before they are killed, in seconds.
+    /// On shutdown, how long children get after SIGTERM before they are killed, in seconds. The
+    /// router (stopped first) answers every request it accepted within it: those still in flight at
+    /// the grace less 3 s (half the grace under 6 s) get 503 + Retry-After; the shards stop after it.
     #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     pub shutdown_grace_secs: u64,
 

@@ -103,6 +103,13 @@ pub fn spec(
             config.keep_alive_timeout_secs.to_string(),
         ),
         ("--max-connections", config.max_connections.to_string()),
+        // The router answers every request it accepted before this grace ends (at SIGTERM it
+        // answers what is still in flight 503 at the grace less 3 s), so the SIGKILL at the grace
+        // finds it gone.
+        (
+            "--shutdown-grace-secs",
+            config.shutdown_grace_secs.to_string(),
+        ),
     ] {
         args.push(flag.into());
         args.push(value.into());
@@ -251,6 +258,8 @@ mod tests {
                 "20",
                 "--max-connections",
                 "1024",
+                "--shutdown-grace-secs",
+                "10",
                 "--json-output",
             ]
             .map(OsString::from)
@@ -281,6 +290,8 @@ mod tests {
             "2",
             "--max-connections",
             "64",
+            "--shutdown-grace-secs",
+            "30",
             "--otlp-endpoint",
             "http://collector:4317",
         ]);
@@ -295,6 +306,7 @@ mod tests {
         assert_eq!(after("--body-read-timeout-secs"), "7");
         assert_eq!(after("--keep-alive-timeout-secs"), "2");
         assert_eq!(after("--max-connections"), "64");
+        assert_eq!(after("--shutdown-grace-secs"), "30");
         assert_eq!(after("--otlp-endpoint"), "http://collector:4317");
         assert!(spec.args.contains(&OsString::from("--public-ops")));
         assert!(spec.env.is_empty(), "no key in the environment either");

@@ -35,6 +35,18 @@ impl Config {
             .filter(|e| !e.trim().is_empty())
     }
 
+    /// How long requests in flight at a shutdown signal may run before they are answered 503: the
+    /// grace less 3 s, which the answers, the connections' close and the shards' own exit share
+    /// (half the grace when it is under 6 s).
+    pub fn drain_cut(&self) -> std::time::Duration {
+        let grace = std::time::Duration::from_secs(self.shutdown_grace_secs);
+        if self.shutdown_grace_secs >= 6 {
+            grace - std::time::Duration::from_secs(3)
+        } else {
+            grace / 2
+        }
+    }
+
     pub fn request_timeout(&self) -> Option<std::time::Duration> {
         (self.request_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.request_timeout_secs))
@@ -94,6 +106,12 @@ pub struct Config {
     /// Retry-After. 0 turns the deadline off.
     #[arg(long, env = "REQUEST_TIMEOUT_SECS", default_value_t = 120)]
     pub request_timeout_secs: u64,
+    /// Seconds between a shutdown signal and the router's exit (the launcher passes its own
+    /// --shutdown-grace-secs). New requests get 503 + Retry-After at once; requests in flight get
+    /// the grace less 3 s (half of it under 6 s) to finish, and the rest are then answered 503 +
+    /// Retry-After with their reads dropped, so every accepted request hears a status line.
+    #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
     /// Seconds a client may take to send a request's head, from its first byte; then the connection
     /// is closed.
     #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]

@@ -18,6 +18,20 @@ use crate::shard::ShardSet;
 /// cannot even answer that is frozen or gone (503), one that can is only busy (504).
 pub const TIMEOUT_PROBE: Duration = Duration::from_secs(2);
 
+/// How long a request may take from its parse to its answer, and what set that limit: the
+/// `--request-timeout-secs` flag or the client's own budget header, whichever is shorter. Its 504
+/// and its 529 name the source.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    pub limit: Duration,
+    pub source: &'static str,
+}
+
+impl Budget {
+    /// `--request-timeout-secs`, as its error messages name it.
+    pub const FLAG: &'static str = "request_timeout_secs";
+}
+
 /// A request's answers, and (when asked for) the reads that produced them.
 pub struct Decided {
     pub decision: Decision,
@@ -35,7 +49,8 @@ pub struct Decider {
     /// fetches under them.
     pub media: MediaPolicy,
     pub fetcher: Fetcher,
-    /// `--request-timeout-secs`: the deadline of every decision request, from its parse to its answer.
+    /// `--request-timeout-secs`: the longest budget of a decision request, from its parse to its
+    /// answer (a client's budget header may ask for less: `http/budget.rs`).
     pub request_timeout: Option<Duration>,
     /// Probed when a request runs out of time, to tell a frozen shard from a busy one.
     pub shards: ShardSet,
@@ -50,41 +65,44 @@ impl Decider {
     /// `temperature` divides the label log-probabilities before the softmax (label mass is unaffected);
     /// `keep_reads` returns the prompt and label token ids too. The request is shared, not taken: the
     /// prompt work off the async workers reads it while the caller keeps it to format the answer.
-    /// Under `--request-timeout-secs` a request that runs out of time is dropped (its reads not yet
-    /// sent are never computed) and answered 504, or 503 when the shards do not answer a health probe
-    /// either.
+    /// Within a `budget` a request that runs out of time is dropped (its reads not yet sent are never
+    /// computed) and answered 504, or 503 when the shards do not answer a health probe either; one
+    /// the work queued ahead of it would keep past the budget is refused at once (529).
     pub async fn decide(
         &self,
         request: Arc<DecisionRequest>,
         temperature: f64,
         keep_reads: bool,
+        budget: Option<Budget>,
     ) -> Result<Decided, DecisionError> {
-        let Some(limit) = self.request_timeout else {
+        let Some(budget) = budget else {
             return self
                 .decide_within(request, temperature, keep_reads, None)
                 .await;
         };
-        let deadline = tokio::time::Instant::now() + limit;
-        let work = self.decide_within(request, temperature, keep_reads, Some((deadline, limit)));
+        let deadline = tokio::time::Instant::now() + budget.limit;
+        let work = self.decide_within(request, temperature, keep_reads, Some((deadline, budget)));
         match tokio::time::timeout_at(deadline, work).await {
             Ok(decided) => decided,
             Err(_) => {
                 metrics::counter!("decision_requests_timed_out_total").increment(1);
-                Err(self.timed_out(limit).await)
+                Err(self.timed_out(budget).await)
             }
         }
     }
 
     /// Why a request ran out of time: the shards stopped answering, or there was too much to do.
-    async fn timed_out(&self, limit: Duration) -> DecisionError {
+    async fn timed_out(&self, budget: Budget) -> DecisionError {
         match tokio::time::timeout(TIMEOUT_PROBE, self.shards.health()).await {
             Ok(Ok(())) => DecisionError::Timeout {
-                limit_secs: limit.as_secs(),
+                limit_secs: budget.limit.as_secs_f64(),
+                set_by: budget.source,
             },
             Ok(Err(e)) => e,
             Err(_) => DecisionError::ShardUnavailable(format!(
-                "the request ran past its {} s deadline (request_timeout_secs) and the shards did not answer a health probe within {} s",
-                limit.as_secs(),
+                "the request ran past its {} s deadline ({}) and the shards did not answer a health probe within {} s",
+                budget.limit.as_secs_f64(),
+                budget.source,
                 TIMEOUT_PROBE.as_secs()
             )),
         }
@@ -95,7 +113,7 @@ impl Decider {
         request: Arc<DecisionRequest>,
         temperature: f64,
         keep_reads: bool,
-        deadline: Option<(tokio::time::Instant, Duration)>,
+        deadline: Option<(tokio::time::Instant, Budget)>,
     ) -> Result<Decided, DecisionError> {
         let strategy = self
             .strategy
@@ -204,6 +222,7 @@ impl Decider {
     pub async fn score(
         &self,
         reads: Vec<PreparedRead>,
+        budget: Option<Budget>,
     ) -> Result<(Vec<crate::read::ReadOutcome>, ReadTiming), DecisionError> {
         self.strategy
             .as_ref()
@@ -217,26 +236,26 @@ impl Decider {
             });
         }
         metrics::counter!("decision_prompt_tokens_total").increment(tokens as u64);
-        let Some(limit) = self.request_timeout else {
+        let Some(budget) = budget else {
             return self
                 .queue
                 .read(reads, tokens, String::new(), arrival, None)
                 .await;
         };
         // The same deadline as a decision: 504 (or 503 for silent shards), its reads dropped.
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = tokio::time::Instant::now() + budget.limit;
         let work = self.queue.read(
             reads,
             tokens,
             String::new(),
             arrival,
-            Some((deadline, limit)),
+            Some((deadline, budget)),
         );
         match tokio::time::timeout_at(deadline, work).await {
             Ok(read) => read,
             Err(_) => {
                 metrics::counter!("decision_requests_timed_out_total").increment(1);
-                Err(self.timed_out(limit).await)
+                Err(self.timed_out(budget).await)
             }
         }
     }

@@ -105,16 +105,21 @@ pub enum DecisionError {
         retry_after_secs: u64,
     },
     /// Admission by work: the reads queued ahead of this request, at the rate the shards have been
-    /// reading, would not let it finish within `--request-timeout-secs`.
-    #[error("the server cannot finish this request within its {deadline_secs} s deadline (request_timeout_secs): about {wait_secs} s of reads are queued ahead of it; retry after {retry_after_secs} s")]
+    /// reading, would not let it finish within its budget (`--request-timeout-secs`, or less that
+    /// the client asked for: `set_by` names which).
+    #[error("the server cannot finish this request within its {deadline_secs} s deadline ({set_by}): about {wait_secs} s of reads are queued ahead of it; retry after {retry_after_secs} s")]
     Backlogged {
         wait_secs: u64,
-        deadline_secs: u64,
+        deadline_secs: f64,
+        set_by: &'static str,
         retry_after_secs: u64,
     },
-    /// The request ran past `--request-timeout-secs`; its reads were dropped.
-    #[error("the request did not finish within {limit_secs} s (request_timeout_secs); its reads were dropped")]
-    Timeout { limit_secs: u64 },
+    /// The request ran past its budget; its reads were dropped.
+    #[error("the request did not finish within {limit_secs} s ({set_by}); its reads were dropped")]
+    Timeout {
+        limit_secs: f64,
+        set_by: &'static str,
+    },
     #[error("{0}")]
     NotServable(String),
     /// A question's answers cannot be labelled for this tokenizer (a label that is not one token at
@@ -240,7 +245,8 @@ mod tests {
         );
         let backlogged = DecisionError::Backlogged {
             wait_secs: 90,
-            deadline_secs: 30,
+            deadline_secs: 30.0,
+            set_by: "request_timeout_secs",
             retry_after_secs: 60,
         };
         assert_eq!(backlogged.status().as_u16(), 529);
@@ -248,7 +254,10 @@ mod tests {
         assert!(backlogged
             .to_string()
             .contains("30 s deadline (request_timeout_secs)"));
-        let timeout = DecisionError::Timeout { limit_secs: 7 };
+        let timeout = DecisionError::Timeout {
+            limit_secs: 7.0,
+            set_by: "request_timeout_secs",
+        };
         assert_eq!(timeout.status(), StatusCode::GATEWAY_TIMEOUT);
         assert_eq!(timeout.error_type(), "timeout");
         assert!(timeout.to_string().contains("7 s (request_timeout_secs)"));

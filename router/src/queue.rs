@@ -15,6 +15,7 @@ use decision_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
+use crate::decide::Budget;
 use crate::error::DecisionError;
 use crate::read::PreparedRead;
 pub use crate::read::ReadOutcome;
@@ -152,11 +153,19 @@ impl Backlog {
         f64::from_bits(self.rate_bits.load(Ordering::Relaxed))
     }
 
-    /// One batch of `tokens` took `took` at the shard.
+    /// One batch of `tokens` took `took` at the shard. A batch counts at most
+    /// [`STALL_CAP`] times what the rate predicted for it (at least [`STALL_FLOOR`]): a shard frozen
+    /// for 30 s under one batch is a stall, not its speed, and counted whole it kept the rate so low
+    /// that admission refused nearly everything for 20 s after the shard resumed (22,180 529s, 2 200s).
     fn observe(&self, tokens: usize, took: Duration) {
-        let secs = took.as_secs_f64();
+        let mut secs = took.as_secs_f64();
         if tokens == 0 || secs <= 0.0 {
             return;
+        }
+        let rate = self.rate();
+        if rate > 0.0 {
+            let predicted = tokens as f64 / rate;
+            secs = secs.min((STALL_CAP * predicted).max(STALL_FLOOR.as_secs_f64()));
         }
         let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         recent.0 = 0.75 * recent.0 + tokens as f64;
@@ -165,6 +174,11 @@ impl Backlog {
             .store((recent.0 / recent.1).to_bits(), Ordering::Relaxed);
     }
 }
+
+/// The most a single batch counts in the read rate, as a multiple of its predicted time.
+const STALL_CAP: f64 = 4.0;
+/// ...and never less than this: a batch that is slow in absolute terms but short is still counted.
+const STALL_FLOOR: Duration = Duration::from_secs(1);
 
 /// The share of a request's remaining time the estimated wait may fill: the estimate counts shard
 /// time only (not the router's own work, nor batches packing less well than the recent ones), and a
@@ -229,7 +243,7 @@ impl Queue {
         tokens: usize,
         cache_salt: String,
         arrival: Arrival,
-        deadline: Option<(Instant, Duration)>,
+        deadline: Option<(Instant, Budget)>,
     ) -> Result<(Vec<ReadOutcome>, ReadTiming), DecisionError> {
         let n = reads.len();
         let queued = self.queued.fetch_add(n, Ordering::SeqCst);
@@ -242,7 +256,7 @@ impl Queue {
             });
         }
         let ahead = self.backlog.tokens.fetch_add(tokens, Ordering::SeqCst);
-        if let (Some((deadline, limit)), true) = (deadline, ahead > 0) {
+        if let (Some((deadline, budget)), true) = (deadline, ahead > 0) {
             let left = deadline.saturating_duration_since(Instant::now());
             if let Some(wait) = estimated_wait(ahead, tokens, self.backlog.rate()) {
                 if wait.as_secs_f64() > left.as_secs_f64() * ADMISSION_MARGIN {
@@ -253,7 +267,8 @@ impl Queue {
                         (wait.as_secs_f64() - left.as_secs_f64() * ADMISSION_MARGIN).ceil() as u64;
                     return Err(DecisionError::Backlogged {
                         wait_secs: wait.as_secs_f64().ceil() as u64,
-                        deadline_secs: limit.as_secs(),
+                        deadline_secs: budget.limit.as_secs_f64(),
+                        set_by: budget.source,
                         retry_after_secs: retry.clamp(1, 60),
                     });
                 }
@@ -865,7 +880,13 @@ mod tests {
         let queue = Queue::start(shard.clone(), config(Duration::ZERO));
         let within = |secs: f64| {
             let limit = Duration::from_secs_f64(secs);
-            Some((Instant::now() + limit, limit))
+            Some((
+                Instant::now() + limit,
+                Budget {
+                    limit,
+                    source: Budget::FLAG,
+                },
+            ))
         };
         // Nothing ahead: runs even though 100 tokens at an unknown rate might take any time.
         queue
@@ -896,8 +917,12 @@ mod tests {
             Err(DecisionError::Backlogged {
                 wait_secs,
                 deadline_secs,
+                set_by,
                 retry_after_secs,
-            }) => assert_eq!((wait_secs, deadline_secs, retry_after_secs), (2, 1, 1)),
+            }) => assert_eq!(
+                (wait_secs, deadline_secs, set_by, retry_after_secs),
+                (2, 1.0, "request_timeout_secs", 1)
+            ),
             other => panic!("{:?}", other.map(|(o, _)| o.len())),
         }
         assert_eq!(
@@ -957,6 +982,107 @@ mod tests {
             estimated_wait(600, 200, backlog.rate()),
             Some(Duration::from_secs(1))
         );
+    }
+
+    /// A batch the shard held for 30 s (frozen, then resumed) moves the rate as a batch 4x slower
+    /// than predicted would, not as 30 s of work: the next requests are admitted at once.
+    #[test]
+    fn a_stalled_batch_does_not_poison_the_read_rate() {
+        let backlog = Backlog::default();
+        backlog.observe(1000, Duration::from_secs(1));
+        // 1,000 tokens predicted at 1 s, held 30 s: counted as 4 s. (750 + 1000) / (0.75 + 4).
+        backlog.observe(1000, Duration::from_secs(30));
+        assert!(
+            (backlog.rate() - 1750.0 / 4.75).abs() < 1e-9,
+            "{}",
+            backlog.rate()
+        );
+        // A small batch predicted at 10 ms counts up to the 1 s floor, not 40 ms.
+        let backlog = Backlog::default();
+        backlog.observe(1000, Duration::from_secs(1));
+        backlog.observe(10, Duration::from_millis(900));
+        assert!((backlog.rate() - 760.0 / 1.65).abs() < 1e-9);
+        // Uncapped before the first measurement: there is no prediction to hold it to.
+        let backlog = Backlog::default();
+        backlog.observe(1000, Duration::from_secs(30));
+        assert!((backlog.rate() - 1000.0 / 30.0).abs() < 1e-9);
+    }
+
+    /// After a stall, a request that fits its deadline at the shard's real rate is admitted at
+    /// once (it was refused with 529 while the stalled batch dominated the rate).
+    #[tokio::test(start_paused = true)]
+    async fn admission_recovers_at_once_after_a_stall() {
+        let shard = StallingShard::new(Duration::from_millis(100));
+        let queue = Queue::start(shard.clone(), config(Duration::ZERO));
+        let within = |secs: f64| {
+            let limit = Duration::from_secs_f64(secs);
+            Some((
+                Instant::now() + limit,
+                Budget {
+                    limit,
+                    source: Budget::FLAG,
+                },
+            ))
+        };
+        // 10,000 tokens/s.
+        queue
+            .read(reads(&[1]), 1000, String::new(), queue.arrival(), None)
+            .await
+            .unwrap();
+        // The shard freezes for 30 s under one 1,000-token batch: counted as 1 s, not 30.1 s
+        // (1,750 tokens over 1.075 s; uncapped, 58 tokens/s would refuse what follows).
+        shard.stall.store(true, Ordering::SeqCst);
+        queue
+            .read(reads(&[2]), 1000, String::new(), queue.arrival(), None)
+            .await
+            .unwrap();
+        assert!(queue.read_rate() > 1600.0, "{}", queue.read_rate());
+        // With 500 tokens ahead, 300 more fit a 2 s deadline (about 0.5 s at the rate now).
+        let busy = {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                queue
+                    .read(reads(&[3]), 500, String::new(), queue.arrival(), None)
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let admitted = queue
+            .read(
+                reads(&[4]),
+                300,
+                String::new(),
+                queue.arrival(),
+                within(2.0),
+            )
+            .await;
+        assert!(admitted.is_ok(), "{:?}", admitted.map(|(o, _)| o.len()));
+        busy.await.unwrap().unwrap();
+    }
+
+    /// `FakeShard`, which once `stall` is set holds its next call 30 s first (a frozen process).
+    #[derive(Clone)]
+    struct StallingShard {
+        inner: FakeShard,
+        stall: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl StallingShard {
+        fn new(delay: Duration) -> Self {
+            StallingShard {
+                inner: FakeShard::new(delay),
+                stall: Arc::default(),
+            }
+        }
+    }
+
+    impl ReadBackend for StallingShard {
+        async fn read(&self, reads: Vec<pb::Read>) -> Result<pb::ReadResponse, DecisionError> {
+            if self.stall.swap(false, Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            self.inner.read(reads).await
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -12,6 +12,7 @@ use super::responses::Answered;
 use super::state::AppState;
 use crate::api::score::{self, ScoreRequest};
 use crate::api::{self, openai, sglang, systemone};
+use crate::decide::Budget;
 use crate::error::DecisionError;
 use crate::ir::DecisionRequest;
 use crate::profile::Shape;
@@ -32,8 +33,15 @@ impl DecisionRoute for SystemOne {
         Ok(Arc::new(parsed))
     }
 
-    async fn answer(state: &AppState, request: Self::Request) -> Result<Answered, DecisionError> {
-        let decided = state.decider.decide(request.clone(), 1.0, false).await?;
+    async fn answer(
+        state: &AppState,
+        request: Self::Request,
+        budget: Option<Budget>,
+    ) -> Result<Answered, DecisionError> {
+        let decided = state
+            .decider
+            .decide(request.clone(), 1.0, false, budget)
+            .await?;
         Ok(Answered {
             body: systemone::format(
                 &request,
@@ -74,13 +82,17 @@ impl DecisionRoute for Decisions {
         }
     }
 
-    async fn answer(state: &AppState, request: Self::Request) -> Result<Answered, DecisionError> {
+    async fn answer(
+        state: &AppState,
+        request: Self::Request,
+        budget: Option<Budget>,
+    ) -> Result<Answered, DecisionError> {
         match request {
             DecisionsRequest::Sglang(parsed) => {
                 let (temperature, keep) = (parsed.temperature, parsed.return_prompt_token_ids);
                 let decided = state
                     .decider
-                    .decide(parsed.request.clone(), temperature, keep)
+                    .decide(parsed.request.clone(), temperature, keep, budget)
                     .await?;
                 Ok(Answered {
                     body: sglang::format(
@@ -95,7 +107,7 @@ impl DecisionRoute for Decisions {
             DecisionsRequest::OpenAi(parsed) => {
                 let decided = state
                     .decider
-                    .decide(parsed.request.clone(), 1.0, false)
+                    .decide(parsed.request.clone(), 1.0, false, budget)
                     .await?;
                 Ok(Answered {
                     body: openai::format(
@@ -139,8 +151,12 @@ impl DecisionRoute for Score {
         score::parse(body, info.vocab_size, max_tokens)
     }
 
-    async fn answer(state: &AppState, request: Self::Request) -> Result<Answered, DecisionError> {
-        let (outcomes, timing) = state.decider.score(score::reads(&request)).await?;
+    async fn answer(
+        state: &AppState,
+        request: Self::Request,
+        budget: Option<Budget>,
+    ) -> Result<Answered, DecisionError> {
+        let (outcomes, timing) = state.decider.score(score::reads(&request), budget).await?;
         Ok(Answered {
             body: score::format(&request, &outcomes, &state.model_name),
             timing,

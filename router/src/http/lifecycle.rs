@@ -49,18 +49,41 @@ pub async fn run(config: Config) -> Result<(), String> {
 
 /// A graceful drain: `/health` turns 503 at once and new decision requests get 503 + Retry-After
 /// (the listener keeps accepting, so clients and load balancers hear it rather than a refused
-/// connection) until every request accepted before the signal has been answered. A second signal
-/// ends the wait. The launcher bounds the whole drain with `--shutdown-grace-secs`.
+/// connection) until every request accepted before the signal has been answered. Requests still in
+/// flight at `Config::drain_cut` (the grace less 3 s) are answered 503 + Retry-After then, their reads
+/// dropped: the launcher SIGKILLs at the grace, and a request cut by that hears no status line at all.
+/// A second signal ends the wait.
 pub(super) async fn drain(
     state: &AppState,
     signal: &'static str,
     again: impl Future<Output = &'static str>,
 ) {
     state.draining.store(true, Ordering::SeqCst);
+    let cut = state.config.drain_cut();
     tracing::info!(
         in_flight = state.in_flight.count(),
+        cut_secs = cut.as_secs_f64(),
         "received {signal}: draining (new requests get 503)"
     );
+    tokio::pin!(again);
+    tokio::select! {
+        () = state.in_flight.emptied() => {
+            tracing::info!("every accepted request was answered");
+            return;
+        }
+        () = tokio::time::sleep(cut) => {}
+        signal = &mut again => {
+            tracing::warn!("received {signal} again: stopping without waiting");
+            return;
+        }
+    }
+    tracing::warn!(
+        in_flight = state.in_flight.count(),
+        "the drain reached its cut ({} s of the {} s grace): answering the requests still in flight 503",
+        cut.as_secs_f64(),
+        state.config.shutdown_grace_secs
+    );
+    state.cut.send_replace(true);
     tokio::select! {
         () = state.in_flight.emptied() => tracing::info!("every accepted request was answered"),
         signal = again => tracing::warn!("received {signal} again: stopping without waiting"),
@@ -93,12 +116,56 @@ impl Signals {
 
 #[cfg(test)]
 mod tests {
-    use axum::http::StatusCode;
+    use axum::http::{header, StatusCode};
+    use tower::ServiceExt as _;
 
-    use super::super::testing::{call, get, test_state};
+    use super::super::testing::{
+        call, get, post_json, state_reading_from_with, test_state, text, HeldShard,
+    };
     use std::time::Duration;
 
     use super::*;
+
+    /// At the cut (the grace less 3 s) a request whose reads are still at the shard is answered 503
+    /// + Retry-After on every decision route, and the drain ends with it, well before the grace.
+    #[tokio::test(start_paused = true)]
+    async fn requests_still_in_flight_at_the_cut_are_answered_503_before_the_grace_ends() {
+        for (grace, cut) in [(10, 7_000), (4, 2_000)] {
+            for (path, body) in [
+                (
+                    "/v1/score",
+                    r#"{"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8]}"#,
+                ),
+                (
+                    "/v1/systemone",
+                    r#"{"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}"#,
+                ),
+                (
+                    "/v1/decisions",
+                    r#"{"model": "m", "input": "s", "questions": [{"type": "predicate", "instructions": "?"}]}"#,
+                ),
+                (
+                    "/v1/decisions",
+                    r#"{"input": "s", "questions": [{"id": "q", "type": "yes_no", "question": "?"}]}"#,
+                ),
+            ] {
+                let shard = HeldShard::new();
+                let grace = grace.to_string();
+                let state =
+                    state_reading_from_with(shard.clone(), &["--shutdown-grace-secs", &grace]);
+                let answer = tokio::spawn(app(state.clone()).oneshot(post_json(path, body)));
+                shard.arrived.notified().await;
+                let started = tokio::time::Instant::now();
+                drain(&state, "SIGTERM", std::future::pending()).await;
+                assert_eq!(started.elapsed(), Duration::from_millis(cut), "{path}");
+                let response = answer.await.unwrap().unwrap();
+                assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+                assert_eq!(response.headers()[header::RETRY_AFTER], "1", "{path}");
+                assert!(text(response).await.contains("shutting down"), "{path}");
+                assert_eq!(state.in_flight.count(), 0);
+            }
+        }
+    }
 
     /// The drain waits for requests already in flight, and a second signal cuts it short.
     #[tokio::test]

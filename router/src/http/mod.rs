@@ -10,6 +10,7 @@
 //! | `decisions.rs` | the decision routes: System One, `/v1/decisions` (OpenAI, SGLang), `/v1/score` |
 //! | `ops.rs` | `/health`, `/info`, `/metrics`, `/v1/models`, `/docs`, the OpenAPI document |
 //! | `auth.rs` | the API key: decision routes, operator routes |
+//! | `budget.rs` | a request's time budget: `--request-timeout-secs`, or less from its headers |
 //! | `middleware.rs` | request ids, request metrics and `Server-Timing` |
 //! | `request_body.rs`, `body_clock.rs` | a body's byte limit and time limit |
 //! | `responses.rs` | answers and errors rendered per wire shape |
@@ -17,6 +18,7 @@
 
 mod auth;
 pub mod body_clock;
+mod budget;
 pub mod connections;
 mod decisions;
 mod lifecycle;

@@ -16,9 +16,11 @@ use axum::routing::{post, MethodRouter};
 use serde_json::Value;
 
 use super::auth::authorize;
+use super::budget;
 use super::request_body;
 use super::responses::{error_response, Answered};
 use super::state::AppState;
+use crate::decide::Budget;
 use crate::error::{DecisionError, FieldError};
 use crate::profile::Shape;
 
@@ -45,10 +47,12 @@ pub(super) trait DecisionRoute: Send + Sync + 'static {
     /// after: whatever the answer echoes must be in the request.
     fn parse(state: &AppState, body: &Value, shape: Shape) -> Result<Self::Request, DecisionError>;
 
-    /// The answer to an admitted request: the caller holds the key and the server is not draining.
+    /// The answer to an admitted request, within its `budget`: the caller holds the key and the
+    /// server is not draining.
     fn answer(
         state: &AppState,
         request: Self::Request,
+        budget: Option<Budget>,
     ) -> impl Future<Output = Result<Answered, DecisionError>> + Send;
 }
 
@@ -57,30 +61,38 @@ pub(super) fn route<R: DecisionRoute>() -> MethodRouter<Arc<AppState>> {
     post(admit::<R>)
 }
 
-/// The prologue, in order: the body first, so that any refusal goes out after the whole upload was
-/// taken (one sent mid-upload can be lost with the connection's reset: `request_body.rs`); the
-/// in-flight count, held until the answer is ready; the key; the route's header checks; JSON; the
-/// shape; the refusal while draining, in that shape; the route's parse. Then the route answers.
+/// The prologue, in order: the in-flight count, held until the answer is ready; the body, so that
+/// any refusal goes out after the whole upload was taken (one sent mid-upload can be lost with the
+/// connection's reset: `request_body.rs`); the key; the route's header checks; the request's time
+/// budget (`budget.rs`); JSON; the shape; the
+/// refusal while draining, in that shape; the route's parse. Then the route answers, unless a drain
+/// reaches its cut first: then the answer is 503 + Retry-After and the route's work (its reads
+/// queued or at the shard) is dropped.
 async fn admit<R: DecisionRoute>(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let body = request_body::read(body, state.decider.limits.max_body_bytes).await;
     let _in_flight = state.in_flight.enter();
+    let mut cut = state.cut.subscribe();
     let mut shape = R::SHAPE;
-    let result = async {
+    let work = async {
+        let body = request_body::read(body, state.decider.limits.max_body_bytes).await;
         authorize(&state, &headers)?;
         R::check_headers(&headers)?;
+        let budget = budget::of(&headers, state.decider.request_timeout)?;
         let value = json_body(body)?;
         shape = R::shape(&value)?;
         refuse_when_draining(&state)?;
         let request = R::parse(&state, &value, shape)?;
         // Before the reads wait: an 8 MiB body is not held for their whole time.
         drop(value);
-        R::answer(&state, request).await
-    }
-    .await;
+        R::answer(&state, request, budget).await
+    };
+    let result = tokio::select! {
+        result = work => result,
+        _ = cut.wait_for(|cut| *cut) => Err(DecisionError::Draining),
+    };
     match result {
         Ok(answered) => answered.into_response(),
         Err(e) => error_response(&state, shape, e),
@@ -217,6 +229,40 @@ mod tests {
             let body = text(response).await;
             assert!(
                 body.contains(error_field) && body.contains("shutting down"),
+                "{path}: {body}"
+            );
+        }
+    }
+
+    /// A client's budget header shortens the request's deadline: past it the answer is 504 naming
+    /// the header, on a decision route and on `/v1/score`.
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_header_shortens_the_deadline_and_is_named_in_the_504() {
+        for (path, body, header_name) in [
+            (
+                "/v1/systemone",
+                r#"{"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}"#,
+                "x-request-timeout",
+            ),
+            (
+                "/v1/score",
+                r#"{"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8]}"#,
+                "x-stainless-timeout",
+            ),
+        ] {
+            let shard = HeldShard::new();
+            let state = state_reading_from(shard.clone());
+            let mut request = post_json(path, body);
+            request
+                .headers_mut()
+                .insert(header_name, axum::http::HeaderValue::from_static("1.5"));
+            let started = tokio::time::Instant::now();
+            let response = call(&state, request).await;
+            assert_eq!(started.elapsed(), Duration::from_millis(1500), "{path}");
+            assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT, "{path}");
+            let body = text(response).await;
+            assert!(
+                body.contains(&format!("1.5 s ({header_name} header)")),
                 "{path}: {body}"
             );
         }

@@ -30,6 +30,9 @@ pub struct AppState {
     pub draining: AtomicBool,
     /// Decision requests being answered: a drain waits for it to reach zero.
     pub in_flight: InFlight,
+    /// Set by a drain at `Config::drain_cut`: every request still in flight is answered 503 +
+    /// Retry-After at once (its reads dropped), so none is cut off without a status line.
+    pub cut: tokio::sync::watch::Sender<bool>,
     pub connections: Arc<ConnectionStats>,
 }
 
@@ -179,6 +182,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         metrics: metrics_handle(),
         draining: AtomicBool::new(false),
         in_flight: InFlight::default(),
+        cut: tokio::sync::watch::channel(false).0,
         connections: Arc::new(ConnectionStats::default()),
         config,
     })

@@ -67,10 +67,17 @@ pub(super) fn post_json(path: &str, body: &str) -> Request<Body> {
 
 /// The app over a next-token model (`StandInStrategy`) whose reads `shard` answers.
 pub(super) fn state_reading_from(shard: HeldShard) -> Arc<AppState> {
+    state_reading_from_with(shard, &[])
+}
+
+/// `state_reading_from`, with router flags.
+pub(super) fn state_reading_from_with(shard: HeldShard, flags: &[&str]) -> Arc<AppState> {
     let mut shards = ShardSet::detached();
     shards.info.engine = "tree".into();
     shards.info.vocab_size = 100;
-    let config = Config::parse_from(["decision-router", "--model-dir", "/m"]);
+    let mut args = vec!["decision-router", "--model-dir", "/m"];
+    args.extend_from_slice(flags);
+    let config = Config::parse_from(args);
     let mut state = build_state(config, shards).unwrap();
     state.decider.strategy = Ok(Arc::new(StandInStrategy));
     state.decider.queue = Queue::start(
