@@ -335,6 +335,67 @@ def test_work_that_cannot_finish_by_the_deadline_is_refused_at_once(ops: Launche
     assert first and first[0].status_code == 504, show(first[0]) if first else "no answer"
 
 
+def test_a_budget_header_shorter_than_the_work_ahead_is_refused_at_once_naming_it(ops: Launcher) -> None:
+    settle(ops)
+    assert post(ops.url, SMALL).status_code == 200
+    first: list[httpx2.Response] = []
+    worker = threading.Thread(target=lambda: first.append(post(ops.url, big_request())))
+    worker.start()
+    try:
+        wait_for(lambda: metric(ops.url, "decision_queued_tokens") > 0, "the first request queued", 30.0)
+        started = time.monotonic()
+        r = httpx2.post(
+            f"{ops.url}/v1/systemone",
+            content=json.dumps(big_request()),
+            headers={"content-type": "application/json", "x-request-timeout": "0.5"},
+            timeout=30.0,
+        )
+        took = time.monotonic() - started
+    finally:
+        worker.join()
+    assert r.status_code == 529, show(r)
+    assert "0.5 s deadline (x-request-timeout header)" in error_detail(r)["message"], show(r)
+    assert int(r.headers["retry-after"]) >= 1
+    assert took < 0.5, f"the refusal took {took:.2f} s"
+
+
+def test_admission_recovers_within_seconds_after_a_frozen_shard_resumes(ops: Launcher) -> None:
+    """Eight clients keep sending while the shard is frozen for 8 s; after SIGCONT the first 200 must come within 5 s.
+    The batch held through the stall counts at most 4x its predicted time in the read rate: counted whole, it made
+    admission refuse nearly everything (529) for 14 s after the shard resumed."""
+    settle(ops)
+    assert post(ops.url, SMALL).status_code == 200
+    shard = shard_pid(ops)
+    stop = threading.Event()
+    results: list[tuple[float, int]] = []
+
+    def load() -> None:
+        while not stop.is_set():
+            try:
+                results.append((time.monotonic(), post(ops.url, SMALL, timeout=30.0).status_code))
+            except httpx2.HTTPError:
+                pass
+
+    clients = [threading.Thread(target=load) for _ in range(8)]
+    os.kill(shard, signal.SIGSTOP)
+    try:
+        for client in clients:
+            client.start()
+        time.sleep(8.0)
+    finally:
+        resumed = time.monotonic()
+        os.kill(shard, signal.SIGCONT)
+    try:
+        wait_for(lambda: any(t > resumed and code == 200 for t, code in list(results)), "a 200 after SIGCONT", 20.0)
+    finally:
+        stop.set()
+        for client in clients:
+            client.join(60)
+    first = min(t for t, code in results if t > resumed and code == 200) - resumed
+    print(f"first 200 {first:.2f} s after SIGCONT")
+    assert first < 5.0, f"the first 200 came {first:.1f} s after the shard resumed"
+
+
 def test_a_frozen_shard_is_503_shard_unavailable_and_health_says_so(ops: Launcher) -> None:
     settle(ops)
     shard = shard_pid(ops)
@@ -349,8 +410,10 @@ def test_a_frozen_shard_is_503_shard_unavailable_and_health_says_so(ops: Launche
         assert took < DEADLINE_S + 4, f"answered after {took:.1f} s"
         started = time.monotonic()
         health = httpx2.get(f"{ops.url}/health", timeout=60.0)
+        took = time.monotonic() - started
         assert health.status_code == 503, show(health)
-        assert time.monotonic() - started < 8
+        # Within 1 s, whatever the shards do: a monitor with a short timeout hears 503, not a timeout (was 5 s).
+        assert took < 1.0, f"/health answered after {took:.2f} s"
     finally:
         os.kill(shard, signal.SIGCONT)
     wait_for(lambda: httpx2.get(f"{ops.url}/health", timeout=30.0).status_code == 200, "health back after SIGCONT", 60.0)
