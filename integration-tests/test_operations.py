@@ -337,7 +337,7 @@ def test_work_that_cannot_finish_by_the_deadline_is_refused_at_once(ops: Launche
 
 def test_a_budget_header_shorter_than_the_work_ahead_is_refused_at_once_naming_it(ops: Launcher) -> None:
     settle(ops)
-    assert post(ops.url, SMALL).status_code == 200
+    wait_for(lambda: post(ops.url, SMALL).status_code == 200, "a warm shard (the read rate is known from here on)", 60.0)
     first: list[httpx2.Response] = []
     worker = threading.Thread(target=lambda: first.append(post(ops.url, big_request())))
     worker.start()
@@ -364,7 +364,7 @@ def test_admission_recovers_within_seconds_after_a_frozen_shard_resumes(ops: Lau
     The batch held through the stall counts at most 4x its predicted time in the read rate: counted whole, it made
     admission refuse nearly everything (529) for 14 s after the shard resumed."""
     settle(ops)
-    assert post(ops.url, SMALL).status_code == 200
+    wait_for(lambda: post(ops.url, SMALL).status_code == 200, "a warm shard (the read rate is known from here on)", 60.0)
     shard = shard_pid(ops)
     stop = threading.Event()
     results: list[tuple[float, int]] = []
