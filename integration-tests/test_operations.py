@@ -47,6 +47,7 @@ ARGS = [
     "--shard-log-level",
     "debug",
 ]
+RECOVERED_200S = 3  # in the 5 s after a stall (18 before the cap, 27 with it, on a busy 2-vCPU machine)
 SMALL = {"state": "Refund not received.", "questions": {"refund": {"type": "noul", "instructions": "Money back?"}}}
 
 
@@ -385,15 +386,15 @@ def test_admission_recovers_within_seconds_after_a_frozen_shard_resumes(ops: Lau
     finally:
         resumed = time.monotonic()
         os.kill(shard, signal.SIGCONT)
-    try:
-        wait_for(lambda: any(t > resumed and code == 200 for t, code in list(results)), "a 200 after SIGCONT", 20.0)
-    finally:
-        stop.set()
-        for client in clients:
-            client.join(60)
-    first = min(t for t, code in results if t > resumed and code == 200) - resumed
-    print(f"first 200 {first:.2f} s after SIGCONT")
-    assert first < 5.0, f"the first 200 came {first:.1f} s after the shard resumed"
+    time.sleep(5.0)
+    stop.set()
+    for client in clients:
+        client.join(60)
+    after = [code for t, code in results if resumed < t <= resumed + 5.0]
+    ok = [t - resumed for t, code in results if t > resumed and code == 200]
+    print(f"5 s after SIGCONT: {after.count(200)} x 200, {after.count(529)} x 529, {len(after)} answers; first 200 after {min(ok, default=-1):.2f} s")
+    assert ok and min(ok) < 5.0, f"no 200 within 5 s of the shard resuming: {after.count(529)} x 529"
+    assert after.count(200) >= RECOVERED_200S, f"5 s after SIGCONT: {after.count(200)} x 200, {after.count(529)} x 529"
 
 
 def test_a_frozen_shard_is_503_shard_unavailable_and_health_says_so(ops: Launcher) -> None:
