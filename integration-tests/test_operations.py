@@ -361,9 +361,11 @@ def test_a_budget_header_shorter_than_the_work_ahead_is_refused_at_once_naming_i
 
 
 def test_admission_recovers_within_seconds_after_a_frozen_shard_resumes(ops: Launcher) -> None:
-    """Eight clients keep sending while the shard is frozen for 8 s; after SIGCONT the first 200 must come within 5 s.
-    The batch held through the stall counts at most 4x its predicted time in the read rate: counted whole, it made
-    admission refuse nearly everything (529) for 14 s after the shard resumed."""
+    """Eight clients keep sending while the shard is frozen for 8 s; after SIGCONT the first 200 must come within 5 s
+    and more follow. The batch held through the stall counts at most 4x its predicted time in the read rate (the
+    unit tests `queue::a_stalled_batch_does_not_poison_the_read_rate` and `admission_recovers_at_once_after_a_stall`
+    fail without that cap); here main already recovered too (first 200 after 0.34 s, 18 x 200 in 5 s; 27 with it),
+    since a request with nothing ahead of it always runs."""
     settle(ops)
     wait_for(lambda: post(ops.url, SMALL).status_code == 200, "a warm shard (the read rate is known from here on)", 60.0)
     shard = shard_pid(ops)
@@ -414,6 +416,7 @@ def test_a_frozen_shard_is_503_shard_unavailable_and_health_says_so(ops: Launche
         took = time.monotonic() - started
         assert health.status_code == 503, show(health)
         # Within 1 s, whatever the shards do: a monitor with a short timeout hears 503, not a timeout (was 5 s).
+        print(f"/health under a frozen shard: 503 after {took:.2f} s")
         assert took < 1.0, f"/health answered after {took:.2f} s"
     finally:
         os.kill(shard, signal.SIGCONT)

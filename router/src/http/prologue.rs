@@ -77,7 +77,11 @@ async fn admit<R: DecisionRoute>(
     let mut cut = state.cut.subscribe();
     let mut shape = R::SHAPE;
     let work = async {
-        let body = request_body::read(body, state.decider.limits.max_body_bytes).await;
+        let limit = state.decider.limits.max_body_bytes;
+        let body = match request_body::refused_unsent(&headers, limit) {
+            Some(refusal) => Err(refusal),
+            None => request_body::read(body, limit).await,
+        };
         authorize(&state, &headers)?;
         R::check_headers(&headers)?;
         let budget = budget::of(&headers, state.decider.request_timeout)?;
@@ -195,6 +199,36 @@ mod tests {
                 body.contains("larger than the limit of 1000 bytes"),
                 "{route}: {body}"
             );
+        }
+    }
+
+    /// A client that waits for `100 Continue` and declares a body over the limit hears 413 at once: its body is
+    /// never read (it was not sent).
+    #[tokio::test]
+    async fn a_body_declared_over_the_limit_behind_expect_100_continue_is_refused_unread() {
+        struct Unsent;
+        impl http_body::Body for Unsent {
+            type Data = Bytes;
+            type Error = std::io::Error;
+            fn poll_frame(
+                self: std::pin::Pin<&mut Self>,
+                _: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>>
+            {
+                panic!("a body the client had not sent was read")
+            }
+        }
+        let state = state_with(&["--max-body-bytes", "1000"]);
+        for route in ["/v1/systemone", "/v1/decisions", "/v1/score"] {
+            let request = axum::http::Request::post(route)
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::CONTENT_LENGTH, "5000")
+                .header(header::EXPECT, "100-continue")
+                .body(Body::new(Unsent))
+                .unwrap();
+            let response = call(&state, request).await;
+            assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE, "{route}");
+            assert_eq!(response.headers()[header::CONNECTION], "close", "{route}");
         }
     }
 
