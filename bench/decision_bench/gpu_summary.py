@@ -34,7 +34,7 @@ def non_embedding_parameters(config: dict[str, Any]) -> int:
     if config["model_type"] in ("qwen3",):
         attention += head_dim * 2  # q_norm, k_norm
     layer = attention + 3 * hidden * intermediate + 2 * hidden  # gate, up, down; two RMSNorms
-    return config["num_hidden_layers"] * layer + hidden  # + the final norm
+    return int(config["num_hidden_layers"] * layer + hidden)  # + the final norm
 
 
 def peak_flops(device: str) -> float | None:
@@ -111,7 +111,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    return json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    config: dict[str, Any] = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
