@@ -92,3 +92,9 @@ def test_unknown_card_has_no_mfu_and_a_model_per_workload(tmp_path: Path) -> Non
     assert rows[0]["mfu"] is None  # no model for it
     assert rows[1]["mfu"] is None  # a CPU has no peak in the table
     assert rows[1]["prompt_tokens_per_s"] == 50_000.0
+
+
+def test_parameter_count_of_the_carried_qwen3_8b_config() -> None:
+    # Qwen3-8B's model card: 6.95 B parameters without the embedding; the GPU check's 8B cell uses this config.
+    config = json.loads((Path(__file__).parents[1] / "configs/qwen3-8b/config.json").read_text())
+    assert non_embedding_parameters(config) == pytest.approx(6.95e9, rel=0.005)
