@@ -35,7 +35,17 @@ fi
   --uds-path "/tmp/gpu-workloads-sock-$PORT" > "$OUT/launcher-$(basename "$FIXTURE").log" 2>&1 &
 LAUNCHER_PID=$!
 trap 'kill $LAUNCHER_PID 2>/dev/null || true; wait $LAUNCHER_PID 2>/dev/null || true' EXIT
-for _ in $(seq 300); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 1; done
+healthy=""
+for _ in $(seq 300); do
+  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && { healthy=1; break; }
+  kill -0 "$LAUNCHER_PID" 2>/dev/null || break
+  sleep 1
+done
+if [[ -z $healthy ]]; then
+  echo "launcher on $(basename "$FIXTURE") not healthy; its log ends:" | tee -a "$LOG"
+  tail -20 "$OUT/launcher-$(basename "$FIXTURE").log" | tee -a "$LOG"
+  exit 1
+fi
 curl -s "http://127.0.0.1:$PORT/info" | tee -a "$LOG"; echo
 for name in $CELLS; do
   read -r questions state concurrency rate seconds timeout <<< "${CELL[$name]}"
