@@ -7,8 +7,10 @@
 #      and the Qwen3-0.6B shape, bfloat16; their weights are too big to carry);
 #   3. equality on CUDA: our shard's reads (tree and naive, float32 and bfloat16) against transformers' own forward
 #      on the tiny fixture, the tolerance per dtype as on CPU;
-#   4. decision-bench through the whole stack (launcher, router, one shard: `--num-shard 1`), Qwen3-0.6B shape,
-#      bfloat16, at 8 q x 512 and 32 q x 2,048, concurrency 1 and 64; reports under $OUT (or bench/results/gpu-<date>/);
+#   4. decision-bench through the whole stack (bench/gpu-workloads.sh: launcher, router, one shard), Qwen3-0.6B shape,
+#      bfloat16: 8 q x 512 at C 1 and C 64, 1 q x 300 in an open loop at 1,000 requests/s, 32 q x 2,048 at C 64; then,
+#      when under 300 s have gone, 8 q x 2,048 at C 64 on a Qwen3-8B-shaped random model; reports, summary.json (rows
+#      with MFU) and summary.md under $OUT (or bench/results/gpu-<date>/); the whole check within 8 minutes;
 #   5. `nvidia-smi` before and after, so the report says which GPU and how much memory the shard held.
 # The device machine reaches no network: prepare .gpu here, then run this there with .gpu carried:
 #   bench/gpu-prepare.sh    # after `make install fixtures`
@@ -71,21 +73,20 @@ for dtype, tol in (("float32", 1e-4), ("bfloat16", 5e-2)):
         print(f"{dtype} {mode}: max |dlogprob| {worst:.2e} (tolerance {tol})", "ok" if worst < tol else "FAILED")
 EOF
 
-echo "== 4. decision-bench, --num-shard 1, bfloat16, Qwen3-0.6B shape" | tee -a "$LOG"
+echo "== 4. decision-bench, --num-shard 1, bfloat16, Qwen3-0.6B shape (bench/gpu-workloads.sh)" | tee -a "$LOG"
 FIXTURE=/tmp/gpu-models/qwen3-0.6b
 if [[ -n ${PROFILE_ONLY:-} ]]; then python3 bench/gpu-profile.py 2>&1 | tee "$OUT/profile.txt"; exit 0; fi
-"$G/decision-launcher" --model-id "$FIXTURE" --dtype bfloat16 --num-shard 1 --port 39301 --hostname 127.0.0.1 \
-  --uds-path /tmp/gpu-check-sock > "$OUT/launcher.log" 2>&1 &
-LAUNCHER=$!
-trap 'kill $LAUNCHER 2>/dev/null || true' EXIT
-for _ in $(seq 180); do curl -sf http://127.0.0.1:39301/health >/dev/null && break; sleep 1; done
-curl -s http://127.0.0.1:39301/info | tee -a "$LOG"; echo
-for cell in "8 512 1" "8 512 64" "32 2048 1" "32 2048 64"; do
-  set -- $cell
-  python3 -m decision_bench.cli --url http://127.0.0.1:39301 --tokenizer "$FIXTURE" --questions "$1" --state-tokens "$2" \
-    --concurrency "$3" --requests "$(( $3 > 1 ? $3 * 2 : 16 ))" --rounds 1 --warmup 2 --duration 90 --timeout 120 \
-    --json "$OUT/${1}x${2}-c${3}.json" 2>&1 | tail -4 | tee -a "$LOG"
-done
-curl -s http://127.0.0.1:39301/metrics | grep -E "^decision_(shard_forward_seconds|batch_duration_seconds)_(sum|count)|^decision_computed_tokens_total" | tee -a "$LOG"
+export OUT GPU_ARTEFACTS="$G" LAUNCHER="$G/decision-launcher"
+CONFIGS="--config $FIXTURE --config 8x2048-8b=$G/configs/qwen3-8b" FIXTURE=$FIXTURE bash bench/gpu-workloads.sh
+# The Qwen3-8B shape only when time allows: its fixture (16 GB, made here) and its cell take about 2.5 minutes, and the
+# whole check must stay within 8 minutes of device time.
+if (( SECONDS < ${BIG_MODEL_BEFORE_S:-300} )); then
+  echo "== 4b. Qwen3-8B shape at ${SECONDS} s" | tee -a "$LOG"
+  MODELS=/tmp/gpu-models G="$G" FIXTURES=qwen3-8b python3 bench/gpu_fixtures.py 2>&1 | grep -v "Writing model" | tee -a "$LOG"
+  CONFIGS="--config $FIXTURE --config 8x2048-8b=/tmp/gpu-models/qwen3-8b" FIXTURE=/tmp/gpu-models/qwen3-8b \
+    CELLS=8x2048-8b-c64 bash bench/gpu-workloads.sh || echo "== 4b. the Qwen3-8B shape failed (above)" | tee -a "$LOG"
+else
+  echo "== 4b. Qwen3-8B shape skipped: ${SECONDS} s gone, over ${BIG_MODEL_BEFORE_S:-300}" | tee -a "$LOG"
+fi
 echo "== 5. after" | tee -a "$LOG"
 nvidia-smi --query-gpu=name,memory.used --format=csv | tee -a "$LOG"

@@ -1,5 +1,5 @@
 """The GPU check's fixtures, made on the device machine from .gpu/configs and .gpu/tok (random weights, seed 0):
-the tiny Qwen3 and the Qwen3-0.6B shape. MODELS: where they go; G: the .gpu folder."""
+the tiny Qwen3 and the Qwen3-0.6B shape, or those FIXTURES names (qwen3-8b). MODELS: where they go; G: the .gpu folder."""
 
 # ruff: noqa  (run on the device machine by bench/gpu-check.sh)
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 g, root = Path(os.environ["G"]), Path(os.environ["MODELS"])
-for name in ("tiny-qwen3", "qwen3-0.6b"):
+for name in os.environ.get("FIXTURES", "tiny-qwen3 qwen3-0.6b").split():
     started = time.perf_counter()
     out = root / name
     out.mkdir(parents=True, exist_ok=True)

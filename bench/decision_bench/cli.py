@@ -1,4 +1,5 @@
-"""`decision-bench`: seeded closed-loop load on /v1/systemone, one server or two in interleaved A/B rounds.
+"""`decision-bench`: seeded closed-loop load on /v1/systemone, one server or two in interleaved A/B rounds, or with
+--rate an open loop (arrivals at a rate, answered or not) on one server.
 
 The JSON report goes to stdout (and --json FILE); progress goes to stderr. It also summarizes the Server-Timing the
 decision router sends per answer, and, with --watch-pid, the resident memory of the server's processes (soak tests)."""
@@ -16,7 +17,7 @@ from typing import Any
 
 from decision_bench import __version__, metrics, rss
 from decision_bench.report import ratios, server_summary
-from decision_bench.runner import RoundResult, fetch_metrics, run_round
+from decision_bench.runner import RoundResult, fetch_metrics, run_open_round, run_round
 from decision_bench.tokens import make_counter
 from decision_bench.workload import KINDS, Workload, WorkloadSpec
 
@@ -44,6 +45,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Question kinds, cycled in order: question i is mix[i mod len] (default choice,noul,score)",
     )
     parser.add_argument("--concurrency", type=int, default=1, help="Requests in flight per server (default 1)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="Open loop: requests arrive at this many per second, answered or not, instead of C closed-loop workers; "
+        "latency runs from each scheduled arrival, and an arrival that finds --max-outstanding in flight is dropped "
+        "(reported under `open_loop`)",
+    )
+    parser.add_argument(
+        "--arrivals",
+        choices=("poisson", "fixed"),
+        default="poisson",
+        help="Open loop: Poisson arrivals (seeded) or one every 1/RATE s (default poisson)",
+    )
+    parser.add_argument(
+        "--max-outstanding",
+        type=int,
+        default=256,
+        help="Open loop: the most requests in flight, one sender thread each (default 256)",
+    )
     parser.add_argument(
         "--duration", type=float, default=30.0, help="Measured seconds per server, split over rounds (default 30)"
     )
@@ -118,6 +138,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("concurrency", "duration", "questions", "state_tokens"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.rate is not None and args.rate <= 0:
+        parser.error("--rate must be > 0")
+    if args.max_outstanding <= 0:
+        parser.error("--max-outstanding must be > 0")
+    if args.rate is not None and args.url_b:
+        parser.error("--rate runs one server: no --url-b")
     if args.requests is not None and args.requests <= 0:
         parser.error("--requests must be > 0")
     if args.rounds is not None and args.rounds <= 0:
@@ -189,15 +215,28 @@ def main(argv: list[str] | None = None) -> int:
         for name, url in servers.items():
             if args.pause:
                 time.sleep(args.pause)
-            result = run_round(
-                url,
-                workload,
-                concurrency=args.concurrency,
-                seconds=round_seconds,
-                max_requests=round_cap,
-                first_index=next_index[name],
-                timeout=args.timeout,
-            )
+            if args.rate is not None:
+                result = run_open_round(
+                    url,
+                    workload,
+                    rate=args.rate,
+                    seconds=round_seconds,
+                    max_requests=round_cap,
+                    max_outstanding=args.max_outstanding,
+                    first_index=next_index[name],
+                    poisson=args.arrivals == "poisson",
+                    timeout=args.timeout,
+                )
+            else:
+                result = run_round(
+                    url,
+                    workload,
+                    concurrency=args.concurrency,
+                    seconds=round_seconds,
+                    max_requests=round_cap,
+                    first_index=next_index[name],
+                    timeout=args.timeout,
+                )
             next_index[name] += len(result.outcomes)
             results[name].append(result)
             ok = len(result.ok)
@@ -220,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             "levels": spec.levels,
             "mix": list(spec.mix),
             "concurrency": args.concurrency,
+            "rate": args.rate,
+            "arrivals": args.arrivals if args.rate is not None else None,
+            "max_outstanding": args.max_outstanding if args.rate is not None else None,
             "duration_s": args.duration,
             "requests": args.requests,
             "rounds": rounds,

@@ -36,6 +36,22 @@ def bad_summary(outcomes: list[Any]) -> dict[str, Any]:
     }
 
 
+def open_loop_summary(outcomes: list[Any], offered_rate: float, seconds: float) -> dict[str, Any]:
+    """What happened to the arrivals of an open loop: dropped ones were never sent (too many in flight)."""
+    dropped = sum(outcome.status == "dropped" for outcome in outcomes)
+    return {
+        "offered_requests_per_s": offered_rate,
+        "arrived": len(outcomes),
+        "sent": len(outcomes) - dropped,
+        "dropped": dropped,
+        "timed_out": sum(outcome.status == "timeout" for outcome in outcomes),
+        "answered_ok": sum(outcome.status == "200" for outcome in outcomes),
+        "dropped_or_failed_fraction": round(1 - sum(o.status == "200" for o in outcomes) / len(outcomes), 4)
+        if outcomes
+        else None,
+    }
+
+
 def server_summary(url: str, rounds: list[RoundResult], questions: int, token_source: str) -> dict[str, Any]:
     every = [outcome for result in rounds for outcome in result.outcomes]
     bad = [outcome for outcome in every if outcome.bad is not None]
@@ -80,6 +96,9 @@ def server_summary(url: str, rounds: list[RoundResult], questions: int, token_so
     }
     if bad:
         summary["bad_requests"] = bad_summary(bad)
+    offered = [result.offered_rate for result in rounds if result.offered_rate is not None]
+    if offered:
+        summary["open_loop"] = open_loop_summary(outcomes, offered[0], seconds)
     timings = server_timing.summarize([outcome.server_timing for outcome in ok])
     if timings:
         summary["server_timing_ms"] = timings

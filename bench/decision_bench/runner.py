@@ -1,4 +1,5 @@
-"""Closed-loop load: C workers, each sending its next request as soon as its previous one is answered.
+"""Closed-loop load (C workers, each sending its next request as soon as its previous one is answered) and open-loop
+load (requests arriving at a rate, answered or not).
 
 A round stops by itself: no request starts after its deadline or past its count; requests in flight are awaited.
 Each outcome keeps the answer's Server-Timing (router, queue, shard ms) when the server sends one."""
@@ -7,6 +8,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
+import queue
+import random
 import threading
 import time
 import urllib.parse
@@ -47,6 +51,7 @@ class Reply:
 class RoundResult:
     wall_seconds: float
     outcomes: list[Outcome] = field(default_factory=list)
+    offered_rate: float | None = None  # requests/s of an open-loop round; None for a closed loop
 
     @property
     def ok(self) -> list[Outcome]:
@@ -209,3 +214,83 @@ def fetch_metrics(url: str, timeout: float = 10.0) -> str | None:
     finally:
         endpoint.close()
     return reply.body.decode(errors="replace") if reply.status == 200 else None
+
+
+def arrival_offsets(rate: float, count: int, *, poisson: bool, seed: int) -> list[float]:
+    """Seconds from the round's start at which each of `count` requests arrives: every 1/rate s, or Poisson at rate."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0 requests/s, got {rate}")
+    if not poisson:
+        return [index / rate for index in range(count)]
+    rng = random.Random(f"{seed}:arrivals")
+    offsets, now = [], 0.0
+    for _ in range(count):
+        offsets.append(now)
+        now += rng.expovariate(rate)
+    return offsets
+
+
+def run_open_round(
+    url: str,
+    workload: Workload,
+    *,
+    rate: float,
+    seconds: float,
+    max_requests: int | None,
+    max_outstanding: int,
+    first_index: int,
+    poisson: bool = True,
+    timeout: float = 300.0,
+) -> RoundResult:
+    """Open loop: requests arrive at `rate` per second whether or not earlier ones were answered.
+
+    At most `max_outstanding` are in flight (one sender thread each); an arrival that finds them all busy is not sent
+    and counts as "dropped". Latency runs from the scheduled arrival, so a sender that starts late (the client's own
+    lag) is charged to the request, not hidden (no coordinated omission). Bodies are built before the clock starts."""
+    count = math.floor(rate * seconds) if max_requests is None else min(math.floor(rate * seconds), max_requests)
+    count = max(count, 1)
+    requests = [workload.request(first_index + number) for number in range(count)]
+    offsets = arrival_offsets(rate, count, poisson=poisson, seed=workload.spec.seed + first_index)
+    jobs: queue.Queue[tuple[Request, float] | None] = queue.Queue()
+    lock = threading.Lock()
+    outcomes: list[Outcome] = []
+    busy = 0
+    started = time.perf_counter()
+    last_done = started
+
+    def sender() -> None:
+        nonlocal busy, last_done
+        endpoint = Endpoint(url, timeout)
+        try:
+            while (job := jobs.get()) is not None:
+                request, due = job
+                outcome = send(endpoint, request, workload.spec.questions)
+                outcome.seconds = time.perf_counter() - due
+                with lock:
+                    outcomes.append(outcome)
+                    busy -= 1
+                    last_done = time.perf_counter()
+        finally:
+            endpoint.close()
+
+    threads = [threading.Thread(target=sender, name=f"bench-open-{i}", daemon=True) for i in range(max_outstanding)]
+    for thread in threads:
+        thread.start()
+    started = time.perf_counter()
+    last_done = started
+    for request, offset in zip(requests, offsets, strict=True):
+        due = started + offset
+        if (wait := due - time.perf_counter()) > 0:
+            time.sleep(wait)
+        with lock:
+            if busy >= max_outstanding:
+                outcomes.append(Outcome(request.index, "dropped", 0.0))
+                continue
+            busy += 1
+        jobs.put((request, due))
+    for _ in threads:
+        jobs.put(None)
+    for thread in threads:
+        thread.join()
+    outcomes.sort(key=lambda outcome: outcome.index)
+    return RoundResult(wall_seconds=max(last_done - started, 1e-9), outcomes=outcomes, offered_rate=rate)
