@@ -137,12 +137,14 @@ def load_model(
             native, native_refusal = False, str(err)
             # A decoder architecture the decoder refuses (sliding windows, ...) is still a plain causal LM.
             loader = AUTO_CAUSAL_LM
-    compiled = False
+    compiled = layers_compiled = False
     if native:
         # The decoder resolves auto itself, once its ranks can agree on one mode (`layers.resolve_matmul`).
         loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel, matmul, matmul_record)
         matmul = loaded.matmul
         compiled = fused.enable(compile_mode, torch_dtype, device)
+        if compile_mode == "auto":
+            layers_compiled = loaded.network.compile_layers()
     elif parallel.world_size > 1:
         reason = native_refusal or f"{architecture.name} has no tensor-parallel implementation"
         raise UnsupportedModelError(
@@ -169,6 +171,7 @@ def load_model(
                 "matmul": matmul,
                 "mkl_kernels": mkl_kernels(),
                 "compiled_chains": compiled,
+                "compiled_layers": layers_compiled,
                 "device": loaded.device_name,
                 "rank": loaded.rank,
                 "world_size": loaded.world_size,
