@@ -70,6 +70,9 @@ def launcher_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     env["NO_COLOR"] = "1"
+    # Shards run their layers eagerly unless a test asks for `--compile auto` (the serving default): compiling them
+    # costs each shard start seconds, and the suite starts dozens. test_systemone's compile tests cover the default.
+    env["COMPILE"] = "off"
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra or {})
     return env
@@ -128,7 +131,13 @@ def still_running(pid: int, start: int) -> bool:
 
 def describe(pid: int) -> str:
     try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        cmd = (
+            Path(f"/proc/{pid}/cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")
+            .decode(errors="replace")
+            .strip()
+        )
     except OSError:
         cmd = "?"
     return f"pid {pid}: {cmd}"
@@ -244,7 +253,14 @@ def start_launcher(
     port = free_port()
     uds_path = workdir / f"{name}.sock"
     log_path = workdir / f"{name}.log"
-    full_args = [str(LAUNCHER_BINARY), *args, "--port", str(port), "--uds-path", str(uds_path)]
+    full_args = [
+        str(LAUNCHER_BINARY),
+        *args,
+        "--port",
+        str(port),
+        "--uds-path",
+        str(uds_path),
+    ]
     log_file = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
     proc = subprocess.Popen(
         full_args,
@@ -255,4 +271,11 @@ def start_launcher(
         cwd=workdir,
         start_new_session=True,  # a Ctrl-C in the test terminal reaches pytest, not the launcher
     )
-    return Launcher(proc=proc, port=port, uds_path=uds_path, log_path=log_path, args=full_args, _log_file=log_file)
+    return Launcher(
+        proc=proc,
+        port=port,
+        uds_path=uds_path,
+        log_path=log_path,
+        args=full_args,
+        _log_file=log_file,
+    )

@@ -1102,11 +1102,11 @@ class DecoderLM(nn.Module):
             head_dim=first.attention.head_dim,
             eps=self.shape.rms_norm_eps,
             hidden_size=self.shape.hidden_size,
-            intermediate=first.mlp.gate_up.out_features // 2,
+            intermediate=int(first.mlp.gate_up.out_features) // 2,
         )
         dtype, device = self.norm.weight.dtype, self.norm.weight.device
         act = ACTIVATIONS[self.shape.hidden_act]
-        weights = [layer.weights() for layer in self.layers]
+        weights = [layer.weights() for layer in self.layers if isinstance(layer, DecoderLayer)]
         self.graph = layer_graph.build(shape, weights, act, _rotate_form, dtype, device)
         return self.graph is not None
 

@@ -139,8 +139,15 @@ class LayerGraph:
             return query, key, value.transpose(0, 1)
 
         def finish(
-            hidden: torch.Tensor, attended: Any, out: Any, out_bias: Any, post: Any, gate_up: Any, gu_bias: Any,
-            down: Any, down_bias: Any,
+            hidden: torch.Tensor,
+            attended: Any,
+            out: Any,
+            out_bias: Any,
+            post: Any,
+            gate_up: Any,
+            gu_bias: Any,
+            down: Any,
+            down_bias: Any,
         ) -> torch.Tensor:
             hidden = hidden + _linear(attended, out, out_bias, hidden_size)
             normed = torch.rms_norm(hidden, (hidden.shape[-1],), post, eps)
@@ -169,9 +176,7 @@ class LayerGraph:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer `index`'s exit and layer `index + 1`'s entry: (hidden, query, key, value)."""
         _dynamic_tokens(hidden, attended, cos, sin)
-        return self._step(
-            hidden, attended, cos, sin, *self.layers[index].leaving(), *self.layers[index + 1].entering()
-        )
+        return self._step(hidden, attended, cos, sin, *self.layers[index].leaving(), *self.layers[index + 1].entering())
 
     def leave(self, index: int, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         _dynamic_tokens(hidden, attended)

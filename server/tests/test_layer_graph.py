@@ -147,11 +147,26 @@ def test_smollm2_through_the_compiled_layers_stays_close_to_transformers(
     generator = torch.Generator().manual_seed(11)
     state = tuple(torch.randint(100, 40000, (120,), generator=generator).tolist())
     reads = [
-        ReadSpec(id=i, prompt=state + tuple(torch.randint(100, 40000, (5,), generator=generator).tolist()),
-                 labels=((28,), (29, 30)))
+        ReadSpec(
+            id=i,
+            prompt=state + tuple(torch.randint(100, 40000, (5,), generator=generator).tolist()),
+            labels=((28,), (29, 30)),
+        )
         for i in range(3)
     ]
     outcomes = TreeEngine(model).run(reads).outcomes
     for read, outcome in zip(reads, outcomes, strict=True):
-        expected = [reference_sequence_logprob(smollm2_reference, list(read.prompt), list(label)) for label in read.labels]
+        prompt = list(read.prompt)
+        expected = [reference_sequence_logprob(smollm2_reference, prompt, list(label)) for label in read.labels]
         assert outcome.label_logprobs == pytest.approx(expected, abs=5e-5)
+
+
+def test_the_shard_info_says_whether_the_layers_run_compiled(
+    compiled_qwen3: DecoderModel, tiny_qwen3: DecoderModel, shard: Any
+) -> None:
+    """`GET /info`'s `compiled_layers` comes from the shard's Info."""
+    from decision_server.pb import decision_pb2
+
+    for model, expected in ((compiled_qwen3, True), (tiny_qwen3, False)):
+        with shard(model, "tree") as stub:
+            assert stub.Info(decision_pb2.InfoRequest(), timeout=30).compiled_layers is expected
