@@ -134,9 +134,9 @@ class LayerGraph:
             if q_norm is not None:
                 query = torch.rms_norm(query, (head_dim,), q_norm, eps)
                 key = torch.rms_norm(key, (head_dim,), k_norm, eps)
-            query = rotate(query, cos, sin).transpose(0, 1)
-            key = rotate(key, cos, sin).transpose(0, 1)
-            return query, key, value.transpose(0, 1)
+            # Token-major out (the callers transpose, a view): a (heads, tokens, ...) output's layout would depend
+            # on whether tokens equals heads, and the graph would guard on that and compile again at such a count.
+            return rotate(query, cos, sin), rotate(key, cos, sin), value
 
         def finish(
             hidden: torch.Tensor,
@@ -169,18 +169,26 @@ class LayerGraph:
         self, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         _dynamic_tokens(hidden, cos, sin)
-        return self._enter(hidden, cos, sin, *self.layers[index].entering())
+        return _heads_major(self._enter(hidden, cos, sin, *self.layers[index].entering()))
 
     def step(
         self, index: int, hidden: torch.Tensor, attended: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer `index`'s exit and layer `index + 1`'s entry: (hidden, query, key, value)."""
         _dynamic_tokens(hidden, attended, cos, sin)
-        return self._step(hidden, attended, cos, sin, *self.layers[index].leaving(), *self.layers[index + 1].entering())
+        hidden, *projected = self._step(
+            hidden, attended, cos, sin, *self.layers[index].leaving(), *self.layers[index + 1].entering()
+        )
+        return (hidden, *_heads_major(projected))
 
     def leave(self, index: int, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         _dynamic_tokens(hidden, attended)
         return self._leave(hidden, attended, *self.layers[index].leaving())
+
+
+def _heads_major(projected: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    query, key, value = projected
+    return query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
 
 
 def _dynamic_tokens(*tensors: torch.Tensor) -> None:
@@ -224,11 +232,12 @@ def _probe(graph: LayerGraph, dtype: torch.dtype, device: torch.device) -> None:
     width = shape.heads * shape.head_dim
     generator = torch.Generator().manual_seed(0)
     for tokens in (17, 9):
-        hidden = torch.randn(tokens, hidden_size, generator=generator).to(device=device, dtype=dtype)
-        attended = torch.randn(tokens, width, generator=generator).to(device=device, dtype=dtype)
-        cos = torch.ones(tokens, shape.head_dim, device=device, dtype=dtype)
-        sin = torch.zeros(tokens, shape.head_dim, device=device, dtype=dtype)
+        # Built under inference mode, as a served pass's tensors are: the graphs guard on it.
         with torch.inference_mode():
+            hidden = torch.randn(tokens, hidden_size, generator=generator).to(device=device, dtype=dtype)
+            attended = torch.randn(tokens, width, generator=generator).to(device=device, dtype=dtype)
+            cos = torch.ones(tokens, shape.head_dim, device=device, dtype=dtype)
+            sin = torch.zeros(tokens, shape.head_dim, device=device, dtype=dtype)
             graph.enter(0, hidden, cos, sin)
             if len(graph.layers) > 1:
                 graph.step(0, hidden, attended, cos, sin)

@@ -170,3 +170,22 @@ def test_the_shard_info_says_whether_the_layers_run_compiled(
     for model, expected in ((compiled_qwen3, True), (tiny_qwen3, False)):
         with shard(model, "tree") as stub:
             assert stub.Info(decision_pb2.InfoRequest(), timeout=30).compiled_layers is expected
+
+
+def test_served_reads_never_compile_after_load(tiny_qwen3_dir: Path) -> None:
+    """The probe at load leaves graphs whose token dimension is dynamic and that take inference-mode tensors, as
+    served passes are: a first read of any length compiles nothing (it did: probe tensors made outside inference mode
+    and outputs whose layout hung on tokens == heads made a 3-token read compile both graphs again, seconds on a busy
+    CPU, past a client's deadline)."""
+    from torch._dynamo.utils import counters
+
+    from decision_server.engines import make_engine
+
+    model = load_model(tiny_qwen3_dir, dtype="float32", compile_mode="auto")
+    graphs = counters["stats"]["unique_graphs"]
+    for mode in ("naive", "tree"):
+        engine = make_engine(mode, model, 0)
+        # Token counts equal to the model's widths (2 key/value heads, 4 heads, 16 per head) included.
+        for prompt in ((9707, 11, 1879), (5, 6), (5, 6, 7, 8), tuple(range(100, 116)), tuple(range(100, 400))):
+            engine.run([ReadSpec(id=3, prompt=prompt, labels=((0,), (16, 17)))])
+    assert counters["stats"]["unique_graphs"] == graphs
