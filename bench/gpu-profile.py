@@ -29,9 +29,7 @@ for i in range(7):
     batch = tree.run(make_reads(model.token_limit, 540, 8, 40, seed=10 + i))
     torch.cuda.synchronize()
     times.append(time.perf_counter() - started)
-print(
-    f"tree read: median {statistics.median(times) * 1e3:.1f} ms, {batch.forward_passes} pass(es), {batch.packed_tokens} tokens"
-)
+print(f"tree read: median {statistics.median(times) * 1e3:.1f} ms, {batch.forward_passes} pass(es), {batch.packed_tokens} tokens")
 reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to("cuda").eval()
 ids = torch.randint(0, 1000, (1, 860), device="cuda")
 with torch.inference_mode():

@@ -7,7 +7,6 @@ import json, os, shutil, time
 from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
-
 g, root = Path(os.environ["G"]), Path(os.environ["MODELS"])
 for name in ("tiny-qwen3", "qwen3-0.6b"):
     started = time.perf_counter()
@@ -21,6 +20,4 @@ for name in ("tiny-qwen3", "qwen3-0.6b"):
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.save_pretrained(out)
-    print(
-        name, dtype, sum(p.numel() for p in model.parameters()), "parameters", f"{time.perf_counter() - started:.1f} s"
-    )
+    print(name, dtype, sum(p.numel() for p in model.parameters()), "parameters", f"{time.perf_counter() - started:.1f} s")

@@ -28,27 +28,18 @@ REQUEST_TIMEOUT_S = 120.0
 SESSION_ARGS = ["--dtype", "float32", "--matmul", "exact", "--hostname", "127.0.0.1"]
 # The image listens on 0.0.0.0:80 inside its own network namespace; only the published port is on loopback.
 CONTAINER_ARGS = ["--dtype", "float32", "--matmul", "exact"]
-TARGETS = tuple(
-    t
-    for t in os.environ.get("DECISION_TEST_TARGETS", "local,container").split(",")
-    if t
-)
+TARGETS = tuple(t for t in os.environ.get("DECISION_TEST_TARGETS", "local,container").split(",") if t)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "last: run after every other test (heavy requests that could stall the shard)",
-    )
+    config.addinivalue_line("markers", "last: run after every other test (heavy requests that could stall the shard)")
     config.addinivalue_line(
         "markers",
         "local_only: runs on the local target only (heavy, and nothing in it depends on how the server was started)",
     )
 
 
-def pytest_collection_modifyitems(
-    config: pytest.Config, items: list[pytest.Item]
-) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The container target runs every route, both SDKs, the conformance suite and the refusals; the generated
     # request volume, the 255-option naive comparison and the tensor-parallel comparison run once, locally.
     deselected = [
@@ -80,9 +71,7 @@ def _session_launcher(session_workdir: Path) -> Iterator[Launcher]:
     finally:
         code = launcher.stop(grace_s=30.0)
         if code is None:
-            print(
-                f"session launcher ignored SIGTERM for 30 s; killed.\n{launcher.output_tail()}"
-            )
+            print(f"session launcher ignored SIGTERM for 30 s; killed.\n{launcher.output_tail()}")
 
 
 @pytest.fixture(scope="session")
@@ -109,9 +98,7 @@ def server_url(request: pytest.FixtureRequest) -> str:
     if request.param == "container":
         container: containers.Container = request.getfixturevalue("session_container")
         return container.url
-    assert request.param == "local", (
-        f"unknown target {request.param!r} in DECISION_TEST_TARGETS"
-    )
+    assert request.param == "local", f"unknown target {request.param!r} in DECISION_TEST_TARGETS"
     launcher: Launcher = request.getfixturevalue("session_launcher")
     return launcher.url
 
@@ -147,12 +134,8 @@ def launcher_factory(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
     """Starts extra launchers; whatever they leave running is killed after the test."""
     started: list[Launcher] = []
 
-    def start(
-        args: list[str], name: str = "extra", env_extra: dict[str, str] | None = None
-    ) -> Launcher:
-        launcher = start_launcher(
-            tmp_path, args, name=f"{name}{len(started)}", env_extra=env_extra
-        )
+    def start(args: list[str], name: str = "extra", env_extra: dict[str, str] | None = None) -> Launcher:
+        launcher = start_launcher(tmp_path, args, name=f"{name}{len(started)}", env_extra=env_extra)
         started.append(launcher)
         return launcher
 

@@ -93,9 +93,7 @@ class Container:
         while time.monotonic() < deadline:
             code = self.exit_code()
             if code is not None:
-                raise AssertionError(
-                    f"container exited with {code} before /health answered\n{self.logs_tail()}"
-                )
+                raise AssertionError(f"container exited with {code} before /health answered\n{self.logs_tail()}")
             try:
                 r = httpx2.get(f"{self.url}/health", timeout=5.0)
                 if r.status_code == 200:
@@ -104,9 +102,7 @@ class Container:
             except httpx2.HTTPError as e:
                 last = f"{type(e).__name__}: {e}"
             time.sleep(0.5)
-        raise AssertionError(
-            f"container not healthy within {timeout_s:.0f} s (last: {last})\n{self.logs_tail()}"
-        )
+        raise AssertionError(f"container not healthy within {timeout_s:.0f} s (last: {last})\n{self.logs_tail()}")
 
     def docker_stop(self, timeout_s: int = 10) -> float:
         """`docker stop` as a user runs it (SIGTERM, then SIGKILL after timeout_s); returns seconds taken."""
@@ -135,9 +131,7 @@ def start_container(
 ) -> Container:
     """`docker run IMAGE ARGS` with port 80 published on 127.0.0.1 (a free port) and the suite's label."""
     if not image_present():
-        raise AssertionError(
-            f"image {IMAGE} is missing: build it with `make image` (make test does)"
-        )
+        raise AssertionError(f"image {IMAGE} is missing: build it with `make image` (make test does)")
     inner = DockerContainer(IMAGE)
     if args:
         inner.with_command(args)
@@ -152,7 +146,5 @@ def start_container(
     inner.start()
     port = 0
     if publish:
-        port = int(
-            inner.get_docker_client().port(inner.get_container_id(), CONTAINER_PORT)
-        )
+        port = int(inner.get_docker_client().port(inner.get_container_id(), CONTAINER_PORT))
     return Container(inner=inner, port=port)

@@ -131,13 +131,7 @@ def still_running(pid: int, start: int) -> bool:
 
 def describe(pid: int) -> str:
     try:
-        cmd = (
-            Path(f"/proc/{pid}/cmdline")
-            .read_bytes()
-            .replace(b"\0", b" ")
-            .decode(errors="replace")
-            .strip()
-        )
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         cmd = "?"
     return f"pid {pid}: {cmd}"
@@ -253,14 +247,7 @@ def start_launcher(
     port = free_port()
     uds_path = workdir / f"{name}.sock"
     log_path = workdir / f"{name}.log"
-    full_args = [
-        str(LAUNCHER_BINARY),
-        *args,
-        "--port",
-        str(port),
-        "--uds-path",
-        str(uds_path),
-    ]
+    full_args = [str(LAUNCHER_BINARY), *args, "--port", str(port), "--uds-path", str(uds_path)]
     log_file = open(log_path, "wb")  # noqa: SIM115 - kept open for the child's lifetime
     proc = subprocess.Popen(
         full_args,
@@ -271,11 +258,4 @@ def start_launcher(
         cwd=workdir,
         start_new_session=True,  # a Ctrl-C in the test terminal reaches pytest, not the launcher
     )
-    return Launcher(
-        proc=proc,
-        port=port,
-        uds_path=uds_path,
-        log_path=log_path,
-        args=full_args,
-        _log_file=log_file,
-    )
+    return Launcher(proc=proc, port=port, uds_path=uds_path, log_path=log_path, args=full_args, _log_file=log_file)

@@ -9,10 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from opentelemetry.proto.collector.trace.v1 import (
-    trace_service_pb2,
-    trace_service_pb2_grpc,
-)
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 
 @dataclass(frozen=True)
@@ -34,9 +31,7 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request: Any, context: Any) -> Any:
         received = []
         for resource_spans in request.resource_spans:
-            attributes = {
-                a.key: a.value.string_value for a in resource_spans.resource.attributes
-            }
+            attributes = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
             service = attributes.get("service.name", "")
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:

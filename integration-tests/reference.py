@@ -29,11 +29,7 @@ def _blank(description: Any) -> bool:
 
 
 def option_line(label: str, name: str, description: Any) -> str:
-    return (
-        f"{label}: {name}"
-        if _blank(description)
-        else f"{label}: {name} - {text_of(description)}"
-    )
+    return f"{label}: {name}" if _blank(description) else f"{label}: {name} - {text_of(description)}"
 
 
 def side_line(label: str, description: Any) -> str:
@@ -70,16 +66,12 @@ def question_body(question: dict[str, Any]) -> tuple[str, list[str]]:
     return "\n".join(lines), labels
 
 
-def messages_for(
-    request: dict[str, Any], question: dict[str, Any]
-) -> list[dict[str, str]]:
+def messages_for(request: dict[str, Any], question: dict[str, Any]) -> list[dict[str, str]]:
     body, _labels = question_body(question)
     messages: list[dict[str, str]] = []
     if request.get("instructions") is not None:
         messages.append({"role": "system", "content": text_of(request["instructions"])})
-    messages.append(
-        {"role": "user", "content": f"{text_of(request['state'])}\n\n{body}"}
-    )
+    messages.append({"role": "user", "content": f"{text_of(request['state'])}\n\n{body}"})
     return messages
 
 
@@ -99,32 +91,24 @@ class Reference:
         # One thread: the server under test shares these two cores, and oversubscribed BLAS threads spin.
         torch.set_num_threads(1)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32
-        )
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.model.eval()
         self._cache: dict[tuple[str, tuple[str, ...]], Read] = {}
 
     def render(self, messages: list[dict[str, str]]) -> str:
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert isinstance(text, str)
         return text
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def label_ids(
-        self, prompt_text: str, prompt_ids: list[int], labels: list[str]
-    ) -> list[int]:
+    def label_ids(self, prompt_text: str, prompt_ids: list[int], labels: list[str]) -> list[int]:
         """vLLM's label check: each label appended to the prompt must add exactly one new, distinct token."""
         ids = []
         for label in labels:
             extended = self.encode(prompt_text + label)
-            assert (
-                extended[:-1] == prompt_ids and len(extended) == len(prompt_ids) + 1
-            ), (
+            assert extended[:-1] == prompt_ids and len(extended) == len(prompt_ids) + 1, (
                 f"label {label!r} is not one token after the prompt: {extended[len(prompt_ids) - 2 :]}"
             )
             ids.append(extended[-1])

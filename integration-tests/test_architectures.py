@@ -38,22 +38,10 @@ REQUEST: dict[str, Any] = {
         "team": {
             "type": "choice",
             "instructions": "Which team?",
-            "criteria": {
-                "billing": "payments",
-                "tech_support": None,
-                "sales": "new orders",
-            },
+            "criteria": {"billing": "payments", "tech_support": None, "sales": "new orders"},
         },
-        "urgent": {
-            "type": "noul",
-            "instructions": "Needs a reply within the hour?",
-            "criteria": {"true": "money is moving"},
-        },
-        "tone": {
-            "type": "score",
-            "instructions": "How upset?",
-            "criteria": ["calm", "annoyed", "furious"],
-        },
+        "urgent": {"type": "noul", "instructions": "Needs a reply within the hour?", "criteria": {"true": "money is moving"}},
+        "tone": {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "furious"]},
     },
 }
 
@@ -65,11 +53,7 @@ REQUEST: dict[str, Any] = {
 def liquid_state(state: Any) -> str:
     if state is None:
         return ""
-    return (
-        state
-        if isinstance(state, str)
-        else json.dumps(state, ensure_ascii=False, indent=2)
-    )
+    return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, indent=2)
 
 
 def liquid_codes(names: list[str]) -> list[str]:
@@ -78,9 +62,7 @@ def liquid_codes(names: list[str]) -> list[str]:
     return list(string.ascii_uppercase[: len(names)])
 
 
-def liquid_content(
-    request: dict[str, Any], question: dict[str, Any]
-) -> tuple[str, list[list[str]]]:
+def liquid_content(request: dict[str, Any], question: dict[str, Any]) -> tuple[str, list[list[str]]]:
     """The user message of one question and each label's spellings, in label order."""
     instructions = question.get("instructions") or ""
     kind = question["type"]
@@ -88,14 +70,9 @@ def liquid_content(
         names = list(question["criteria"])
         codes = liquid_codes(names)
         lines = [
-            f"{code} {question['criteria'][name] or name.replace('_', ' ')}"
-            for code, name in zip(codes, names)
+            f"{code} {question['criteria'][name] or name.replace('_', ' ')}" for code, name in zip(codes, names)
         ]
-        ask = (
-            f"{instructions}\n\nOptions:\n"
-            + "\n".join(lines)
-            + "\n\nReply with the option code only."
-        )
+        ask = f"{instructions}\n\nOptions:\n" + "\n".join(lines) + "\n\nReply with the option code only."
         forms = [[code, " " + code] for code in codes]
     elif kind == "noul":
         criteria = question.get("criteria") or {}
@@ -138,16 +115,10 @@ class ArchitectureReference:
     def logprobs(self, prompt_ids: list[int]) -> torch.Tensor:
         ids = torch.tensor([prompt_ids])
         positions = torch.arange(len(prompt_ids)).unsqueeze(0)
-        logits = (
-            self.model(input_ids=ids, position_ids=positions)
-            .logits[0, -1]
-            .to(torch.float64)
-        )
+        logits = self.model(input_ids=ids, position_ids=positions).logits[0, -1].to(torch.float64)
         return torch.log_softmax(logits, dim=-1)
 
-    def next_token_read(
-        self, request: dict[str, Any], question: dict[str, Any]
-    ) -> tuple[list[float], float]:
+    def next_token_read(self, request: dict[str, Any], question: dict[str, Any]) -> tuple[list[float], float]:
         """vLLM's label check: each label appended to the prompt adds exactly one token."""
         text = self.render(messages_for(request, question))
         prompt_ids = self.encode(text)
@@ -155,21 +126,14 @@ class ArchitectureReference:
         label_ids = []
         for label in labels:
             extended = self.encode(text + label)
-            assert extended[:-1] == prompt_ids, (
-                f"label {label!r} is not one token after the prompt"
-            )
+            assert extended[:-1] == prompt_ids, f"label {label!r} is not one token after the prompt"
             label_ids.append(extended[-1])
         lp = self.logprobs(prompt_ids)[label_ids]
         return torch.softmax(lp, dim=-1).tolist(), float(torch.exp(lp).sum())
 
-    def liquid_read(
-        self, request: dict[str, Any], question: dict[str, Any]
-    ) -> tuple[list[float], float]:
+    def liquid_read(self, request: dict[str, Any], question: dict[str, Any]) -> tuple[list[float], float]:
         content, forms = liquid_content(request, question)
-        messages = [
-            {"role": "system", "content": request["instructions"]},
-            {"role": "user", "content": content},
-        ]
+        messages = [{"role": "system", "content": request["instructions"]}, {"role": "user", "content": content}]
         logprobs = self.logprobs(self.encode(self.render(messages)))
         groups = []
         for spellings in forms:
@@ -184,37 +148,22 @@ class ArchitectureReference:
         return torch.softmax(best, dim=-1).tolist(), mass
 
 
-def answer_probabilities(
-    answer: dict[str, Any], question: dict[str, Any]
-) -> list[float]:
+def answer_probabilities(answer: dict[str, Any], question: dict[str, Any]) -> list[float]:
     if question["type"] == "noul":
         return [answer["noul"], 1.0 - answer["noul"]]
     return list(answer["probabilities"].values())
 
 
 @pytest.fixture(scope="module", params=list(FIXTURES))
-def served(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, Launcher]]:
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Launcher]]:
     from launchers import start_launcher
 
     name = request.param
     model_dir = cache_dir() / "models" / name
-    assert model_dir.joinpath("config.json").is_file(), (
-        f"{model_dir} is missing: run `make fixtures`"
-    )
+    assert model_dir.joinpath("config.json").is_file(), f"{model_dir} is missing: run `make fixtures`"
     launcher = start_launcher(
         tmp_path_factory.mktemp("arch"),
-        [
-            "--model-id",
-            str(model_dir),
-            "--dtype",
-            "float32",
-            "--matmul",
-            "exact",
-            "--hostname",
-            "127.0.0.1",
-        ],
+        ["--model-id", str(model_dir), "--dtype", "float32", "--matmul", "exact", "--hostname", "127.0.0.1"],
         name=name.replace(".", "_"),
     )
     try:
@@ -224,30 +173,18 @@ def served(
         launcher.stop(grace_s=20.0)
 
 
-def test_info_names_architecture_strategy_and_engine(
-    served: tuple[str, Launcher],
-) -> None:
+def test_info_names_architecture_strategy_and_engine(served: tuple[str, Launcher]) -> None:
     name, launcher = served
     info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
     architecture, strategy, engine = FIXTURES[name]
-    assert (info["architecture"], info["read_strategy"], info["engine"]) == (
-        architecture,
-        strategy,
-        engine,
-    ), info
+    assert (info["architecture"], info["read_strategy"], info["engine"]) == (architecture, strategy, engine), info
     assert info["implementation"] == "transformers"
     assert info["refusals"] == {} or not info["refusals"], info
-    expected_format = (
-        {"name": "liquid_d1", "version": 201}
-        if strategy == "liquid"
-        else {"name": "vllm", "version": 101}
-    )
+    expected_format = {"name": "liquid_d1", "version": 201} if strategy == "liquid" else {"name": "vllm", "version": 101}
     assert info["prompt_format"] == expected_format, info
 
 
-def test_systemone_equals_an_independent_transformers_forward(
-    served: tuple[str, Launcher],
-) -> None:
+def test_systemone_equals_an_independent_transformers_forward(served: tuple[str, Launcher]) -> None:
     name, launcher = served
     architecture, strategy, _engine = FIXTURES[name]
     reference = ArchitectureReference(cache_dir() / "models" / name, architecture)
@@ -260,14 +197,8 @@ def test_systemone_equals_an_independent_transformers_forward(
     for qid, question in REQUEST["questions"].items():
         expected, mass = read(REQUEST, question)
         got = answer_probabilities(body["answers"][qid], question)
-        assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-5, (
-            qid,
-            got,
-            expected,
-        )
-        assert math.isclose(
-            body["x_diagnostics"][qid]["label_mass"], mass, rel_tol=1e-4, abs_tol=1e-7
-        ), qid
+        assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-5, (qid, got, expected)
+        assert math.isclose(body["x_diagnostics"][qid]["label_mass"], mass, rel_tol=1e-4, abs_tol=1e-7), qid
 
 
 def test_decisions_routes_answer_in_both_shapes(served: tuple[str, Launcher]) -> None:
@@ -277,16 +208,8 @@ def test_decisions_routes_answer_in_both_shapes(served: tuple[str, Launcher]) ->
         "input": "Refund not received after 12 days.",
         "questions": [
             {"type": "predicate", "instructions": "Is it urgent?", "name": "urgent"},
-            {
-                "type": "choice",
-                "instructions": "Which team?",
-                "choices": [{"value": "billing"}, {"value": "tech"}],
-            },
-            {
-                "type": "score",
-                "instructions": "How upset?",
-                "levels": [{"label": "calm"}, {"label": "furious"}],
-            },
+            {"type": "choice", "instructions": "Which team?", "choices": [{"value": "billing"}, {"value": "tech"}]},
+            {"type": "score", "instructions": "How upset?", "levels": [{"label": "calm"}, {"label": "furious"}]},
         ],
     }
     r = httpx2.post(f"{launcher.url}/v1/decisions", json=openai_shape, timeout=120)
@@ -295,19 +218,9 @@ def test_decisions_routes_answer_in_both_shapes(served: tuple[str, Launcher]) ->
     sglang_shape = {
         "input": "Refund not received after 12 days.",
         "questions": [
-            {
-                "id": "team",
-                "type": "choice",
-                "question": "Which team?",
-                "options": [{"name": "billing"}, {"name": "tech"}],
-            },
+            {"id": "team", "type": "choice", "question": "Which team?", "options": [{"name": "billing"}, {"name": "tech"}]},
             {"id": "urgent", "type": "yes_no", "question": "Is it urgent?"},
-            {
-                "id": "tone",
-                "type": "score",
-                "question": "How upset?",
-                "levels": ["calm", "furious"],
-            },
+            {"id": "tone", "type": "score", "question": "How upset?", "levels": ["calm", "furious"]},
         ],
     }
     r = httpx2.post(f"{launcher.url}/v1/decisions", json=sglang_shape, timeout=120)
@@ -321,9 +234,7 @@ def test_decisions_routes_answer_in_both_shapes(served: tuple[str, Launcher]) ->
         assert_routes_agree(readings_on_every_route(client))
 
 
-def test_media_fields_are_read_or_refused_naming_the_field(
-    served: tuple[str, Launcher],
-) -> None:
+def test_media_fields_are_read_or_refused_naming_the_field(served: tuple[str, Launcher]) -> None:
     name, launcher = served
     pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
     # The fixtures that ship their processor read images (as the reference's next-token and Liquid reads do), Qwen3.5
@@ -332,14 +243,10 @@ def test_media_fields_are_read_or_refused_naming_the_field(
     takes_images = name in ("tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-lfm2-vl")
     takes_videos = name in ("tiny-qwen3.5", "tiny-qwen3.5-moe")
     info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
-    expected = (["images"] if takes_images else []) + (
-        ["videos"] if takes_videos else []
-    )
+    expected = (["images"] if takes_images else []) + (["videos"] if takes_videos else [])
     assert info["modalities"] == expected, info
     for field in ("images", "videos", "audio"):
-        r = httpx2.post(
-            f"{launcher.url}/v1/systemone", json={**REQUEST, field: [pixel]}, timeout=60
-        )
+        r = httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, field: [pixel]}, timeout=60)
         if field == "images" and takes_images:
             assert r.status_code == 200, r.text
             continue
@@ -348,9 +255,7 @@ def test_media_fields_are_read_or_refused_naming_the_field(
     if takes_images:
         # Started without --media-allow-hosts: only data URLs are read, an http URL is refused by position.
         r = httpx2.post(
-            f"{launcher.url}/v1/systemone",
-            json={**REQUEST, "images": [pixel, "http://127.0.0.1:9/a.png"]},
-            timeout=60,
+            f"{launcher.url}/v1/systemone", json={**REQUEST, "images": [pixel, "http://127.0.0.1:9/a.png"]}, timeout=60
         )
         assert r.status_code == 400 and "images.1" in r.text, r.text
 
@@ -366,40 +271,23 @@ def test_a_marked_folder_is_never_read_as_plain_qwen3_5(tmp_path: Path) -> None:
     for item in source.iterdir():
         (clef / item.name).symlink_to(item)
     (clef / "joint_head_config.json").write_text("{}")
-    launcher = start_launcher(
-        tmp_path, ["--model-id", str(clef), "--hostname", "127.0.0.1"], name="clef"
-    )
+    launcher = start_launcher(tmp_path, ["--model-id", str(clef), "--hostname", "127.0.0.1"], name="clef")
     try:
         code = launcher.wait_exit(HEALTH_TIMEOUT_S)
         assert code not in (None, 0), launcher.output_tail()
         output = launcher.output()
-        assert "joint_head_config.json" in output and "missing hidden_size" in output, (
-            launcher.output_tail()
-        )
+        assert "joint_head_config.json" in output and "missing hidden_size" in output, launcher.output_tail()
     finally:
         launcher.stop(grace_s=20.0)
 
 
-def test_joint_is_refused_by_strategies_that_read_one_question_at_a_time(
-    served: tuple[str, Launcher],
-) -> None:
+def test_joint_is_refused_by_strategies_that_read_one_question_at_a_time(served: tuple[str, Launcher]) -> None:
     _name, launcher = served
-    r = httpx2.post(
-        f"{launcher.url}/v1/systemone", json={**REQUEST, "joint": True}, timeout=60
-    )
+    r = httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, "joint": True}, timeout=60)
     assert r.status_code == 400, r.text
     assert "joint" in r.text and "reads each question on its own" in r.text, r.text
-    sglang = {
-        "input": "x",
-        "questions": [{"id": "u", "type": "yes_no", "question": "Urgent?"}],
-        "joint": True,
-    }
+    sglang = {"input": "x", "questions": [{"id": "u", "type": "yes_no", "question": "Urgent?"}], "joint": True}
     r = httpx2.post(f"{launcher.url}/v1/decisions", json=sglang, timeout=60)
     assert r.status_code == 400 and "joint" in r.text, r.text
     # joint: false is the default everywhere.
-    assert (
-        httpx2.post(
-            f"{launcher.url}/v1/systemone", json={**REQUEST, "joint": False}, timeout=60
-        ).status_code
-        == 200
-    )
+    assert httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, "joint": False}, timeout=60).status_code == 200

@@ -34,9 +34,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     assert (model / "config.json").is_file(), f"{model} is missing: run `make fixtures`"
     workdir: Path = tmp_path_factory.mktemp("batching")
     launcher = start_launcher(
-        workdir,
-        ["--model-id", str(model), "--dtype", "float32", "--hostname", "127.0.0.1"],
-        name="batching",
+        workdir, ["--model-id", str(model), "--dtype", "float32", "--hostname", "127.0.0.1"], name="batching"
     )
     try:
         launcher.wait_healthy(HEALTH_TIMEOUT_S)
@@ -53,29 +51,17 @@ def metric(text: str, name: str) -> float:
 
 def request_body(rng: random.Random) -> dict[str, Any]:
     """8 questions about one distinct state of about 512 tokens."""
-    state = {
-        "ticket": " ".join(rng.choice(WORDS) for _ in range(420)),
-        "id": rng.randrange(10**9),
-    }
+    state = {"ticket": " ".join(rng.choice(WORDS) for _ in range(420)), "id": rng.randrange(10**9)}
     questions: dict[str, Any] = {}
     for index in range(8):
         if index % 3 == 0:
             questions[f"q{index}"] = {
                 "type": "choice",
                 "instructions": f"Which team handles part {index}?",
-                "criteria": {
-                    "billing": "payments",
-                    "tech": None,
-                    "shipping": "parcels",
-                    "other": None,
-                },
+                "criteria": {"billing": "payments", "tech": None, "shipping": "parcels", "other": None},
             }
         elif index % 3 == 1:
-            questions[f"q{index}"] = {
-                "type": "noul",
-                "instructions": f"Is point {index} urgent?",
-                "criteria": {"true": "it must be answered today"},
-            }
+            questions[f"q{index}"] = {"type": "noul", "instructions": f"Is point {index} urgent?", "criteria": {"true": "it must be answered today"}}
         else:
             questions[f"q{index}"] = {
                 "type": "score",
@@ -85,9 +71,7 @@ def request_body(rng: random.Random) -> dict[str, Any]:
     return {"state": state, "questions": questions}
 
 
-def test_a_closed_loop_of_32_requests_runs_one_forward_pass_per_batch(
-    server: Launcher,
-) -> None:
+def test_a_closed_loop_of_32_requests_runs_one_forward_pass_per_batch(server: Launcher) -> None:
     before = httpx2.get(f"{server.url}/metrics", timeout=30.0).text
     failures: list[str] = []
 
@@ -95,15 +79,11 @@ def test_a_closed_loop_of_32_requests_runs_one_forward_pass_per_batch(
         rng = random.Random(seed)
         with httpx2.Client(timeout=600.0) as http:
             for _ in range(REQUESTS_EACH):
-                response = http.post(
-                    f"{server.url}/v1/systemone", json=request_body(rng)
-                )
+                response = http.post(f"{server.url}/v1/systemone", json=request_body(rng))
                 if response.status_code != 200:
                     failures.append(f"{response.status_code} {response.text[:300]}")
 
-    threads = [
-        threading.Thread(target=client, args=(seed,)) for seed in range(CONCURRENCY)
-    ]
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(CONCURRENCY)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -112,18 +92,12 @@ def test_a_closed_loop_of_32_requests_runs_one_forward_pass_per_batch(
     after = httpx2.get(f"{server.url}/metrics", timeout=30.0).text
 
     def delta(name: str) -> float:
-        return metric(after, name) - (
-            metric(before, name)
-            if re.search(rf"^{name}", before, re.MULTILINE)
-            else 0.0
-        )
+        return metric(after, name) - (metric(before, name) if re.search(rf"^{name}", before, re.MULTILINE) else 0.0)
 
     batches = delta("decision_batch_requests_count")
     requests = delta("decision_batch_requests_sum")
     passes = delta("decision_shard_forward_passes_total")
     assert requests == CONCURRENCY * REQUESTS_EACH
-    print(
-        f"batches={batches:.0f} requests/batch={requests / batches:.2f} passes/batch={passes / batches:.3f}"
-    )
+    print(f"batches={batches:.0f} requests/batch={requests / batches:.2f} passes/batch={passes / batches:.3f}")
     assert passes / batches <= 1.05
     assert requests / batches >= 4

@@ -32,27 +32,14 @@ IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 LIMIT = 2048
 
 REQUEST: dict[str, Any] = {
-    "state": {
-        "ticket": "Refund not received",
-        "days": 12,
-        "tags": ["billing", "late"],
-        "a": {"z": 1, "b": None},
-    },
+    "state": {"ticket": "Refund not received", "days": 12, "tags": ["billing", "late"], "a": {"z": 1, "b": None}},
     "questions": {
         "team": {
             "type": "choice",
             "instructions": "Which team?",
-            "criteria": {
-                "tech_support": None,
-                "billing": "payments",
-                "sales": "new orders",
-            },
+            "criteria": {"tech_support": None, "billing": "payments", "sales": "new orders"},
         },
-        "urgent": {
-            "type": "noul",
-            "instructions": "Needs a reply within the hour?",
-            "criteria": {"true": "money"},
-        },
+        "urgent": {"type": "noul", "instructions": "Needs a reply within the hour?", "criteria": {"true": "money"}},
         "tone": {"type": "score", "criteria": ["calm", "annoyed", "furious"]},
     },
     "chat_template_kwargs": {"enable_thinking": False},
@@ -60,18 +47,10 @@ REQUEST: dict[str, Any] = {
 
 
 def render(value: Any) -> str:
-    return (
-        value
-        if isinstance(value, str)
-        else json.dumps(
-            value, ensure_ascii=False, separators=(",", ":"), sort_keys=True
-        )
-    )
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
-def reference_prompt(
-    tokenizer: Any, request: dict[str, Any], media: str = ""
-) -> tuple[list[int], list[Any], list[list[int]]]:
+def reference_prompt(tokenizer: Any, request: dict[str, Any], media: str = "") -> tuple[list[int], list[Any], list[list[int]]]:
     """§6's prompt and spans (counted from the end), and each question's request index per prompt option."""
 
     def tokens(text: str) -> list[int]:
@@ -86,16 +65,10 @@ def reference_prompt(
         question_span = (start, len(schema))
         schema += tokens("\nALLOWED OPTIONS:\n")
         if q["type"] == "noul":
-            criteria = {
-                **NOUL,
-                **{k: v for k, v in (q.get("criteria") or {}).items() if v is not None},
-            }
+            criteria = {**NOUL, **{k: v for k, v in (q.get("criteria") or {}).items() if v is not None}}
             options = [(0, "true", criteria["true"]), (1, "false", criteria["false"])]
         elif q["type"] == "choice":
-            options = sorted(
-                ((i, k, v) for i, (k, v) in enumerate(q["criteria"].items())),
-                key=lambda o: o[1],
-            )
+            options = sorted(((i, k, v) for i, (k, v) in enumerate(q["criteria"].items())), key=lambda o: o[1])
         else:
             options = [(i, str(i), level) for i, level in enumerate(q["criteria"])]
         option_spans = []
@@ -109,25 +82,14 @@ def reference_prompt(
             option_spans.append((start, len(schema)))
             schema += tokens("\n")
         schema += tokens("END FIELD\n")
-        spans.append(
-            (
-                {"noul": 0, "choice": 1, "score": 2}[q["type"]],
-                question_span,
-                option_spans,
-            )
-        )
+        spans.append(({"noul": 0, "choice": 1, "score": 2}[q["type"]], question_span, option_spans))
         orders.append([i for i, _, _ in options])
-    prefix = tokens(
-        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nSTATE:\n"
-    ) + (tokens(media) if media else [])
-    suffix = tokens(
-        "\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:"
-    )
+    prefix = tokens(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\nSTATE:\n") + (tokens(media) if media else [])
+    suffix = tokens("\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nJOINT SCHEMA DECISIONS:")
     prompt = prefix + tokens(render(request["state"])) + schema + suffix
     end = len(schema) + len(suffix)
     questions = [
-        (t, (s - end, e - end), tuple((a - end, b - end) for a, b in options))
-        for t, (s, e), options in spans
+        (t, (s - end, e - end), tuple((a - end, b - end) for a, b in options)) for t, (s, e), options in spans
     ]
     return prompt, questions, orders
 
@@ -150,9 +112,7 @@ class InProcess:
         from decision_server.engines import PooledSpec
 
         prompt, questions, orders = reference_prompt(self.tokenizer, request)
-        outcome = self.engine.run(
-            [PooledSpec(id=0, prompt=tuple(prompt), questions=tuple(questions))]
-        ).outcomes[0]
+        outcome = self.engine.run([PooledSpec(id=0, prompt=tuple(prompt), questions=tuple(questions))]).outcomes[0]
         answers = []
         for logits, order in zip(outcome.logits, orders, strict=True):
             top = max(logits)
@@ -165,29 +125,16 @@ class InProcess:
 
 
 @pytest.fixture(scope="module", params=FIXTURES)
-def served(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, Launcher]]:
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Launcher]]:
     from launchers import start_launcher
 
     model_dir = cache_dir() / "models" / request.param
-    assert model_dir.joinpath("joint_head_config.json").is_file(), (
-        f"{model_dir} is missing: run `make fixtures`"
-    )
+    assert model_dir.joinpath("joint_head_config.json").is_file(), f"{model_dir} is missing: run `make fixtures`"
     launcher = start_launcher(
         tmp_path_factory.mktemp("clef"),
         # A small input limit keeps the truncation and refusal checks cheap (the prompt bound is the smaller of
         # it and the checkpoint's 16,384 / 64,000, unit-tested in router/src/prompt/joint_schema.rs).
-        [
-            "--model-id",
-            str(model_dir),
-            "--dtype",
-            "float32",
-            "--hostname",
-            "127.0.0.1",
-            "--max-input-tokens",
-            str(LIMIT),
-        ],
+        ["--model-id", str(model_dir), "--dtype", "float32", "--hostname", "127.0.0.1", "--max-input-tokens", str(LIMIT)],
         name=request.param,
     )
     try:
@@ -206,18 +153,12 @@ def test_info_names_the_clef_strategy(served: tuple[str, Launcher]) -> None:
     name, launcher = served
     info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
     strategy = {"tiny-clef-flash": "clef_flash", "tiny-clef-omni": "clef_omni"}[name]
-    assert (info["read_strategy"], info["engine"], info["implementation"]) == (
-        strategy,
-        "pooled",
-        "transformers",
-    ), info
+    assert (info["read_strategy"], info["engine"], info["implementation"]) == (strategy, "pooled", "transformers"), info
     assert info["prompt_format"] == {"name": "joint_schema", "version": 401}, info
     assert not info["refusals"], info
 
 
-def _values(
-    answer: dict[str, Any], kind: str, request_q: dict[str, Any]
-) -> list[float]:
+def _values(answer: dict[str, Any], kind: str, request_q: dict[str, Any]) -> list[float]:
     if kind == "noul":
         return [answer["noul"], 1 - answer["noul"]]
     probabilities = answer["probabilities"]
@@ -226,9 +167,7 @@ def _values(
     return [probabilities[str(i)] for i in range(len(request_q["criteria"]))]
 
 
-def test_systemone_equals_the_head_on_the_reference_prompt(
-    served: tuple[str, Launcher], in_process: InProcess
-) -> None:
+def test_systemone_equals_the_head_on_the_reference_prompt(served: tuple[str, Launcher], in_process: InProcess) -> None:
     _, launcher = served
     r = httpx2.post(f"{launcher.url}/v1/systemone", json=REQUEST, timeout=120)
     assert r.status_code == 200, r.text
@@ -236,25 +175,15 @@ def test_systemone_equals_the_head_on_the_reference_prompt(
     expected, prompt_len = in_process.probabilities(REQUEST)
     for (qid, q), p in zip(REQUEST["questions"].items(), expected, strict=True):
         got = _values(body["answers"][qid], q["type"], q)
-        assert max(abs(a - b) for a, b in zip(got, p, strict=True)) < 1e-6, (
-            qid,
-            got,
-            p,
-        )
+        assert max(abs(a - b) for a, b in zip(got, p, strict=True)) < 1e-6, (qid, got, p)
     # Confidence is the chosen option's probability; usage counts the prompt once, nothing generated.
     team = body["answers"]["team"]
-    assert team["confidence"] == pytest.approx(
-        max(team["probabilities"].values()), abs=1e-12
-    )
-    assert body["answers"]["team"]["choice"] == max(
-        team["probabilities"], key=team["probabilities"].get
-    )
+    assert team["confidence"] == pytest.approx(max(team["probabilities"].values()), abs=1e-12)
+    assert body["answers"]["team"]["choice"] == max(team["probabilities"], key=team["probabilities"].get)
     assert body["usage"] == {"input_tokens": prompt_len, "output_tokens": 0}
 
 
-def test_the_sglang_shape_sends_the_reference_prompt(
-    served: tuple[str, Launcher], in_process: InProcess
-) -> None:
+def test_the_sglang_shape_sends_the_reference_prompt(served: tuple[str, Launcher], in_process: InProcess) -> None:
     _, launcher = served
     sglang = {
         "input": REQUEST["state"],
@@ -270,12 +199,7 @@ def test_the_sglang_shape_sends_the_reference_prompt(
                     {"name": "sales", "description": "new orders"},
                 ],
             },
-            {
-                "id": "urgent",
-                "type": "yes_no",
-                "question": "Needs a reply within the hour?",
-                "yes": "money",
-            },
+            {"id": "urgent", "type": "yes_no", "question": "Needs a reply within the hour?", "yes": "money"},
             {"id": "tone", "type": "score", "levels": ["calm", "annoyed", "furious"]},
         ],
     }
@@ -288,10 +212,7 @@ def test_the_sglang_shape_sends_the_reference_prompt(
         assert body["answers"][qid]["label_mass"] == 1.0
     assert body["prompt_format_version"] == 401
     expected, _ = in_process.probabilities(REQUEST)
-    got = [
-        body["answers"]["team"]["probabilities"][n]
-        for n in ("tech_support", "billing", "sales")
-    ]
+    got = [body["answers"]["team"]["probabilities"][n] for n in ("tech_support", "billing", "sales")]
     assert max(abs(a - b) for a, b in zip(got, expected[0], strict=True)) < 1e-6
 
 
@@ -301,21 +222,9 @@ def test_the_openai_shape_answers_every_type(served: tuple[str, Launcher]) -> No
         "model": "m",
         "input": "The package arrived with a broken screen.",
         "questions": [
-            {
-                "type": "predicate",
-                "name": "damaged",
-                "instructions": "Does the customer report a damaged item?",
-            },
-            {
-                "type": "choice",
-                "instructions": "Which department?",
-                "choices": [{"value": "returns"}, {"value": "billing"}],
-            },
-            {
-                "type": "score",
-                "instructions": "How severe?",
-                "levels": [{"label": "cosmetic"}, {"label": "broken"}],
-            },
+            {"type": "predicate", "name": "damaged", "instructions": "Does the customer report a damaged item?"},
+            {"type": "choice", "instructions": "Which department?", "choices": [{"value": "returns"}, {"value": "billing"}]},
+            {"type": "score", "instructions": "How severe?", "levels": [{"label": "cosmetic"}, {"label": "broken"}]},
         ],
     }
     r = httpx2.post(f"{launcher.url}/v1/decisions", json=body, timeout=120)
@@ -328,20 +237,12 @@ def test_the_openai_shape_answers_every_type(served: tuple[str, Launcher]) -> No
 
 def test_refusals(served: tuple[str, Launcher]) -> None:
     _, launcher = served
-    r = httpx2.post(
-        f"{launcher.url}/v1/systemone",
-        json={**REQUEST, "instructions": "Be brief."},
-        timeout=60,
-    )
+    r = httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, "instructions": "Be brief."}, timeout=60)
     assert r.status_code == 400, r.text
     assert "fixed prompt" in r.text and "instructions" in r.text
     # A schema longer than the server reads: refused, not truncated.
     many = {f"q{i}": {"type": "noul", "instructions": "word " * 300} for i in range(10)}
-    r = httpx2.post(
-        f"{launcher.url}/v1/systemone",
-        json={"state": "x", "questions": many},
-        timeout=60,
-    )
+    r = httpx2.post(f"{launcher.url}/v1/systemone", json={"state": "x", "questions": many}, timeout=60)
     assert r.status_code in (400, 413), r.text
     assert "questions" in r.text
 
@@ -351,10 +252,7 @@ def test_a_long_state_is_truncated_from_its_end(served: tuple[str, Launcher]) ->
     state = "lorem " * (LIMIT + 100)
     r = httpx2.post(
         f"{launcher.url}/v1/systemone",
-        json={
-            "state": state,
-            "questions": {"u": {"type": "noul", "instructions": "Is it long?"}},
-        },
+        json={"state": state, "questions": {"u": {"type": "noul", "instructions": "Is it long?"}}},
         timeout=300,
     )
     assert r.status_code == 200, r.text
@@ -366,26 +264,17 @@ def _png() -> str:
     from PIL import Image
 
     buffer = io.BytesIO()
-    Image.fromarray(
-        np.random.default_rng(3).integers(0, 255, (40, 72, 3), dtype=np.uint8)
-    ).save(buffer, format="PNG")
+    Image.fromarray(np.random.default_rng(3).integers(0, 255, (40, 72, 3), dtype=np.uint8)).save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def test_an_image_is_read_and_counted(served: tuple[str, Launcher]) -> None:
     _, launcher = served
     text = httpx2.post(f"{launcher.url}/v1/systemone", json=REQUEST, timeout=120).json()
-    r = httpx2.post(
-        f"{launcher.url}/v1/systemone",
-        json={**REQUEST, "images": [_png()]},
-        timeout=120,
-    )
+    r = httpx2.post(f"{launcher.url}/v1/systemone", json={**REQUEST, "images": [_png()]}, timeout=120)
     assert r.status_code == 200, r.text
     body = r.json()
-    assert (
-        body["answers"]["team"]["probabilities"]
-        != text["answers"]["team"]["probabilities"]
-    )
+    assert body["answers"]["team"]["probabilities"] != text["answers"]["team"]["probabilities"]
     assert body["usage"]["input_tokens"] > text["usage"]["input_tokens"]
 
 
@@ -412,11 +301,6 @@ def test_videos_and_audio_as_the_seeds_say(served: tuple[str, Launcher]) -> None
         return
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["input_tokens"] > text["usage"]["input_tokens"]
-    r = httpx2.post(
-        url, json={**REQUEST, "audio": [clip], "videos": [video]}, timeout=300
-    )
+    r = httpx2.post(url, json={**REQUEST, "audio": [clip], "videos": [video]}, timeout=300)
     assert r.status_code == 400, r.text
-    assert (
-        "audio.0: audio clips cannot be read with videos that have soundtracks"
-        in r.text
-    )
+    assert "audio.0: audio clips cannot be read with videos that have soundtracks" in r.text

@@ -22,30 +22,16 @@ import containers
 from conftest import HEALTH_TIMEOUT_S, TARGETS
 from launchers import cache_dir
 
-pytestmark = pytest.mark.skipif(
-    "container" not in TARGETS, reason="DECISION_TEST_TARGETS leaves out the container"
-)
+pytestmark = pytest.mark.skipif("container" not in TARGETS, reason="DECISION_TEST_TARGETS leaves out the container")
 
 TINY_QWEN3_DIR = cache_dir() / "models" / "tiny-qwen3"
 
 README_BODY: dict[str, Any] = {
     "state": {"ticket": "Refund not received", "days": 12},
     "questions": {
-        "team": {
-            "type": "choice",
-            "instructions": "Which team?",
-            "criteria": {"billing": "payments", "tech": None},
-        },
-        "urgent": {
-            "type": "noul",
-            "instructions": "Needs a reply within the hour?",
-            "criteria": {"true": "money is moving"},
-        },
-        "tone": {
-            "type": "score",
-            "instructions": "How upset?",
-            "criteria": ["calm", "annoyed", "furious"],
-        },
+        "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "payments", "tech": None}},
+        "urgent": {"type": "noul", "instructions": "Needs a reply within the hour?", "criteria": {"true": "money is moving"}},
+        "tone": {"type": "score", "instructions": "How upset?", "criteria": ["calm", "annoyed", "furious"]},
     },
 }
 
@@ -59,9 +45,7 @@ def started() -> Iterator[list[containers.Container]]:
         container.remove()
 
 
-def start(
-    started: list[containers.Container], *args: str, **kwargs: Any
-) -> containers.Container:
+def start(started: list[containers.Container], *args: str, **kwargs: Any) -> containers.Container:
     container = containers.start_container(list(args), **kwargs)
     started.append(container)
     return container
@@ -78,9 +62,7 @@ def assert_answers_readme_request(url: str) -> dict[str, Any]:
     return body
 
 
-def test_plain_docker_run_answers_as_non_root_and_turns_healthy(
-    started: list[containers.Container],
-) -> None:
+def test_plain_docker_run_answers_as_non_root_and_turns_healthy(started: list[containers.Container]) -> None:
     container = start(started)
     container.wait_healthy(HEALTH_TIMEOUT_S)
     info = httpx2.get(f"{container.url}/info", timeout=10).json()
@@ -113,68 +95,37 @@ def test_plain_docker_run_answers_as_non_root_and_turns_healthy(
 
 
 def test_model_id_serves_a_mounted_folder(started: list[containers.Container]) -> None:
-    assert TINY_QWEN3_DIR.joinpath("config.json").is_file(), (
-        f"{TINY_QWEN3_DIR} missing: run `make fixtures`"
-    )
-    container = start(
-        started,
-        "--model-id",
-        "/data/tiny-qwen3",
-        volumes=[(TINY_QWEN3_DIR, "/data/tiny-qwen3")],
-    )
+    assert TINY_QWEN3_DIR.joinpath("config.json").is_file(), f"{TINY_QWEN3_DIR} missing: run `make fixtures`"
+    container = start(started, "--model-id", "/data/tiny-qwen3", volumes=[(TINY_QWEN3_DIR, "/data/tiny-qwen3")])
     container.wait_healthy(HEALTH_TIMEOUT_S)
     info = httpx2.get(f"{container.url}/info", timeout=10).json()
-    assert (info["model_id"], info["architecture"]) == (
-        "tiny-qwen3",
-        "Qwen3ForCausalLM",
-    )
+    assert (info["model_id"], info["architecture"]) == ("tiny-qwen3", "Qwen3ForCausalLM")
     assert_answers_readme_request(container.url)
 
 
-def test_flags_work_as_environment_variables(
-    started: list[containers.Container],
-) -> None:
+def test_flags_work_as_environment_variables(started: list[containers.Container]) -> None:
     container = start(
         started,
-        env={
-            "COMPAT": "vllm",
-            "MAX_INPUT_TOKENS": "3000",
-            "SERVED_MODEL_NAME": "from-env",
-            "READ_MODE": "naive",
-        },
+        env={"COMPAT": "vllm", "MAX_INPUT_TOKENS": "3000", "SERVED_MODEL_NAME": "from-env", "READ_MODE": "naive"},
     )
     container.wait_healthy(HEALTH_TIMEOUT_S)
     info = httpx2.get(f"{container.url}/info", timeout=10).json()
-    assert (info["compat"], info["model_id"], info["read_mode"]) == (
-        "vllm",
-        "from-env",
-        "naive",
-    )
+    assert (info["compat"], info["model_id"], info["read_mode"]) == ("vllm", "from-env", "naive")
     assert info["limits"]["max_input_tokens"] == 3000
 
 
-def test_docker_stop_answers_requests_in_flight_and_exits_zero(
-    started: list[containers.Container],
-) -> None:
+def test_docker_stop_answers_requests_in_flight_and_exits_zero(started: list[containers.Container]) -> None:
     # A grace (and docker stop timeout) with room for a loaded CI machine; the image's default is 8 s of 10.
     container = start(started, "--dtype", "float32", env={"SHUTDOWN_GRACE_SECS": "40"})
     container.wait_healthy(HEALTH_TIMEOUT_S)
     # Long enough to still be computing when the stop arrives (a few seconds on two CPU cores).
-    state = {
-        "notes": " ".join(
-            f"line {i}: the customer wrote again about the refund." for i in range(120)
-        )
-    }
+    state = {"notes": " ".join(f"line {i}: the customer wrote again about the refund." for i in range(120))}
     body = {**README_BODY, "state": state}
     results: list[int | str] = []
 
     def send() -> None:
         try:
-            results.append(
-                httpx2.post(
-                    f"{container.url}/v1/systemone", json=body, timeout=60
-                ).status_code
-            )
+            results.append(httpx2.post(f"{container.url}/v1/systemone", json=body, timeout=60).status_code)
         except httpx2.HTTPError as e:
             results.append(f"{type(e).__name__}: {e}")
 
@@ -182,9 +133,7 @@ def test_docker_stop_answers_requests_in_flight_and_exits_zero(
     for thread in threads:
         thread.start()
     time.sleep(1.0)
-    assert len(results) == 0, (
-        f"requests finished before the stop; make them longer: {results}"
-    )
+    assert len(results) == 0, f"requests finished before the stop; make them longer: {results}"
     took = container.docker_stop(timeout_s=45)
     for thread in threads:
         thread.join(timeout=30)
@@ -198,9 +147,7 @@ def test_docker_stop_answers_requests_in_flight_and_exits_zero(
     assert len(stops) == 2 and "router" in stops[0] and "shard 0" in stops[1], plain
 
 
-def test_bad_model_id_exits_non_zero_naming_the_reason(
-    started: list[containers.Container],
-) -> None:
+def test_bad_model_id_exits_non_zero_naming_the_reason(started: list[containers.Container]) -> None:
     container = start(started, "--model-id", "/data/no-such-model", publish=False)
     code = container.wait_exit(60)
     logs = container.logs()
@@ -219,10 +166,7 @@ def test_image_has_no_build_tools_and_no_test_packages() -> None:
         " + [t for t in ('make', 'cmake', 'cargo', 'rustc', 'pip') if shutil.which(t)])"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE,
-        entrypoint=["python3", "-c", probe],
-        remove=True,
-        labels={containers.LABEL: "1"},
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
     )
     assert out.decode().strip() == "[]"
 
@@ -237,10 +181,7 @@ def test_the_image_user_compiles_the_bfloat16_chains_into_the_data_volume() -> N
         "print(on, os.environ['TORCHINDUCTOR_CACHE_DIR'], kept > 0)"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE,
-        entrypoint=["python3", "-c", probe],
-        remove=True,
-        labels={containers.LABEL: "1"},
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
     )
     assert out.decode().split() == ["True", "/data/inductor", "True"]
 
@@ -255,9 +196,6 @@ def test_the_image_user_keeps_matmul_auto_probe_times_in_the_data_volume() -> No
         "print(record, mode in layers.MATMUL_MODES, len(json.loads(record.read_text())))"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE,
-        entrypoint=["python3", "-c", probe],
-        remove=True,
-        labels={containers.LABEL: "1"},
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
     )
     assert out.decode().split() == ["/data/matmul-probes.json", "True", "1"]

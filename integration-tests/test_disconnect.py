@@ -18,9 +18,7 @@ from urllib.parse import urlsplit
 import httpx2
 from launchers import Launcher
 
-LONG_STATE = (
-    "The customer reports that the invoice total is wrong and the refund is late. " * 60
-)
+LONG_STATE = "The customer reports that the invoice total is wrong and the refund is late. " * 60
 
 
 def metric(client: httpx2.Client, name: str) -> float:
@@ -29,9 +27,7 @@ def metric(client: httpx2.Client, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def wait_for(
-    condition: Callable[[], bool], what: str, timeout_s: float = 120.0
-) -> None:
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -51,9 +47,7 @@ def send_raw_post(url: str, path: str, body: dict) -> socket.socket:
     return sock
 
 
-def test_reads_of_a_gone_client_are_not_computed(
-    launcher_factory: Callable[..., Launcher],
-) -> None:
+def test_reads_of_a_gone_client_are_not_computed(launcher_factory: Callable[..., Launcher]) -> None:
     # A small batch budget keeps the long request and the impatient one in separate shard calls.
     launcher = launcher_factory(
         [
@@ -69,61 +63,41 @@ def test_reads_of_a_gone_client_are_not_computed(
         name="drop",
     )
     launcher.wait_healthy(timeout_s=300)
-    questions = {
-        f"q{i}": {"type": "noul", "instructions": f"Is point {i} true?"}
-        for i in range(12)
-    }
+    questions = {f"q{i}": {"type": "noul", "instructions": f"Is point {i} true?"} for i in range(12)}
     with httpx2.Client(base_url=launcher.url, timeout=300) as client:
         dropped_before = metric(client, "decision_reads_dropped_total")
         reads_before = metric(client, "decision_batch_reads_sum")
         answers: list[int] = []
         worker = threading.Thread(
             target=lambda: answers.append(
-                client.post(
-                    "/v1/systemone", json={"state": LONG_STATE, "questions": questions}
-                ).status_code
+                client.post("/v1/systemone", json={"state": LONG_STATE, "questions": questions}).status_code
             )
         )
         worker.start()
-        wait_for(
-            lambda: metric(client, "decision_queued_reads") >= 12,
-            "the long request's 12 reads to be queued",
-        )
+        wait_for(lambda: metric(client, "decision_queued_reads") >= 12, "the long request's 12 reads to be queued")
 
         # Queued behind the long read, this client gives up long before its turn comes.
         impatient = send_raw_post(
             launcher.url,
             "/v1/systemone",
-            {
-                "state": "short",
-                "questions": {"a": {"type": "noul", "instructions": "Now?"}},
-            },
+            {"state": "short", "questions": {"a": {"type": "noul", "instructions": "Now?"}}},
         )
         try:
-            wait_for(
-                lambda: metric(client, "decision_queued_reads") >= 13,
-                "the impatient read to be queued",
-            )
+            wait_for(lambda: metric(client, "decision_queued_reads") >= 13, "the impatient read to be queued")
         finally:
             impatient.close()
 
         worker.join(timeout=300)
         assert answers == [200]
         wait_for(
-            lambda: (
-                metric(client, "decision_reads_dropped_total") >= dropped_before + 1
-            ),
+            lambda: metric(client, "decision_reads_dropped_total") >= dropped_before + 1,
             "the gone client's read to be dropped",
             30,
         )
         # Only the long request's reads reached the shard.
         assert metric(client, "decision_batch_reads_sum") == reads_before + 12
         ok = client.post(
-            "/v1/systemone",
-            json={
-                "state": "x",
-                "questions": {"a": {"type": "noul", "instructions": "Fine?"}},
-            },
+            "/v1/systemone", json={"state": "x", "questions": {"a": {"type": "noul", "instructions": "Fine?"}}}
         )
         assert ok.status_code == 200
         # Given to the launcher, the budget reaches the router and the shard alike.

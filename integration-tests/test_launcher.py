@@ -22,10 +22,7 @@ from wire import REQUEST_ID_HEADER, error_detail
 
 API_KEY = "s3cret-integration-key"
 GRACE_S = 30
-BODY = {
-    "state": "Refund not received.",
-    "questions": {"refund": {"type": "noul", "instructions": "Money back?"}},
-}
+BODY = {"state": "Refund not received.", "questions": {"refund": {"type": "noul", "instructions": "Money back?"}}}
 HEALTH_TIMEOUT_S = 300.0
 BAD_MODEL_TIMEOUT_S = 180.0
 
@@ -35,16 +32,7 @@ def auth_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher
     workdir = tmp_path_factory.mktemp("auth")
     launcher = start_launcher(
         workdir,
-        [
-            "--dtype",
-            "float32",
-            "--hostname",
-            "127.0.0.1",
-            "--api-key",
-            API_KEY,
-            "--shutdown-grace-secs",
-            str(GRACE_S),
-        ],
+        ["--dtype", "float32", "--hostname", "127.0.0.1", "--api-key", API_KEY, "--shutdown-grace-secs", str(GRACE_S)],
         name="auth",
     )
     try:
@@ -55,27 +43,15 @@ def auth_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher
 
 
 def _post(url: str, headers: dict[str, str]) -> httpx2.Response:
-    return httpx2.post(
-        f"{url}/v1/systemone",
-        content=json.dumps(BODY),
-        headers={"content-type": "application/json", **headers},
-        timeout=120.0,
-    )
+    return httpx2.post(f"{url}/v1/systemone", content=json.dumps(BODY), headers={"content-type": "application/json", **headers}, timeout=120.0)
 
 
 @pytest.mark.parametrize(
     "headers",
-    [
-        {},
-        {"authorization": "Bearer wrong-key"},
-        {"authorization": f"Bearer {API_KEY}x"},
-        {"authorization": f"Bearer {API_KEY[:-1]}"},
-    ],
+    [{}, {"authorization": "Bearer wrong-key"}, {"authorization": f"Bearer {API_KEY}x"}, {"authorization": f"Bearer {API_KEY[:-1]}"}],
     ids=["no-key", "wrong-key", "key-with-suffix", "key-prefix"],
 )
-def test_systemone_refuses_a_missing_or_wrong_key(
-    auth_launcher: Launcher, headers: dict[str, str]
-) -> None:
+def test_systemone_refuses_a_missing_or_wrong_key(auth_launcher: Launcher, headers: dict[str, str]) -> None:
     r = _post(auth_launcher.url, headers)
     assert r.status_code == 401, f"headers {headers} → {r.status_code} {r.text[:500]}"
     assert r.headers.get(REQUEST_ID_HEADER)
@@ -92,24 +68,14 @@ def test_models_requires_the_key_too(auth_launcher: Launcher) -> None:
     missing = httpx2.get(f"{auth_launcher.url}/v1/models", timeout=30.0)
     assert missing.status_code == 401, f"{missing.status_code} {missing.text[:500]}"
     assert error_detail(missing)["error_type"] == "authentication_error"
-    wrong = httpx2.get(
-        f"{auth_launcher.url}/v1/models",
-        headers={"authorization": "Bearer nope"},
-        timeout=30.0,
-    )
+    wrong = httpx2.get(f"{auth_launcher.url}/v1/models", headers={"authorization": "Bearer nope"}, timeout=30.0)
     assert wrong.status_code == 401, f"{wrong.status_code} {wrong.text[:500]}"
-    right = httpx2.get(
-        f"{auth_launcher.url}/v1/models",
-        headers={"authorization": f"Bearer {API_KEY}"},
-        timeout=30.0,
-    )
+    right = httpx2.get(f"{auth_launcher.url}/v1/models", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0)
     assert right.status_code == 200, f"{right.status_code} {right.text[:500]}"
     assert right.json()["models"]
 
 
-def test_the_key_is_not_on_child_command_lines_or_in_logs(
-    auth_launcher: Launcher,
-) -> None:
+def test_the_key_is_not_on_child_command_lines_or_in_logs(auth_launcher: Launcher) -> None:
     tree = auth_launcher.remember_tree()
     assert tree, "the launcher has no children"
     leaks = [describe(pid) for pid in tree if API_KEY in describe(pid)]
@@ -117,41 +83,23 @@ def test_the_key_is_not_on_child_command_lines_or_in_logs(
     assert API_KEY not in auth_launcher.output(), "the API key was logged"
 
 
-@pytest.mark.parametrize(
-    "path", ["/metrics", "/info", "/docs", "/api-doc/openapi.json"]
-)
-def test_operator_routes_need_the_key_and_health_does_not(
-    auth_launcher: Launcher, path: str
-) -> None:
+@pytest.mark.parametrize("path", ["/metrics", "/info", "/docs", "/api-doc/openapi.json"])
+def test_operator_routes_need_the_key_and_health_does_not(auth_launcher: Launcher, path: str) -> None:
     missing = httpx2.get(f"{auth_launcher.url}{path}", timeout=30.0)
-    assert missing.status_code == 401, (
-        f"{path}: {missing.status_code} {missing.text[:300]}"
-    )
-    keyed = httpx2.get(
-        f"{auth_launcher.url}{path}",
-        headers={"authorization": f"Bearer {API_KEY}"},
-        timeout=30.0,
-    )
+    assert missing.status_code == 401, f"{path}: {missing.status_code} {missing.text[:300]}"
+    keyed = httpx2.get(f"{auth_launcher.url}{path}", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0)
     assert keyed.status_code == 200, f"{path}: {keyed.status_code} {keyed.text[:300]}"
     assert httpx2.get(f"{auth_launcher.url}/health", timeout=30.0).status_code == 200
 
 
 def test_info_shows_the_model_folder_to_the_key_holder(auth_launcher: Launcher) -> None:
-    info = httpx2.get(
-        f"{auth_launcher.url}/info",
-        headers={"authorization": f"Bearer {API_KEY}"},
-        timeout=30.0,
-    ).json()
+    info = httpx2.get(f"{auth_launcher.url}/info", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0).json()
     assert info["model_dir"].endswith("SmolLM2-135M-Instruct"), info
 
 
 def _in_flight(url: str) -> float:
-    text = httpx2.get(
-        f"{url}/metrics", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0
-    ).text
-    match = re.search(
-        r"^decision_http_requests_in_flight ([0-9.e+]+)$", text, re.MULTILINE
-    )
+    text = httpx2.get(f"{url}/metrics", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0).text
+    match = re.search(r"^decision_http_requests_in_flight ([0-9.e+]+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
 
 
@@ -165,27 +113,17 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
     """Runs last in this module: it shuts the module's launcher down."""
     tree = auth_launcher.remember_tree()
     commands = [describe(pid) for pid in tree]
-    assert any("decision-router" in c for c in commands), (
-        f"no router among the children: {commands}"
-    )
-    assert any("decision-server" in c or "decision_server" in c for c in commands), (
-        f"no shard among the children: {commands}"
-    )
-    sockets_before = sorted(
-        auth_launcher.uds_path.parent.glob(auth_launcher.uds_path.name + "*")
-    )
+    assert any("decision-router" in c for c in commands), f"no router among the children: {commands}"
+    assert any("decision-server" in c or "decision_server" in c for c in commands), f"no shard among the children: {commands}"
+    sockets_before = sorted(auth_launcher.uds_path.parent.glob(auth_launcher.uds_path.name + "*"))
     assert sockets_before, f"no shard socket at {auth_launcher.uds_path}-*"
 
     # A graceful drain: 20 requests in flight at SIGTERM are all answered, while new ones are refused 503 +
     # Retry-After and /health turns 503, then the shard stops.
     in_flight = 20
     body = {
-        "state": "The customer was charged twice for one order and the refund has not arrived. "
-        * 3,
-        "questions": {
-            f"q{i}": {"type": "noul", "instructions": f"Is point {i} raised?"}
-            for i in range(2)
-        },
+        "state": "The customer was charged twice for one order and the refund has not arrived. " * 3,
+        "questions": {f"q{i}": {"type": "noul", "instructions": f"Is point {i} raised?"} for i in range(2)},
     }
     answers: list[int] = []
     lock = threading.Lock()
@@ -194,21 +132,14 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
         r = httpx2.post(
             f"{auth_launcher.url}/v1/systemone",
             content=json.dumps(body),
-            headers={
-                "content-type": "application/json",
-                "authorization": f"Bearer {API_KEY}",
-            },
+            headers={"content-type": "application/json", "authorization": f"Bearer {API_KEY}"},
             timeout=120.0,
         )
         with lock:
             answers.append(r.status_code)
 
     # The shard is frozen while they are sent, so that all 20 are surely still in flight at the signal.
-    shard = next(
-        pid
-        for pid in tree
-        if "decision-server" in describe(pid) or "decision_server" in describe(pid)
-    )
+    shard = next(pid for pid in tree if "decision-server" in describe(pid) or "decision_server" in describe(pid))
     os.kill(shard, signal.SIGSTOP)
     try:
         senders = [threading.Thread(target=send) for _ in range(in_flight)]
@@ -217,9 +148,7 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
         deadline = time.monotonic() + 60
         while _in_flight(auth_launcher.url) < in_flight and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _in_flight(auth_launcher.url) == in_flight, (
-            f"in flight: {_in_flight(auth_launcher.url)}; {answers}"
-        )
+        assert _in_flight(auth_launcher.url) == in_flight, f"in flight: {_in_flight(auth_launcher.url)}; {answers}"
         started = time.monotonic()
         auth_launcher.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
@@ -231,20 +160,12 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
         sender.join(GRACE_S + 15)
     code = auth_launcher.wait_exit(GRACE_S + 15)
     elapsed = time.monotonic() - started
-    print(
-        f"drain: {answers.count(200)} of {in_flight} in-flight requests answered 200; stopped in {elapsed:.1f} s"
-    )
-    assert answers == [200] * in_flight, (
-        f"in-flight requests at SIGTERM answered {answers}"
-    )
-    assert refused.status_code == 503 and refused.headers.get("retry-after"), (
-        f"{refused.status_code} {refused.text}"
-    )
+    print(f"drain: {answers.count(200)} of {in_flight} in-flight requests answered 200; stopped in {elapsed:.1f} s")
+    assert answers == [200] * in_flight, f"in-flight requests at SIGTERM answered {answers}"
+    assert refused.status_code == 503 and refused.headers.get("retry-after"), f"{refused.status_code} {refused.text}"
     assert error_detail(refused)["error_type"] == "draining", refused.text
     assert health.status_code == 503, f"{health.status_code} {health.text}"
-    assert code is not None, (
-        f"still running {GRACE_S + 15} s after SIGTERM\n{auth_launcher.output_tail()}"
-    )
+    assert code is not None, f"still running {GRACE_S + 15} s after SIGTERM\n{auth_launcher.output_tail()}"
     assert code == 0, f"exit code {code} after SIGTERM\n{auth_launcher.output_tail()}"
     assert elapsed <= GRACE_S + 5, f"took {elapsed:.1f} s to stop (grace {GRACE_S} s)"
 
@@ -253,14 +174,9 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
         left = [pid for pid, start in tree.items() if still_running(pid, start)]
-    assert not left, (
-        "processes left behind after the launcher exited:\n  "
-        + "\n  ".join(describe(p) for p in left)
-    )
+    assert not left, "processes left behind after the launcher exited:\n  " + "\n  ".join(describe(p) for p in left)
 
-    sockets_after = sorted(
-        auth_launcher.uds_path.parent.glob(auth_launcher.uds_path.name + "*")
-    )
+    sockets_after = sorted(auth_launcher.uds_path.parent.glob(auth_launcher.uds_path.name + "*"))
     assert not sockets_after, f"socket files left behind: {sockets_after}"
     assert not _port_open(auth_launcher.port), "the HTTP port still accepts connections"
 
@@ -276,50 +192,30 @@ def _expect_failure(launcher: Launcher, timeout_s: float) -> str:
         time.sleep(0.2)
     code = launcher.proc.poll()
     output = launcher.output()
-    assert code is not None, (
-        f"still running after {timeout_s:.0f} s with a bad model\n{launcher.output_tail()}"
-    )
+    assert code is not None, f"still running after {timeout_s:.0f} s with a bad model\n{launcher.output_tail()}"
     assert code != 0, f"exit code 0 with a bad model\n{output[-4000:]}"
     time.sleep(0.5)
-    left = [
-        pid for pid, start in launcher.known_tree.items() if still_running(pid, start)
-    ]
-    assert not left, "processes left behind:\n  " + "\n  ".join(
-        describe(p) for p in left
-    )
+    left = [pid for pid, start in launcher.known_tree.items() if still_running(pid, start)]
+    assert not left, "processes left behind:\n  " + "\n  ".join(describe(p) for p in left)
     return output
 
 
-def test_empty_model_folder_fails_with_a_message(
-    launcher_factory: Callable[..., Launcher], tmp_path: Path
-) -> None:
+def test_empty_model_folder_fails_with_a_message(launcher_factory: Callable[..., Launcher], tmp_path: Path) -> None:
     empty = tmp_path / "empty-model"
     empty.mkdir()
-    launcher = launcher_factory(
-        ["--model-id", str(empty), "--hostname", "127.0.0.1"], name="empty"
-    )
+    launcher = launcher_factory(["--model-id", str(empty), "--hostname", "127.0.0.1"], name="empty")
     output = _expect_failure(launcher, 60.0)
-    assert str(empty) in output and "config.json" in output, (
-        f"the message does not name the problem:\n{output[-4000:]}"
-    )
+    assert str(empty) in output and "config.json" in output, f"the message does not name the problem:\n{output[-4000:]}"
 
 
-def test_missing_model_folder_fails_with_a_message(
-    launcher_factory: Callable[..., Launcher], tmp_path: Path
-) -> None:
+def test_missing_model_folder_fails_with_a_message(launcher_factory: Callable[..., Launcher], tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
-    launcher = launcher_factory(
-        ["--model-id", str(missing), "--hostname", "127.0.0.1"], name="missing"
-    )
+    launcher = launcher_factory(["--model-id", str(missing), "--hostname", "127.0.0.1"], name="missing")
     output = _expect_failure(launcher, 60.0)
-    assert str(missing) in output, (
-        f"the message does not name the folder:\n{output[-4000:]}"
-    )
+    assert str(missing) in output, f"the message does not name the folder:\n{output[-4000:]}"
 
 
-def test_model_folder_without_weights_fails_with_a_message(
-    launcher_factory: Callable[..., Launcher], tmp_path: Path
-) -> None:
+def test_model_folder_without_weights_fails_with_a_message(launcher_factory: Callable[..., Launcher], tmp_path: Path) -> None:
     broken = tmp_path / "no-weights"
     broken.mkdir()
     config = {
@@ -335,14 +231,9 @@ def test_model_folder_without_weights_fails_with_a_message(
     }
     (broken / "config.json").write_text(json.dumps(config))
     launcher = launcher_factory(
-        ["--model-id", str(broken), "--hostname", "127.0.0.1", "--dtype", "float32"],
-        name="broken",
+        ["--model-id", str(broken), "--hostname", "127.0.0.1", "--dtype", "float32"], name="broken"
     )
     output = _expect_failure(launcher, BAD_MODEL_TIMEOUT_S)
     lowered = output.lower()
-    named = str(broken) in output and any(
-        w in lowered for w in ("safetensors", "pytorch_model", "weights")
-    )
-    assert named, (
-        f"the message does not name the folder and the missing weights:\n{output[-4000:]}"
-    )
+    named = str(broken) in output and any(w in lowered for w in ("safetensors", "pytorch_model", "weights"))
+    assert named, f"the message does not name the folder and the missing weights:\n{output[-4000:]}"

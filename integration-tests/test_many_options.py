@@ -27,9 +27,7 @@ def code(i: int) -> str:
 
 
 @torch.inference_mode()
-def naive_sequence_logprobs(
-    reference: Any, prompt: str, codes: list[str]
-) -> list[float]:
+def naive_sequence_logprobs(reference: Any, prompt: str, codes: list[str]) -> list[float]:
     tokenizer, model = reference.tokenizer, reference.model
     prompt_ids = reference.encode(prompt)
     eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -43,42 +41,24 @@ def naive_sequence_logprobs(
         total = float(first[sequence[0]])
         cache = copy.deepcopy(out.past_key_values)
         for previous, token in zip(sequence, sequence[1:]):
-            step = model(
-                torch.tensor([[previous]]), past_key_values=cache, use_cache=True
-            )
+            step = model(torch.tensor([[previous]]), past_key_values=cache, use_cache=True)
             cache = step.past_key_values
             total += float(torch.log_softmax(step.logits[0, -1].double(), -1)[token])
         results.append(total)
     return results
 
 
-def test_255_options_equal_the_naive_per_sequence_computation(
-    http: httpx2.Client, reference: Any
-) -> None:
+def test_255_options_equal_the_naive_per_sequence_computation(http: httpx2.Client, reference: Any) -> None:
     names = [f"Queue {i:03d}" for i in range(255)]
-    question = {
-        "type": "choice",
-        "instructions": "Which queue?",
-        "criteria": {n: None for n in names},
-    }
-    r = http.post(
-        "/v1/systemone",
-        json={"state": STATE, "questions": {"queue": question}},
-        timeout=600,
-    )
+    question = {"type": "choice", "instructions": "Which queue?", "criteria": {n: None for n in names}}
+    r = http.post("/v1/systemone", json={"state": STATE, "questions": {"queue": question}}, timeout=600)
     assert r.status_code == 200, r.text
     answer = r.json()["answers"]["queue"]
     got = [answer["probabilities"][n] for n in names]
     assert len(got) == 255 and math.isclose(sum(got), 1.0, abs_tol=1e-9)
 
     codes = [code(i) for i in range(255)]
-    body = "\n".join(
-        [
-            "Question: Which queue?",
-            *(f"{c}: {n}" for c, n in zip(codes, names)),
-            "Answer with the code of one option only.",
-        ]
-    )
+    body = "\n".join(["Question: Which queue?", *(f"{c}: {n}" for c, n in zip(codes, names)), "Answer with the code of one option only."])
     prompt = reference.render([{"role": "user", "content": f"{STATE}\n\n{body}"}])
     logprobs = naive_sequence_logprobs(reference, prompt, codes)
     z = max(logprobs)
@@ -87,7 +67,5 @@ def test_255_options_equal_the_naive_per_sequence_computation(
     worst = max(abs(g - e) for g, e in zip(got, expected))
     assert worst < 1e-4, f"max |p - naive| = {worst}"
     mass = sum(math.exp(lp) for lp in logprobs)
-    assert math.isclose(
-        r.json()["x_diagnostics"]["queue"]["label_mass"], mass, abs_tol=1e-4
-    )
+    assert math.isclose(r.json()["x_diagnostics"]["queue"]["label_mass"], mass, abs_tol=1e-4)
     assert answer["choice"] == names[max(range(255), key=lambda i: expected[i])]

@@ -47,10 +47,7 @@ ARGS = [
     "--shard-log-level",
     "debug",
 ]
-SMALL = {
-    "state": "Refund not received.",
-    "questions": {"refund": {"type": "noul", "instructions": "Money back?"}},
-}
+SMALL = {"state": "Refund not received.", "questions": {"refund": {"type": "noul", "instructions": "Money back?"}}}
 
 
 def big_request(words: int = 150, questions: int = 16) -> dict[str, Any]:
@@ -59,12 +56,8 @@ def big_request(words: int = 150, questions: int = 16) -> dict[str, Any]:
     Each call opens with its own ticket number: a read that answered 504 may still have filled the prefix cache, and
     the same state sent again would then be read from it within the deadline."""
     return {
-        "state": f"Ticket {uuid.uuid4().hex}. "
-        + "The invoice total is wrong and the refund is late. " * words,
-        "questions": {
-            f"q{i}": {"type": "noul", "instructions": f"Is point {i} raised?"}
-            for i in range(questions)
-        },
+        "state": f"Ticket {uuid.uuid4().hex}. " + "The invoice total is wrong and the refund is late. " * words,
+        "questions": {f"q{i}": {"type": "noul", "instructions": f"Is point {i} raised?"} for i in range(questions)},
     }
 
 
@@ -81,12 +74,7 @@ def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
 def pid_of(launcher: Launcher, needle: str) -> int:
     for pid in launcher.remember_tree():
         try:
-            cmd = (
-                Path(f"/proc/{pid}/cmdline")
-                .read_bytes()
-                .replace(b"\0", b" ")
-                .decode(errors="replace")
-            )
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         if needle in cmd:
@@ -95,11 +83,7 @@ def pid_of(launcher: Launcher, needle: str) -> int:
 
 
 def shard_pid(launcher: Launcher) -> int:
-    return (
-        pid_of(launcher, "decision_server")
-        if _has(launcher, "decision_server")
-        else pid_of(launcher, "decision-server")
-    )
+    return pid_of(launcher, "decision_server") if _has(launcher, "decision_server") else pid_of(launcher, "decision-server")
 
 
 def _has(launcher: Launcher, needle: str) -> bool:
@@ -123,9 +107,7 @@ def metric(url: str, name: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def wait_for(
-    condition: Callable[[], bool], what: str, timeout_s: float = 120.0
-) -> None:
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -134,51 +116,32 @@ def wait_for(
 
 def settle(launcher: Launcher) -> None:
     """Waits until the shard has finished whatever an earlier test left it (a timed-out request's batch)."""
-    wait_for(
-        lambda: metric(launcher.url, "decision_queued_tokens") == 0, "an idle queue"
-    )
+    wait_for(lambda: metric(launcher.url, "decision_queued_tokens") == 0, "an idle queue")
 
 
 def post(url: str, body: Any, timeout: float = 120.0) -> httpx2.Response:
-    return httpx2.post(
-        f"{url}/v1/systemone",
-        content=json.dumps(body),
-        headers={"content-type": "application/json"},
-        timeout=timeout,
-    )
+    return httpx2.post(f"{url}/v1/systemone", content=json.dumps(body), headers={"content-type": "application/json"}, timeout=timeout)
 
 
 def test_info_shows_no_filesystem_path_without_a_key(ops: Launcher) -> None:
     info = httpx2.get(f"{ops.url}/info", timeout=30.0).json()
     assert "model_dir" not in info, info
-    assert "/" not in json.dumps(
-        {k: v for k, v in info.items() if k != "refusals"}
-    ).replace("\\/", ""), info
+    assert "/" not in json.dumps({k: v for k, v in info.items() if k != "refusals"}).replace("\\/", ""), info
     assert info["limits"]["request_timeout_secs"] == DEADLINE_S
     assert info["limits"]["header_read_timeout_secs"] == HEADER_TIMEOUT_S
     assert info["limits"]["body_read_timeout_secs"] == BODY_TIMEOUT_S
     # The prefix cache is on by default, sized by its rule from the model and the memory free.
     cache = info["prefix_cache"]
-    assert (
-        cache["enabled"]
-        and cache["budget_bytes"] > 0
-        and cache["rule"].startswith("auto: ")
-    ), cache
+    assert cache["enabled"] and cache["budget_bytes"] > 0 and cache["rule"].startswith("auto: "), cache
     # No --max-batch-prefill-tokens: the shard chose its budget for the CPU and the router packs its calls to it.
     budget = info["batch_budget"]
     assert budget["source"] == "shard", budget
-    assert budget["max_batch_prefill_tokens"] == budget["batch_token_budget"] == 8192, (
-        budget
-    )
-    assert budget["batch_budget_rule"] == "auto on cpu: 8192 tokens, the CPU default", (
-        budget
-    )
+    assert budget["max_batch_prefill_tokens"] == budget["batch_token_budget"] == 8192, budget
+    assert budget["batch_budget_rule"] == "auto on cpu: 8192 tokens, the CPU default", budget
     assert info["limits"]["max_batch_prefill_tokens"] == 8192
 
 
-def test_shard_debug_lines_reach_the_launchers_output_when_asked_for(
-    ops: Launcher,
-) -> None:
+def test_shard_debug_lines_reach_the_launchers_output_when_asked_for(ops: Launcher) -> None:
     """--shard-log-level debug: the shard writes a line per batch of reads (its size and forward time) and the
     launcher lets it through its own info filter; torch's and other libraries' debug lines stay out."""
     settle(ops)
@@ -188,66 +151,42 @@ def test_shard_debug_lines_reach_the_launchers_output_when_asked_for(
 
     lines_before = len(batch_lines())
     passes_before = metric(ops.url, "decision_shard_forward_passes_total")
-    body = {
-        "state": f"Ticket {uuid.uuid4().hex}: refund not received.",
-        "questions": SMALL["questions"],
-    }
+    body = {"state": f"Ticket {uuid.uuid4().hex}: refund not received.", "questions": SMALL["questions"]}
     assert post(ops.url, body).status_code == 200
-    wait_for(
-        lambda: len(batch_lines()) > lines_before, "the shard's read batch line", 10.0
-    )
+    wait_for(lambda: len(batch_lines()) > lines_before, "the shard's read batch line", 10.0)
     line = batch_lines()[lines_before]
     assert "DEBUG" in line and "packed_tokens" in line and "forward_ms" in line, line
     # The router counts the forward passes each response reports: the ones the shard logged for this batch.
     passes = re.search(r"forward_passes=(\d+)", line)
     assert passes is not None and int(passes.group(1)) >= 1, line
-    assert metric(
-        ops.url, "decision_shard_forward_passes_total"
-    ) - passes_before == int(passes.group(1))
+    assert metric(ops.url, "decision_shard_forward_passes_total") - passes_before == int(passes.group(1))
     # The shard's own debug lines only: below info its libraries stay at info (tests/test_logs.py).
     debug = [line for line in ops.output().splitlines() if " DEBUG " in line]
-    assert debug and all(
-        re.search(r"shard\{rank=0\}: (read|canvas|pooled) batch ", line)
-        for line in debug
-    ), debug[:5]
+    assert debug and all(re.search(r"shard\{rank=0\}: (read|canvas|pooled) batch ", line) for line in debug), debug[:5]
 
 
-def test_5000_random_paths_leave_the_metric_series_and_the_router_memory_flat(
-    ops: Launcher,
-) -> None:
+def test_5000_random_paths_leave_the_metric_series_and_the_router_memory_flat(ops: Launcher) -> None:
     router = pid_of(ops, "decision-router")
     scrape = httpx2.get(f"{ops.url}/metrics", timeout=30.0).text
-    series_before = sum(
-        1 for line in scrape.splitlines() if line and not line.startswith("#")
-    )
+    series_before = sum(1 for line in scrape.splitlines() if line and not line.startswith("#"))
     rss_before = memory_kib(router, "VmRSS")
     rng = random.Random(20)
     with httpx2.Client(base_url=ops.url, timeout=30.0) as client:
         for i in range(5000):
-            path = "/" + "".join(
-                rng.choices(string.ascii_letters + string.digits, k=rng.randint(1, 200))
-            )
+            path = "/" + "".join(rng.choices(string.ascii_letters + string.digits, k=rng.randint(1, 200)))
             assert client.get(path).status_code == 404, path
             if i % 1000 == 0:
                 assert client.get("/v1/nope/" + "z" * 4000).status_code == 404
     started = time.monotonic()
     scrape = httpx2.get(f"{ops.url}/metrics", timeout=30.0).text
     scrape_s = time.monotonic() - started
-    series_after = sum(
-        1 for line in scrape.splitlines() if line and not line.startswith("#")
-    )
+    series_after = sum(1 for line in scrape.splitlines() if line and not line.startswith("#"))
     rss_after = memory_kib(router, "VmRSS")
-    print(
-        f"series {series_before} -> {series_after}, router RSS {rss_before} -> {rss_after} KiB, scrape {scrape_s:.3f} s"
-    )
+    print(f"series {series_before} -> {series_after}, router RSS {rss_before} -> {rss_after} KiB, scrape {scrape_s:.3f} s")
     # The unmatched bucket adds its few series (a counter and a histogram's buckets) once.
-    assert series_after - series_before <= 40, (
-        f"{series_before} -> {series_after} series"
-    )
+    assert series_after - series_before <= 40, f"{series_before} -> {series_after} series"
     assert len(scrape) < 64 << 10
-    assert rss_after - rss_before < 16 << 10, (
-        f"router RSS {rss_before} -> {rss_after} KiB"
-    )
+    assert rss_after - rss_before < 16 << 10, f"router RSS {rss_before} -> {rss_after} KiB"
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
@@ -280,14 +219,10 @@ def test_a_client_sending_its_head_a_byte_at_a_time_is_cut_off(ops: Launcher) ->
         took = time.monotonic() - started
     print(f"slow-header client closed after {took:.1f} s")
     assert closed, f"a slow-header client still connected after {took:.1f} s"
-    assert HEADER_TIMEOUT_S - 0.5 <= took <= HEADER_TIMEOUT_S + 2, (
-        f"closed after {took:.1f} s"
-    )
+    assert HEADER_TIMEOUT_S - 0.5 <= took <= HEADER_TIMEOUT_S + 2, f"closed after {took:.1f} s"
 
 
-def test_a_client_trickling_its_body_gets_408_and_its_connection_closed(
-    ops: Launcher,
-) -> None:
+def test_a_client_trickling_its_body_gets_408_and_its_connection_closed(ops: Launcher) -> None:
     body = json.dumps(SMALL).encode()
     head = f"POST /v1/systemone HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
     with socket.create_connection(("127.0.0.1", ops.port)) as sock:
@@ -295,39 +230,25 @@ def test_a_client_trickling_its_body_gets_408_and_its_connection_closed(
         started = time.monotonic()
         sock.settimeout(BODY_TIMEOUT_S + 10)
         answer = b""
-        while chunk := sock.recv(
-            65536
-        ):  # the server closes the connection after its answer
+        while chunk := sock.recv(65536):  # the server closes the connection after its answer
             answer += chunk
         took = time.monotonic() - started
     print(f"trickled body answered after {took:.1f} s: {answer[:200]!r}")
     assert answer.startswith(b"HTTP/1.1 408"), answer
-    assert (
-        b"body_read_timeout_secs" in answer and b"connection: close" in answer.lower()
-    ), answer
-    assert BODY_TIMEOUT_S - 0.5 <= took <= BODY_TIMEOUT_S + 2, (
-        f"answered after {took:.1f} s"
-    )
+    assert b"body_read_timeout_secs" in answer and b"connection: close" in answer.lower(), answer
+    assert BODY_TIMEOUT_S - 0.5 <= took <= BODY_TIMEOUT_S + 2, f"answered after {took:.1f} s"
 
 
-def test_idle_connections_are_closed_and_a_flood_of_them_leaves_the_server_answering(
-    ops: Launcher,
-) -> None:
+def test_idle_connections_are_closed_and_a_flood_of_them_leaves_the_server_answering(ops: Launcher) -> None:
     started = time.monotonic()
     flood = [socket.create_connection(("127.0.0.1", ops.port)) for _ in range(300)]
     try:
         r = httpx2.get(f"{ops.url}/health", timeout=30.0)
         assert r.status_code == 200, show(r)
-        assert _closed_within(flood[0], KEEP_ALIVE_S + 3), (
-            "an idle connection stayed open"
-        )
+        assert _closed_within(flood[0], KEEP_ALIVE_S + 3), "an idle connection stayed open"
         took = time.monotonic() - started
-        assert KEEP_ALIVE_S - 1 <= took <= KEEP_ALIVE_S + 3, (
-            f"closed after {took:.1f} s"
-        )
-        assert all(_closed_within(s, 2.0) for s in flood[1:]), (
-            "some idle connections stayed open"
-        )
+        assert KEEP_ALIVE_S - 1 <= took <= KEEP_ALIVE_S + 3, f"closed after {took:.1f} s"
+        assert all(_closed_within(s, 2.0) for s in flood[1:]), "some idle connections stayed open"
     finally:
         for s in flood:
             s.close()
@@ -338,10 +259,7 @@ def test_an_8_mib_state_is_refused_within_a_memory_bound(ops: Launcher) -> None:
     """One word of 8 MiB (the body limit) is refused 413 by the token lower bound before tokenizing: the router's
     peak resident memory grows by less than 128 MiB for one such request and 384 MiB for six at once."""
     router = pid_of(ops, "decision-router")
-    body = {
-        "state": "x" * ((8 << 20) - 200),
-        "questions": {"q": {"type": "noul", "instructions": "?"}},
-    }
+    body = {"state": "x" * ((8 << 20) - 200), "questions": {"q": {"type": "noul", "instructions": "?"}}}
     peak_before = memory_kib(router, "VmHWM")
     started = time.monotonic()
     r = post(ops.url, body)
@@ -350,33 +268,22 @@ def test_an_8_mib_state_is_refused_within_a_memory_bound(ops: Launcher) -> None:
     assert error_detail(r)["error_type"] == "tokens_exceeded"
     one = memory_kib(router, "VmHWM") - peak_before
     results: list[int] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(post(ops.url, body).status_code))
-        for _ in range(6)
-    ]
+    threads = [threading.Thread(target=lambda: results.append(post(ops.url, body).status_code)) for _ in range(6)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     six = memory_kib(router, "VmHWM") - peak_before
-    print(
-        f"8 MiB state: 413 in {took:.2f} s; router peak +{one // 1024} MiB for one, +{six // 1024} MiB for six"
-    )
+    print(f"8 MiB state: 413 in {took:.2f} s; router peak +{one // 1024} MiB for one, +{six // 1024} MiB for six")
     # Six at once on a small machine may take longer than this module's 1 s deadline to refuse: 504 then.
     assert sorted(set(results)) <= [413, 504] and len(results) == 6, results
-    assert one < 128 << 10, (
-        f"one 8 MiB state raised the router's peak by {one // 1024} MiB"
-    )
-    assert six < 384 << 10, (
-        f"six 8 MiB states raised the router's peak by {six // 1024} MiB"
-    )
+    assert one < 128 << 10, f"one 8 MiB state raised the router's peak by {one // 1024} MiB"
+    assert six < 384 << 10, f"six 8 MiB states raised the router's peak by {six // 1024} MiB"
 
 
 def test_a_request_past_its_deadline_is_504_naming_the_limit(ops: Launcher) -> None:
     settle(ops)
-    assert (
-        post(ops.url, SMALL).status_code == 200
-    )  # the read rate is known from here on
+    assert post(ops.url, SMALL).status_code == 200  # the read rate is known from here on
     started = time.monotonic()
     r = post(ops.url, big_request())
     took = time.monotonic() - started
@@ -393,42 +300,28 @@ def test_a_retry_after_a_504_is_read_from_the_prefix_cache(ops: Launcher) -> Non
     prefix cache: the client's retry of the same state computes only what is not cached, within the deadline."""
     settle(ops)
     assert post(ops.url, SMALL).status_code == 200
-    body = big_request(
-        questions=4
-    )  # the state is seconds of work; the retry computes four questions' tokens
+    body = big_request(questions=4)  # the state is seconds of work; the retry computes four questions' tokens
     assert post(ops.url, body).status_code == 504
     # A small request is refused (529) while the timed-out batch would keep it past the deadline, and answered once
     # that batch has finished.
-    wait_for(
-        lambda: post(ops.url, SMALL).status_code == 200,
-        "the timed-out batch finished",
-        30.0,
-    )
+    wait_for(lambda: post(ops.url, SMALL).status_code == 200, "the timed-out batch finished", 30.0)
     started = time.monotonic()
     retry = post(ops.url, body)
     took = time.monotonic() - started
     assert retry.status_code == 200, show(retry)
     payload = retry.json()
-    assert payload["x_cached_tokens"] >= 0.9 * payload["usage"]["input_tokens"], (
-        payload["usage"]
-    )
+    assert payload["x_cached_tokens"] >= 0.9 * payload["usage"]["input_tokens"], payload["usage"]
     assert took < DEADLINE_S, f"the retry took {took:.2f} s"
 
 
-def test_work_that_cannot_finish_by_the_deadline_is_refused_at_once(
-    ops: Launcher,
-) -> None:
+def test_work_that_cannot_finish_by_the_deadline_is_refused_at_once(ops: Launcher) -> None:
     settle(ops)
     assert post(ops.url, SMALL).status_code == 200
     first: list[httpx2.Response] = []
     worker = threading.Thread(target=lambda: first.append(post(ops.url, big_request())))
     worker.start()
     try:
-        wait_for(
-            lambda: metric(ops.url, "decision_queued_tokens") > 0,
-            "the first request queued",
-            30.0,
-        )
+        wait_for(lambda: metric(ops.url, "decision_queued_tokens") > 0, "the first request queued", 30.0)
         started = time.monotonic()
         r = post(ops.url, big_request())
         took = time.monotonic() - started
@@ -439,14 +332,10 @@ def test_work_that_cannot_finish_by_the_deadline_is_refused_at_once(
     assert "request_timeout_secs" in error_detail(r)["message"]
     assert int(r.headers["retry-after"]) >= 1
     assert took < 0.5, f"the refusal took {took:.2f} s"
-    assert first and first[0].status_code == 504, (
-        show(first[0]) if first else "no answer"
-    )
+    assert first and first[0].status_code == 504, show(first[0]) if first else "no answer"
 
 
-def test_a_frozen_shard_is_503_shard_unavailable_and_health_says_so(
-    ops: Launcher,
-) -> None:
+def test_a_frozen_shard_is_503_shard_unavailable_and_health_says_so(ops: Launcher) -> None:
     settle(ops)
     shard = shard_pid(ops)
     os.kill(shard, signal.SIGSTOP)
@@ -464,11 +353,7 @@ def test_a_frozen_shard_is_503_shard_unavailable_and_health_says_so(
         assert time.monotonic() - started < 8
     finally:
         os.kill(shard, signal.SIGCONT)
-    wait_for(
-        lambda: httpx2.get(f"{ops.url}/health", timeout=30.0).status_code == 200,
-        "health back after SIGCONT",
-        60.0,
-    )
+    wait_for(lambda: httpx2.get(f"{ops.url}/health", timeout=30.0).status_code == 200, "health back after SIGCONT", 60.0)
     settle(ops)
     assert post(ops.url, SMALL).status_code == 200
 
@@ -480,15 +365,9 @@ def test_a_shard_that_dies_mid_request_is_503_shard_unavailable(ops: Launcher) -
     assert post(ops.url, SMALL).status_code == 200
     shard = shard_pid(ops)
     answer: list[httpx2.Response] = []
-    worker = threading.Thread(
-        target=lambda: answer.append(post(ops.url, big_request(), timeout=60.0))
-    )
+    worker = threading.Thread(target=lambda: answer.append(post(ops.url, big_request(), timeout=60.0)))
     worker.start()
-    wait_for(
-        lambda: metric(ops.url, "decision_queued_tokens") > 0,
-        "the request at the shard",
-        30.0,
-    )
+    wait_for(lambda: metric(ops.url, "decision_queued_tokens") > 0, "the request at the shard", 30.0)
     time.sleep(0.2)
     started = time.monotonic()
     os.kill(shard, signal.SIGKILL)

@@ -45,16 +45,9 @@ QUESTIONS: dict[str, Any] = {
     "team": {
         "type": "choice",
         "instructions": "Which team should handle this ticket?",
-        "criteria": {
-            "billing": "payments, invoices and refunds",
-            "technical": "bugs and outages",
-            "sales": None,
-        },
+        "criteria": {"billing": "payments, invoices and refunds", "technical": "bugs and outages", "sales": None},
     },
-    "dispute": {
-        "type": "noul",
-        "instructions": "Is the customer threatening to dispute the charge?",
-    },
+    "dispute": {"type": "noul", "instructions": "Is the customer threatening to dispute the charge?"},
     "anger": {
         "type": "score",
         "instructions": "How frustrated is the customer?",
@@ -74,15 +67,9 @@ def _rank_pid(launcher: Launcher, rank: int) -> int:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (
-            b"serve" in argv
-            and b"--rank" in argv
-            and argv[argv.index(b"--rank") + 1] == str(rank).encode()
-        ):
+        if b"serve" in argv and b"--rank" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode():
             return pid
-    raise AssertionError(
-        f"no shard with --rank {rank} under the launcher:\n{launcher.output_tail()}"
-    )
+    raise AssertionError(f"no shard with --rank {rank} under the launcher:\n{launcher.output_tail()}")
 
 
 def _queued_reads(client: httpx2.Client) -> float:
@@ -111,38 +98,22 @@ def test_two_shards_answer_like_one_then_a_killed_rank_stops_everything(
             two = label_probabilities(question, two_payload["answers"][qid])
             one_mass = one_payload["x_diagnostics"][qid]["label_mass"]
             two_mass = two_payload["x_diagnostics"][qid]["label_mass"]
-            worst = max(
-                [
-                    worst,
-                    abs(one_mass - two_mass),
-                    *(abs(a - b) for a, b in zip(one, two, strict=True)),
-                ]
-            )
+            worst = max([worst, abs(one_mass - two_mass), *(abs(a - b) for a, b in zip(one, two, strict=True))])
             assert worst < ANSWER_TOL, (qid, one, two, one_mass, two_mass)
-        print(
-            f"max |1 shard - 2 shards| over probabilities and label masses: {worst:.3g}"
-        )
+        print(f"max |1 shard - 2 shards| over probabilities and label masses: {worst:.3g}")
 
         # A heavy request (about 3,000 unique tokens: seconds of compute even on a fast CPU), so that it is still at
         # the shards when rank 1 dies; the kill makes it fail at once, so its size costs no test time.
         heavy = {
-            "state": " ".join(
-                f"Order {i} was charged twice and the refund for it never arrived."
-                for i in range(200)
-            ),
-            "questions": {
-                f"q{i}": {"type": "noul", "instructions": f"Is order {i} mentioned?"}
-                for i in range(12)
-            },
+            "state": " ".join(f"Order {i} was charged twice and the refund for it never arrived." for i in range(200)),
+            "questions": {f"q{i}": {"type": "noul", "instructions": f"Is order {i} mentioned?"} for i in range(12)},
         }
         outcome: dict[str, Any] = {}
 
         def send() -> None:
             started = time.monotonic()
             try:
-                outcome["response"] = post_systemone(
-                    client, heavy, timeout=ERROR_WITHIN_S + 60
-                )
+                outcome["response"] = post_systemone(client, heavy, timeout=ERROR_WITHIN_S + 60)
             except httpx2.HTTPError as err:
                 outcome["error"] = err
             outcome["seconds"] = time.monotonic() - started
@@ -152,23 +123,15 @@ def test_two_shards_answer_like_one_then_a_killed_rank_stops_everything(
         sender.start()
         # Queued reads count until the shards answer: once non-zero, the router has the request in hand.
         deadline = time.monotonic() + 30
-        while (
-            _queued_reads(client) == 0
-            and "seconds" not in outcome
-            and time.monotonic() < deadline
-        ):
+        while _queued_reads(client) == 0 and "seconds" not in outcome and time.monotonic() < deadline:
             time.sleep(0.05)
         os.kill(rank1, signal.SIGKILL)
         sender.join(timeout=ERROR_WITHIN_S + 90)
 
     assert not sender.is_alive(), "the request hung after a rank died"
-    assert "error" not in outcome, (
-        f"no HTTP answer: {outcome.get('error')!r}\n{two_shards.output_tail()}"
-    )
+    assert "error" not in outcome, f"no HTTP answer: {outcome.get('error')!r}\n{two_shards.output_tail()}"
     response = outcome["response"]
-    assert 500 <= response.status_code < 600, (
-        f"{response.status_code} {response.text[:1000]}"
-    )
+    assert 500 <= response.status_code < 600, f"{response.status_code} {response.text[:1000]}"
     assert response.headers.get("content-type", "").startswith("application/json")
     assert "rank" in error_detail(response)["message"], response.text
     # A rank gone is a shard unavailable (503), whichever rank's call failed first (rank 0's read fails too,
@@ -179,9 +142,5 @@ def test_two_shards_answer_like_one_then_a_killed_rank_stops_everything(
 
     code = two_shards.wait_exit(60)
     output = two_shards.output()
-    assert code is not None and code != 0, (
-        f"launcher exit {code}\n{two_shards.output_tail()}"
-    )
-    assert "shard 1 exited (killed by signal 9 (SIGKILL))" in output, (
-        two_shards.output_tail()
-    )
+    assert code is not None and code != 0, f"launcher exit {code}\n{two_shards.output_tail()}"
+    assert "shard 1 exited (killed by signal 9 (SIGKILL))" in output, two_shards.output_tail()

@@ -15,10 +15,7 @@ import pytest
 from launchers import Launcher, start_launcher
 from otlp_collector import Collector, ReceivedSpan
 
-BODY = {
-    "state": "Refund not received.",
-    "questions": {"refund": {"type": "noul", "instructions": "Money back?"}},
-}
+BODY = {"state": "Refund not received.", "questions": {"refund": {"type": "noul", "instructions": "Money back?"}}}
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +27,7 @@ def collector() -> Iterator[Collector]:
 
 
 @pytest.fixture(scope="module")
-def traced(
-    tmp_path_factory: pytest.TempPathFactory, collector: Collector
-) -> Iterator[Launcher]:
+def traced(tmp_path_factory: pytest.TempPathFactory, collector: Collector) -> Iterator[Launcher]:
     endpoint = f"http://127.0.0.1:{collector.port}"
     launcher = start_launcher(
         tmp_path_factory.mktemp("traced"),
@@ -46,18 +41,13 @@ def traced(
         launcher.stop(grace_s=30.0)
 
 
-def test_one_trace_spans_the_caller_the_router_and_the_shard(
-    traced: Launcher, collector: Collector
-) -> None:
+def test_one_trace_spans_the_caller_the_router_and_the_shard(traced: Launcher, collector: Collector) -> None:
     trace_id = secrets.token_hex(16)
     caller_span = secrets.token_hex(8)
     r = httpx2.post(
         f"{traced.url}/v1/systemone",
         content=json.dumps(BODY),
-        headers={
-            "content-type": "application/json",
-            "traceparent": f"00-{trace_id}-{caller_span}-01",
-        },
+        headers={"content-type": "application/json", "traceparent": f"00-{trace_id}-{caller_span}-01"},
         timeout=120.0,
     )
     assert r.status_code == 200, r.text
@@ -68,30 +58,20 @@ def test_one_trace_spans_the_caller_the_router_and_the_shard(
 
     spans = collector.wait_for(joined, timeout_s=30.0)
     ours = [s for s in spans if s.trace_id == trace_id]
-    assert joined(spans), (
-        f"spans of trace {trace_id}: {ours}; all services seen: {sorted({s.service for s in spans})}"
-    )
+    assert joined(spans), f"spans of trace {trace_id}: {ours}; all services seen: {sorted({s.service for s in spans})}"
     by_id = {s.span_id: s for s in ours}
-    request = next(
-        s for s in ours if s.service == "decision-router" and s.name == "request"
-    )
-    assert request.parent_span_id == caller_span, (
-        "the router's span does not continue the caller's traceparent"
-    )
+    request = next(s for s in ours if s.service == "decision-router" and s.name == "request")
+    assert request.parent_span_id == caller_span, "the router's span does not continue the caller's traceparent"
     shard = next(s for s in ours if s.service == "decision-server")
     assert shard.name == "shard.read"
     batch = by_id.get(shard.parent_span_id)
-    assert (
-        batch is not None
-        and batch.service == "decision-router"
-        and batch.name == "batch"
-    ), f"the shard's span is not a child of the router's batch span: {ours}"
+    assert batch is not None and batch.service == "decision-router" and batch.name == "batch", (
+        f"the shard's span is not a child of the router's batch span: {ours}"
+    )
     assert batch.parent_span_id == request.span_id
 
 
-def test_a_request_without_traceparent_starts_its_own_trace(
-    traced: Launcher, collector: Collector
-) -> None:
+def test_a_request_without_traceparent_starts_its_own_trace(traced: Launcher, collector: Collector) -> None:
     before = {s.trace_id for s in collector.spans()}
     r = httpx2.post(f"{traced.url}/v1/systemone", json=BODY, timeout=120.0)
     assert r.status_code == 200, r.text
@@ -124,18 +104,11 @@ def _connections(inodes: set[str]) -> list[tuple[int, int]]:
             fields = line.split()
             local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
             if inode in inodes and state != "0A":  # 0A: LISTEN
-                found.append(
-                    (
-                        int(local.rsplit(":", 1)[1], 16),
-                        int(remote.rsplit(":", 1)[1], 16),
-                    )
-                )
+                found.append((int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16)))
     return found
 
 
-def test_without_an_endpoint_no_process_connects_anywhere(
-    session_launcher: Launcher,
-) -> None:
+def test_without_an_endpoint_no_process_connects_anywhere(session_launcher: Launcher) -> None:
     """Off by default: the session's router and shard open no outbound TCP connection (the shard talks over a unix
     socket; every TCP connection the router holds is a client's, to its own port)."""
     r = httpx2.post(f"{session_launcher.url}/v1/systemone", json=BODY, timeout=120.0)
@@ -148,11 +121,5 @@ def test_without_an_endpoint_no_process_connects_anywhere(
             connections = _connections(_socket_inodes(pid))
         except OSError:
             continue
-        outbound += [
-            (pid, local, remote)
-            for local, remote in connections
-            if local != session_launcher.port
-        ]
-    assert not outbound, (
-        f"outbound TCP connections (pid, local port, remote port): {outbound}"
-    )
+        outbound += [(pid, local, remote) for local, remote in connections if local != session_launcher.port]
+    assert not outbound, f"outbound TCP connections (pid, local port, remote port): {outbound}"

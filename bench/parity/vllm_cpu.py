@@ -205,7 +205,9 @@ def with_images(requests: list[dict[str, Any]], per_request: int, seed: int) -> 
     """Each request with `per_request` seeded images of varied sizes (and aspect ratios) before its state."""
     sizes = [(96, 64), (40, 120), (224, 224), (300, 180)]
     for i, body in enumerate(requests):
-        body["images"] = [png_data_url(seed + 31 * i + k, *sizes[(i + k) % len(sizes)]) for k in range(per_request)]
+        body["images"] = [
+            png_data_url(seed + 31 * i + k, *sizes[(i + k) % len(sizes)]) for k in range(per_request)
+        ]
     return requests
 
 
@@ -504,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--mm-limit",
         default=None,
-        help='vLLM --limit-mm-per-prompt (default {"image":N,"video":0} for --images N; 0 turns '
+        help="vLLM --limit-mm-per-prompt (default {\"image\":N,\"video\":0} for --images N; 0 turns "
         "multimodal profiling off; pass '' to omit the flag)",
     )
     ap.add_argument(

@@ -99,10 +99,8 @@ def main() -> None:
         )
     clip = audio_bytes(10.0, 44100)
     sound = MediaItem(AUDIO, clip, "", "audio.0", 60.0)
-    print(
-        f"\naudio 10 s 44.1 kHz WAV ({len(clip):,} bytes) decoded and resampled to 16 kHz mono: "
-        f"{median_ms(lambda: decode_audio(sound, 16000)):.1f} ms"
-    )
+    print(f"\naudio 10 s 44.1 kHz WAV ({len(clip):,} bytes) decoded and resampled to 16 kHz mono: "
+          f"{median_ms(lambda: decode_audio(sound, 16000)):.1f} ms")
 
 
 if __name__ == "__main__":

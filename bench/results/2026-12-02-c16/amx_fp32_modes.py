@@ -2,21 +2,12 @@
 # Run while the integration suite used the other core: compare within the run only.
 # ruff: noqa
 import torch, time
-
 torch.set_num_threads(2)
-a = torch.randn(1080, 1024)
-b = (torch.randn(6144, 1024) * 0.03).bfloat16().float()
+a = torch.randn(1080, 1024); b = (torch.randn(6144, 1024) * 0.03).bfloat16().float()
 ref = a.double() @ b.double().t()
-
-
 def t(f, n=10):
-    f()
-    s = time.perf_counter()
-    [f() for _ in range(n)]
-    return (time.perf_counter() - s) / n * 1e3
-
-
-err = lambda o: ((o.double() - ref).abs().max() / ref.abs().max()).item()
+    f(); s=time.perf_counter(); [f() for _ in range(n)]; return (time.perf_counter()-s)/n*1e3
+err = lambda o: ((o.double()-ref).abs().max()/ref.abs().max()).item()
 print("fp32 F.linear", t(lambda: torch.nn.functional.linear(a, b)), err(torch.nn.functional.linear(a, b)))
 m = torch.backends.mkldnn.matmul
 m.fp32_precision = "bf16"

@@ -34,10 +34,7 @@ x = {n: torch.randn(rows, k) for n, (o, k) in shapes.items()}
 w = {n: (torch.randn(o, k) * k**-0.5).bfloat16().float() for n, (o, k) in shapes.items()}
 for kind, run in (("exact (MKL float32)", F.linear), ("split bf16 (AMX)", split_linear)):
     worst = max(
-        (
-            (run(x[n], w[n]).double() - x[n].double() @ w[n].double().T).abs().max()
-            / (x[n].double() @ w[n].double().T).abs().max()
-        ).item()
+        ((run(x[n], w[n]).double() - x[n].double() @ w[n].double().T).abs().max() / (x[n].double() @ w[n].double().T).abs().max()).item()
         for n in shapes
     )
     times = []

@@ -34,7 +34,7 @@ kinds = {"onednn bf16 (packed)": onednn, "widened, stored fp32": widened_stored,
 for kind, run in kinds.items():
     worst = 0.0
     for name in shapes:
-        exact = x16[name].double() @ w16[name].double().T
+        exact = (x16[name].double() @ w16[name].double().T)
         worst = max(worst, ((run(name).double() - exact).abs() / exact.abs().clamp(min=1e-3)).max().item())
     print(f"{kind}: max relative error against float64 {worst:.2e}")
 times = {kind: [] for kind in kinds}

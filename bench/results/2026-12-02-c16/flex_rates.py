@@ -42,16 +42,12 @@ tree_mask = create_block_mask(tree_mod, None, None, new, PAST + new, device="cpu
 
 sdpa = torch.nn.functional.scaled_dot_product_attention
 runs = {
-    "chain: torch flash (is_causal)": lambda: sdpa(
-        q_chain, k_chain, v_chain, is_causal=True, scale=scale, enable_gqa=True
-    ),
+    "chain: torch flash (is_causal)": lambda: sdpa(q_chain, k_chain, v_chain, is_causal=True, scale=scale, enable_gqa=True),
     "chain: flex": lambda: flex(q_chain, k_chain, v_chain, block_mask=chain_mask, scale=scale, enable_gqa=True),
     "branches: shard (TreeAfterPast)": lambda: _tree_after_past(
         q_br[0], LayerKV(k_new[0], v_new[0]), LayerKV(k_chain[0], v_chain[0]), tree, scale
     ),
-    "branches: torch flash, dense mask": lambda: sdpa(
-        q_br, k_all, v_all, attn_mask=allowed[None, None], scale=scale, enable_gqa=True
-    ),
+    "branches: torch flash, dense mask": lambda: sdpa(q_br, k_all, v_all, attn_mask=allowed[None, None], scale=scale, enable_gqa=True),
     "branches: flex": lambda: flex(q_br, k_all, v_all, block_mask=tree_mask, scale=scale, enable_gqa=True),
 }
 reference = {

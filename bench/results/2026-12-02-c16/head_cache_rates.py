@@ -34,6 +34,4 @@ for _ in range(int(sys.argv[3]) if len(sys.argv) > 3 else 6):
     for name, engine in engines.items():
         times[name].append(engine.run(request()).forward_seconds)
 c, n = statistics.median(times["cache"]), statistics.median(times["none"])
-print(
-    f"{sys.argv[2]}, {HEAD}-token head: head from the cache {c:.3f} s, no cache {n:.3f} s: cache/none {c / n:.3f}  {times}"
-)
+print(f"{sys.argv[2]}, {HEAD}-token head: head from the cache {c:.3f} s, no cache {n:.3f} s: cache/none {c / n:.3f}  {times}")

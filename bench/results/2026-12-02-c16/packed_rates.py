@@ -52,6 +52,4 @@ for _ in range(rounds):
 for (budget, requests), values in sorted(rows.items()):
     rate = statistics.median(v[0] for v in values)
     forward = statistics.median(v[3] for v in values)
-    print(
-        f"budget {budget:5d} requests {requests:2d}: {rate:6.1f} tokens/s ({forward:6.1f} per forward-s; median of {len(values)}), passes {values[0][1]}, seconds {[round(v[2], 2) for v in values]}"
-    )
+    print(f"budget {budget:5d} requests {requests:2d}: {rate:6.1f} tokens/s ({forward:6.1f} per forward-s; median of {len(values)}), passes {values[0][1]}, seconds {[round(v[2], 2) for v in values]}")

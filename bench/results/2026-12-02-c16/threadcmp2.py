@@ -2,13 +2,11 @@
 # ruff: noqa
 import sys, time, threading
 from concurrent.futures import ThreadPoolExecutor
-
 sys.path.insert(0, "server/bench")
 from pathlib import Path
 from reads_bench import make_reads
 from decision_server.engines import TreeEngine
 from decision_server.model import load_model
-
 variant = sys.argv[3]
 W = ThreadPoolExecutor(max_workers=1)
 P = ThreadPoolExecutor(max_workers=4)

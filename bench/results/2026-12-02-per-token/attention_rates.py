@@ -6,6 +6,8 @@ import time, torch, torch.nn.functional as F
 torch.set_num_threads(2)
 
 
+
+
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 H, KV, D = 16, 8, 128
 for Tq, Tk, causal in ((540, 540, True), (320, 540, False), (860, 860, True)):

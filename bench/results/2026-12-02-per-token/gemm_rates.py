@@ -9,6 +9,8 @@ M = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 862
 shapes = SHAPES
 
 
+
+
 lp = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 tot = {}
 for name, (K, N) in shapes.items():
@@ -21,14 +23,8 @@ for name, (K, N) in shapes.items():
         ("f32 mkl", torch.float32, False),
         ("f32 onednn", torch.float32, True),
         # AVX2-only CPUs (Zen 3, ../2026-12-03-zen3/) cannot pack bfloat16: F.linear converts it on every call there
-        ("bf16 onednn", torch.bfloat16, True)
-        if torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        else ("bf16 F.linear", torch.bfloat16, False),
-        *(
-            ()
-            if "--no-f16" in sys.argv
-            else (("f16 onednn", torch.float16, True), ("f16 F.linear", torch.float16, False))
-        ),
+        ("bf16 onednn", torch.bfloat16, True) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ("bf16 F.linear", torch.bfloat16, False),
+        *(() if "--no-f16" in sys.argv else (("f16 onednn", torch.float16, True), ("f16 F.linear", torch.float16, False))),
     ):
         wd = w.to(dt)
         xd = x.to(dt)

@@ -9,6 +9,8 @@ M = int(sys.argv[1]) if len(sys.argv) > 1 else 862
 shapes = SHAPES
 
 
+
+
 tot = {}
 for name, (K, N) in shapes.items():
     r = {}

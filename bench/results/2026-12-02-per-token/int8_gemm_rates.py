@@ -8,6 +8,8 @@ M = 862
 shapes = SHAPES
 
 
+
+
 tot = {}
 for name, (K, N) in shapes.items():
     w = torch.randn(N, K) * 0.02

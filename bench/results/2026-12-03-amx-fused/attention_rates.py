@@ -22,22 +22,8 @@ RM, N_, T_ = 101, 111, 112
 
 
 def mm(a, a_off, lda, b, b_off, ldb, c, c_off, ldc, m, n, k, trans_b, beta):
-    gemm(
-        RM,
-        N_,
-        T_ if trans_b else N_,
-        m,
-        n,
-        k,
-        1.0,
-        a.data_ptr() + 2 * a_off,
-        lda,
-        b.data_ptr() + 2 * b_off,
-        ldb,
-        beta,
-        c.data_ptr() + 4 * c_off,
-        ldc,
-    )
+    gemm(RM, N_, T_ if trans_b else N_, m, n, k, 1.0, a.data_ptr() + 2 * a_off, lda, b.data_ptr() + 2 * b_off, ldb,
+         beta, c.data_ptr() + 4 * c_off, ldc)
 
 
 def gemm_attention(q, k, v, scale, split, block=128):
@@ -103,8 +89,7 @@ def main():
         q, k, v = torch.randn(H, t, D), torch.randn(KV, t, D), torch.randn(KV, t, D)
         scale = D**-0.5
         ref = torch.nn.functional.scaled_dot_product_attention(
-            q.double()[None], k.double()[None], v.double()[None], is_causal=True, scale=scale, enable_gqa=True
-        )[0]
+            q.double()[None], k.double()[None], v.double()[None], is_causal=True, scale=scale, enable_gqa=True)[0]
         flops = 2 * 2 * H * t * t * D / 2  # causal half
         qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
         runs = {
@@ -116,10 +101,8 @@ def main():
         for name, fn in runs.items():
             error = (fn().double() - ref).abs().max().item()
             low, mid = best(fn)
-            print(
-                f"T={t:5d} {name:24s} best {low * 1e3:7.2f} ms  median {mid * 1e3:7.2f} ms  "
-                f"{flops / low / 1e9:7.1f} GFLOP/s (causal)  max|err| vs float64 {error:.2e}"
-            )
+            print(f"T={t:5d} {name:24s} best {low*1e3:7.2f} ms  median {mid*1e3:7.2f} ms  "
+                  f"{flops/low/1e9:7.1f} GFLOP/s (causal)  max|err| vs float64 {error:.2e}")
 
 
 if __name__ == "__main__":

@@ -48,15 +48,11 @@ for _ in range(rounds):
         use(compiled)
         times[compiled].append(engine.run(reads).forward_seconds)
 eager, compiled = statistics.median(times[False]), statistics.median(times[True])
-print(
-    f"{path.name} bfloat16: eager {eager * 1e3:.0f} ms, compiled {compiled * 1e3:.0f} ms: {eager / compiled:.3f}x (medians of {rounds})"
-)
+print(f"{path.name} bfloat16: eager {eager * 1e3:.0f} ms, compiled {compiled * 1e3:.0f} ms: {eager / compiled:.3f}x (medians of {rounds})")
 fused.disable()
 reference = labels(TreeEngine(load_model(path, dtype="float32", threads=2)).run(reads).outcomes)
 for name, got in (("eager", results[False]), ("compiled", results[True])):
     delta = (got - reference).abs()
-    print(
-        f"  {name:8s} bfloat16 vs float32 labels: max |d| {delta.max():.4f}, mean |d| {delta.mean():.5f} ({len(delta)} labels)"
-    )
+    print(f"  {name:8s} bfloat16 vs float32 labels: max |d| {delta.max():.4f}, mean |d| {delta.mean():.5f} ({len(delta)} labels)")
 delta = (results[True] - results[False]).abs()
 print(f"  compiled vs eager bfloat16: max |d| {delta.max():.4f}, mean |d| {delta.mean():.5f}")

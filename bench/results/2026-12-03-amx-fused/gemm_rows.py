@@ -35,12 +35,7 @@ for rows in (320, 540, 860):
     for n, k in SHAPES:
         packed = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).bfloat16(), None) for _ in range(28)]
         x = torch.randn(rows, k).bfloat16()
-        print(
-            f"rows {rows} {n}x{k}: hot {rate(x, packed[:1] * 28):.0f} GFLOP/s, cold (28 weights) {rate(x, packed):.0f}"
-        )
+        print(f"rows {rows} {n}x{k}: hot {rate(x, packed[:1] * 28):.0f} GFLOP/s, cold (28 weights) {rate(x, packed):.0f}")
 packed = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(1024, 2048).bfloat16(), None) for _ in range(8)]
-line = [
-    f"{rows}:{rate(torch.randn(rows, 2048).bfloat16(), packed):.0f}"
-    for rows in (256, 384, 448, 512, 540, 576, 640, 768, 860, 1024)
-]
+line = [f"{rows}:{rate(torch.randn(rows, 2048).bfloat16(), packed):.0f}" for rows in (256, 384, 448, 512, 540, 576, 640, 768, 860, 1024)]
 print("1024x2048 by rows (GFLOP/s):", " ".join(line))

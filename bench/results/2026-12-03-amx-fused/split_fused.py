@@ -8,43 +8,29 @@ process: 1.050x (3,022 against 2,879 ms), and labels moved by up to 4.2e-3 on th
 # ruff: noqa
 import statistics, sys, torch
 from pathlib import Path
-
 sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server import fused, split_gemm
 from decision_server.engines import TreeEngine
 from decision_server.model import load_model
-
 model = load_model(Path(sys.argv[1]), dtype="float32", threads=2, matmul="split")
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 engine = TreeEngine(model)
 eager_halves = split_gemm.halves
-
-
 def halves_form(x):
     hi = x.to(torch.bfloat16)
     return hi, (x - hi.float()).to(torch.bfloat16)
-
-
 compiled_halves = torch.compile(halves_form, dynamic=True)
-
-
 def use(on):
     fused.HALF_DTYPES = (torch.bfloat16, torch.float16, torch.float32) if on else (torch.bfloat16, torch.float16)
     fused._enabled = on
     split_gemm.halves = (lambda x: compiled_halves(x) if x.shape[0] > 1 else eager_halves(x)) if on else eager_halves
-
-
 res = {}
 for on in (False, True):
-    use(on)
-    res[on] = torch.tensor([p for o in engine.run(reads).outcomes for p in o.label_logprobs], dtype=torch.float64)
+    use(on); res[on] = torch.tensor([p for o in engine.run(reads).outcomes for p in o.label_logprobs], dtype=torch.float64)
 t = {False: [], True: []}
 for _ in range(5):
     for on in (False, True):
-        use(on)
-        t[on].append(engine.run(reads).forward_seconds)
+        use(on); t[on].append(engine.run(reads).forward_seconds)
 e, c = statistics.median(t[False]), statistics.median(t[True])
-print(
-    f"split eager {e * 1e3:.0f} ms, fused {c * 1e3:.0f} ms: {e / c:.3f}x; max |dlabel| {(res[True] - res[False]).abs().max():.2e}"
-)
+print(f"split eager {e*1e3:.0f} ms, fused {c*1e3:.0f} ms: {e/c:.3f}x; max |dlabel| {(res[True]-res[False]).abs().max():.2e}")

@@ -30,9 +30,7 @@ reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 tree = TreeEngine(model)
 tree.run(reads[:2])
 times = [tree.run(reads).forward_seconds for _ in range(4)]
-print(
-    f"{DTYPE} ({model.matmul if DTYPE == 'float32' else 'compiled'}): tree forward median {statistics.median(times) * 1e3:.0f} ms"
-)
+print(f"{DTYPE} ({model.matmul if DTYPE == 'float32' else 'compiled'}): tree forward median {statistics.median(times) * 1e3:.0f} ms")
 with profile(activities=[ProfilerActivity.CPU]) as prof:
     batch = tree.run(reads)
 print(f"profiled: {batch.forward_seconds * 1e3:.0f} ms, {batch.forward_passes} pass(es), {batch.packed_tokens} tokens")

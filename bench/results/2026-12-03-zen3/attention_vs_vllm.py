@@ -20,6 +20,8 @@ SCALE = DIM**-0.5
 DTYPE = getattr(torch, os.environ.get("DTYPE", "float32"))
 
 
+
+
 try:
     from vllm.platforms import current_platform
     import vllm._custom_ops as ops

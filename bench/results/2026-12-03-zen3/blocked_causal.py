@@ -41,6 +41,8 @@ def blocked(q, k, v, block):
     return out
 
 
+
+
 for tokens in [int(t) for t in sys.argv[1:]] or (570, 860, 2048):
     g = torch.Generator().manual_seed(tokens)
     q = torch.randn(HEADS, tokens, DIM, generator=g)
@@ -57,10 +59,4 @@ for tokens in [int(t) for t in sys.argv[1:]] or (570, 860, 2048):
             times[f"blocked {b}"].append(timed(lambda: blocked(q, k, v, b)))
     base = statistics.median(times["sdpa"])
     print(line)
-    print(
-        "   "
-        + " | ".join(
-            f"{name} {statistics.median(t) * 1e3:.2f} ms ({base / statistics.median(t):.2f}x)"
-            for name, t in times.items()
-        )
-    )
+    print("   " + " | ".join(f"{name} {statistics.median(t) * 1e3:.2f} ms ({base / statistics.median(t):.2f}x)" for name, t in times.items()))

@@ -28,31 +28,12 @@ source = here / "attention_kernel.cpp"
 if not library.exists() or library.stat().st_mtime < source.stat().st_mtime:
     flags = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     links = [f"-L{p}" for p in cpp_extension.library_paths()] + ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python"]
-    subprocess.run(
-        [
-            "g++",
-            "-O3",
-            "-march=native",
-            "-shared",
-            "-fPIC",
-            "-std=c++20",
-            "-fopenmp",
-            "-DTORCH_EXTENSION_NAME=lab_attention",
-            "-D_GLIBCXX_USE_CXX11_ABI=1",
-            *flags,
-            str(source),
-            "-o",
-            str(library),
-            *links,
-        ],
-        check=True,
-    )
+    subprocess.run(["g++", "-O3", "-march=native", "-shared", "-fPIC", "-std=c++20", "-fopenmp", "-DTORCH_EXTENSION_NAME=lab_attention",
+                    "-D_GLIBCXX_USE_CXX11_ABI=1", *flags, str(source), "-o", str(library), *links], check=True)
 spec = importlib.util.spec_from_file_location("lab_attention", library)
 ext = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ext)
-print(
-    f"built in {time.perf_counter() - started:.1f} s; torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}"
-)
+print(f"built in {time.perf_counter() - started:.1f} s; torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()}")
 H, KV, D = 16, 8, 128
 SCALE = D**-0.5
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -99,6 +80,4 @@ for dtype in (torch.float32, torch.bfloat16):
         a, b = statistics.median(times["torch"]), statistics.median(times["kernel"])
         pairs = t * s - (t * (t - 1) // 2 if offset >= 0 else 0)
         flops = 4 * H * D * pairs
-        print(
-            f"{str(dtype)[6:]:9} {name:22} torch {a * 1e3:7.2f} ms ({flops / a / 1e9:4.0f} GFLOP/s, err {err_t:.1e}) | kernel {b * 1e3:7.2f} ms ({flops / b / 1e9:4.0f} GFLOP/s, err {err:.1e}, lse {err_lse:.1e}) | {a / b:.2f}x"
-        )
+        print(f"{str(dtype)[6:]:9} {name:22} torch {a*1e3:7.2f} ms ({flops/a/1e9:4.0f} GFLOP/s, err {err_t:.1e}) | kernel {b*1e3:7.2f} ms ({flops/b/1e9:4.0f} GFLOP/s, err {err:.1e}, lse {err_lse:.1e}) | {a/b:.2f}x")

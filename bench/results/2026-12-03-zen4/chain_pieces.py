@@ -45,10 +45,7 @@ for tokens in [int(t) for t in sys.argv[1:]] or (540, 860):
         k = torch.randn(KV_HEADS, tokens, DIM, generator=g).to(dtype)
         v = torch.randn(KV_HEADS, tokens, DIM, generator=g).to(dtype)
         exact = whole(q.double(), k.double(), v.double())
-        runs = {
-            "whole": lambda: whole(q, k, v),
-            **{f"pieces {p}": (lambda p=p: pieces(q, k, v, p)) for p in (128, 192, 272)},
-        }
+        runs = {"whole": lambda: whole(q, k, v), **{f"pieces {p}": (lambda p=p: pieces(q, k, v, p)) for p in (128, 192, 272)}}
         errors = {name: float((run().double() - exact).abs().max()) for name, run in runs.items()}
         times = {name: [] for name in runs}
         for _ in range(3):  # taking turns, so that noise on this VM hits all
@@ -56,11 +53,6 @@ for tokens in [int(t) for t in sys.argv[1:]] or (540, 860):
                 times[name].append(timed(run))
         base = statistics.median(times["whole"])
         flops = 4 * HEADS * DIM * tokens * (tokens + 1) / 2
-        print(
-            f"{tokens} tokens {str(dtype).removeprefix('torch.')}: "
-            + " | ".join(
-                f"{name} {statistics.median(t) * 1e3:.2f} ms ({flops / statistics.median(t) / 1e9:.0f} GFLOP/s, "
-                f"{base / statistics.median(t):.2f}x, err {errors[name]:.1e})"
-                for name, t in times.items()
-            )
-        )
+        print(f"{tokens} tokens {str(dtype).removeprefix('torch.')}: " + " | ".join(
+            f"{name} {statistics.median(t) * 1e3:.2f} ms ({flops / statistics.median(t) / 1e9:.0f} GFLOP/s, "
+            f"{base / statistics.median(t):.2f}x, err {errors[name]:.1e})" for name, t in times.items()))

@@ -34,7 +34,7 @@ for bucket in (False, True):
     for _ in range(3):
         tree.run(seen)
 for k in range(rounds):
-    for bucket in (False, True) if k % 2 == 0 else (True, False):
+    for bucket in ((False, True) if k % 2 == 0 else (True, False)):
         network.bucket_rows = bucket
         name = "buckets" if bucket else "plain"
         # A head of a length no earlier read had: a packed token count this process has not computed yet.

@@ -5,20 +5,9 @@
 import statistics, time, torch, torch.nn.functional as F
 
 torch.set_num_threads(2)
-SHAPES = {
-    "qkv 1024x4096": (1024, 4096),
-    "out 2048x1024": (2048, 1024),
-    "gate/up 1024x6144": (1024, 6144),
-    "down 3072x1024": (3072, 1024),
-}
+SHAPES = {"qkv 1024x4096": (1024, 4096), "out 2048x1024": (2048, 1024), "gate/up 1024x6144": (1024, 6144), "down 3072x1024": (3072, 1024)}
 M = 862
-print(
-    torch.__version__,
-    "mkldnn bf16:",
-    torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-    "fp16:",
-    torch.ops.mkldnn._is_mkldnn_fp16_supported(),
-)
+print(torch.__version__, "mkldnn bf16:", torch.ops.mkldnn._is_mkldnn_bf16_supported(), "fp16:", torch.ops.mkldnn._is_mkldnn_fp16_supported())
 for name, (k, n) in SHAPES.items():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(M, k, generator=g)
@@ -29,15 +18,12 @@ for name, (k, n) in SHAPES.items():
     for dt, tag in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
         xd, wd = x.to(dt), w.to(dt)
         pd = torch.ops.mkldnn._reorder_linear_weight(wd, None)
-        fns[f"{tag} onednn"] = lambda xd=xd, pd=pd: torch.ops.mkldnn._linear_pointwise(xd, pd, None, "none", [], "")
+        fns[f"{tag} onednn"] = (lambda xd=xd, pd=pd: torch.ops.mkldnn._linear_pointwise(xd, pd, None, "none", [], ""))
     times = {key: [] for key in fns}
     for f in fns.values():
-        f()
-        f()
+        f(); f()
     for _ in range(9):
         for key, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[key].append(time.perf_counter() - t0)
+            t0 = time.perf_counter(); f(); times[key].append(time.perf_counter() - t0)
     fl = 2 * M * k * n / 1e9
     print(name, {key: f"{fl / statistics.median(v):.0f}" for key, v in times.items()}, "GFLOP/s")
