@@ -53,9 +53,11 @@ from decision_server.engines.types import ReadSpec
 folder = Path(os.environ["FIXTURE"])
 prompts = [[1, 5, 9, 13, 17, 21, 25], [1, 5, 9, 13, 40, 41], [1, 5, 9, 13, 17, 21, 25, 30]]
 labels = ((3,), (4,), (7, 8))
-for dtype, tol in (("float32", 1e-4), ("bfloat16", 5e-2)):
-    model = load_model(folder, dtype=dtype)
+for dtype, tol, compile_mode in (("float32", 1e-4, "off"), ("bfloat16", 5e-2, "off"), ("bfloat16", 5e-2, "auto")):
+    # --compile auto: the layers between attentions as compiled graphs (layer_graph), the serving default.
+    model = load_model(folder, dtype=dtype, compile_mode=compile_mode)
     assert model.device_name.startswith("cuda"), model.device_name
+    print(f"{dtype} compile {compile_mode}: compiled layers {model.compiled_layers}")
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to("cuda").eval()
     for mode in ("tree", "naive"):
         engine = make_engine(mode, model)
@@ -70,7 +72,7 @@ for dtype, tol in (("float32", 1e-4), ("bfloat16", 5e-2)):
                 start = len(spec.prompt) - 1
                 want = sum(float(lp[start + k, t]) for k, t in enumerate(label))
                 worst = max(worst, abs(got - want))
-        print(f"{dtype} {mode}: max |dlogprob| {worst:.2e} (tolerance {tol})", "ok" if worst < tol else "FAILED")
+        print(f"{dtype} {compile_mode} {mode}: max |dlogprob| {worst:.2e} (tolerance {tol})", "ok" if worst < tol else "FAILED")
 EOF
 
 echo "== 4. decision-bench, --num-shard 1, bfloat16, Qwen3-0.6B shape (bench/gpu-workloads.sh)" | tee -a "$LOG"

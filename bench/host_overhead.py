@@ -82,6 +82,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--threads", type=int, default=None)
+    # The serving path's defaults (`decision-server serve`): what the target is about.
+    parser.add_argument("--matmul", default="auto")
+    parser.add_argument("--compile", default="auto")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -94,7 +97,7 @@ def main() -> None:
         folder = Path(tmp)
         build(folder, dtype)
         # The shard picks its device as serving does (CUDA where there is one).
-        ours = load_model(folder, dtype=args.dtype)
+        ours = load_model(folder, dtype=args.dtype, matmul=args.matmul, compile_mode=args.compile)
         device = ours.device
         engine = make_engine("auto", ours, 0)
         reference = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
@@ -124,6 +127,8 @@ def main() -> None:
                 "device": ours.device_name,
                 "dtype": args.dtype,
                 "threads": torch.get_num_threads(),
+                "matmul": ours.matmul,
+                "compile": args.compile,
             }
         )
     )

@@ -70,6 +70,9 @@ def launcher_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     env["NO_COLOR"] = "1"
+    # Shards run their layers eagerly unless a test asks for `--compile auto` (the serving default): compiling them
+    # costs each shard start seconds, and the suite starts dozens. test_systemone's compile tests cover the default.
+    env["COMPILE"] = "off"
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra or {})
     return env

@@ -399,7 +399,9 @@ def test_operations_endpoints(http: httpx2.Client, server_info: dict[str, Any]) 
     assert server_info["dtype"] in ("float32", "torch.float32"), server_info
     # The suites pin --matmul exact (conftest); test_matmul_auto_* below runs the default.
     assert server_info["read_mode"] == "tree" and server_info["matmul"] == "exact", server_info
-    assert server_info["compiled_chains"] is False, server_info  # float32 never compiles
+    assert server_info["compiled_chains"] is False, server_info  # float32 has no compiled chains
+    # The suites run eagerly (launchers.launcher_env); test_matmul_auto_* below runs the default, compiled.
+    assert server_info["compiled_layers"] is False, server_info
     metrics = http.get("/metrics")
     assert metrics.status_code == 200, metrics.text[:500]
     assert "# TYPE" in metrics.text, metrics.text[:500]
@@ -408,15 +410,18 @@ def test_operations_endpoints(http: httpx2.Client, server_info: dict[str, Any]) 
 def test_matmul_auto_runs_the_mode_it_measured_and_decides_like_exact(
     launcher_factory: Callable[..., Launcher], session_launcher: Launcher
 ) -> None:
-    """The default, --matmul auto, times the float32 GEMMs at load and runs the fastest mode that pays (on AMX CPUs
-    the bfloat16 split GEMM, elsewhere oneDNN or MKL): every answer is the exact server's argmax, and every
-    probability within 1e-4 of it (320 of 320 questions agreed, max |dp| 1.8e-5, docs/benchmarks.md)."""
-    launcher = launcher_factory(["--dtype", "float32", "--hostname", "127.0.0.1"], name="auto")
+    """The serving defaults, --matmul auto and --compile auto: the shard times the float32 GEMMs at load and runs the
+    fastest mode that pays (on AMX CPUs the bfloat16 split GEMM, elsewhere oneDNN or MKL), its layers compiled
+    between attentions (`layer_graph`, the mode's weights held for the graph): every answer is the exact eager
+    server's argmax, and every probability within 1e-4 of it (320 of 320 questions agreed, max |dp| 1.8e-5,
+    docs/benchmarks.md)."""
+    launcher = launcher_factory(["--dtype", "float32", "--compile", "auto", "--hostname", "127.0.0.1"], name="auto")
     launcher.wait_healthy(timeout_s=300)
     with httpx2.Client(base_url=launcher.url, timeout=120) as auto:
         info = auto.get("/info").json()
         # It reports the mode it measured fastest on this CPU, never "auto".
         assert info["matmul"] in ("exact", "fast", "split"), info
+        assert info["compiled_layers"] is True, info
         got, _ = ok_answers(auto, ALL_TYPES)
     with httpx2.Client(base_url=session_launcher.url, timeout=120) as exact:
         want, _ = ok_answers(exact, ALL_TYPES)
@@ -468,11 +473,13 @@ def test_mkl_dispatch_features_preloads_its_library_and_reads_like_the_reference
 def test_bfloat16_runs_its_chains_compiled_and_info_says_so(
     launcher_factory: Callable[..., Launcher], matmul: str | None, modes: tuple[str, ...]
 ) -> None:
-    """--dtype bfloat16 with the default --compile auto: the shard builds the elementwise chains with torch.compile
+    """--dtype bfloat16 with the default --compile auto: the shard builds the elementwise chains (and its layers) with
+    torch.compile
     at warm-up, `GET /info` reports `compiled_chains: true` and a half-precision GEMM mode (`--matmul auto` picks
     `exact` or `widen` by timing them on this CPU; `--matmul widen` is kept as asked), and decisions answer through
     them."""
-    flags = ["--dtype", "bfloat16", "--hostname", "127.0.0.1"] + (["--matmul", matmul] if matmul else [])
+    flags = ["--dtype", "bfloat16", "--compile", "auto", "--hostname", "127.0.0.1"]
+    flags += ["--matmul", matmul] if matmul else []
     launcher = launcher_factory(flags, name=f"bf16-{matmul or 'auto'}")
     launcher.wait_healthy(timeout_s=300)
     with httpx2.Client(base_url=launcher.url, timeout=120) as client:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decision_server import fused
+from decision_server import fused, layer_graph
 from decision_server.checkpoint import Checkpoint
 from decision_server.distributed import ShardGroup, partition
 from decision_server.layers import (
@@ -233,8 +233,14 @@ def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: 
 #   blocks are the slow part: batched float32 GEMMs over blocks of CHAIN_GEMM_ROWS queries with an exact softmax
 #   between them (`_gemm_chain`) ran a chain of 540 tokens 1.38x and 860 tokens 1.16x faster alone, errors as small
 #   (gemm_attention.txt), and a whole float32 tree read 1.031x (gemm_chain_ab.txt).
+#   That pays only where the products are heavy: `_gemm_chain` is about 18 ops per block of CHAIN_GEMM_ROWS queries
+#   (144 per layer for 512 tokens), and on queries narrower than GEMM_CHAIN_MIN_WIDTH (heads x head_dim) one flash
+#   call was as fast or faster (1 thread, 512-860 tokens: width 64 0.68-0.78x the time, width 128 0.76-0.94x,
+#   width 576 0.82-0.94x, width 2048 0.91-1.00x; /tmp-free rerun: bench/results/2026-12-06-layer-graph/). Narrower
+#   queries (no served model has them; the host-overhead proxy's deep, narrow model does) take one flash call.
 # Longer chains stay one flash call.
 CHAIN_PIECE_TOKENS = 192
+GEMM_CHAIN_MIN_WIDTH = 512
 MAX_PIECED_CHAIN_TOKENS = 1024
 CHAIN_GEMM_ROWS = 64
 
@@ -262,7 +268,9 @@ def _causal_chain(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     q, k, v = query.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)
     pieces = _chain_pieces(tokens, offset)
     if len(pieces) > 1 and query.dtype == torch.float32:
-        return _gemm_chain(query, keys, values, scale)
+        if query.shape[0] * query.shape[2] >= GEMM_CHAIN_MIN_WIDTH:
+            return _gemm_chain(query, keys, values, scale)
+        pieces = [(0, tokens)]
     if len(pieces) == 1 and offset:
         padded = torch.cat((q.new_zeros(1, q.shape[1], offset, q.shape[3]), q), dim=2)
         return flash(padded, k, v, 0.0, True, scale=scale)[0][0, :, offset:]
@@ -659,9 +667,18 @@ class Attention(nn.Module):
         `hidden` may end in padding rows past the pass's tokens (`cos` has a row per token: `DecoderLM.hidden_states`):
         they go through the projections, and the output has them as zeros; attention and keys/values never see them.
         """
-        tokens, run_rows = cos.shape[0], hidden.shape[0]
+        query, new = self.project(hidden, cos, sin)
+        attended = self.attend(query, new, mask, past, rows, hidden.shape[0])
+        if attended is None:
+            return hidden[:0], new  # no query at all: the layer only adds its keys/values
+        return self.out(attended), new
+
+    def project(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, LayerKV]:
+        """Queries (heads, tokens, head_dim) and keys/values (kv_heads, tokens, head_dim) of the pass's tokens,
+        norms and positions applied (what `layer_graph` computes compiled)."""
+        tokens = cos.shape[0]
         packed = self.qkv(hidden)
-        if run_rows > tokens:
+        if hidden.shape[0] > tokens:
             packed = packed[:tokens]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         query = packed[:, :q_size].view(tokens, self.heads, self.head_dim)
@@ -672,29 +689,40 @@ class Attention(nn.Module):
         # (heads, tokens, head_dim) from here on.
         query = fused.call(_rotate, query, cos, sin, form=_rotate_form).transpose(0, 1)
         key = fused.call(_rotate, key, cos, sin, form=_rotate_form).transpose(0, 1)
-        value = value.transpose(0, 1)
-        new = LayerKV(key, value)
+        return query, LayerKV(key, value.transpose(0, 1))
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        new: LayerKV,
+        mask: torch.Tensor | TreeAfterPast | SegmentPlan | None,
+        past: LayerKV | None,
+        rows: KeptRows | SegmentRows | None,
+        run_rows: int,
+    ) -> torch.Tensor | None:
+        """Attention of `query` over `past` and `new`, token-major (run_rows, heads * head_dim) as the output
+        projection takes it (with `rows`: those rows only; None where there is no row at all)."""
+        tokens, scale = query.shape[1], self.head_dim**-0.5
+        key, value = new.keys, new.values
         if rows is not None:
             if not rows.index.numel():
-                return hidden[:0], new  # no query at all: the layer only adds its keys/values
+                return None
             if isinstance(rows, SegmentRows):
-                attended = rows.attend(query, new, past, self.head_dim**-0.5)
-                return self.out(_token_major(attended, attended.shape[1])), new
-            return self._rows_only(query, new, past, rows), new
+                attended = rows.attend(query, new, past, scale)
+                return _token_major(attended, attended.shape[1])
+            return self._rows_only(query, new, past, rows)
         if isinstance(mask, SegmentPlan):
-            attended = mask.attend(query, new, past, self.head_dim**-0.5)
-            return self.out(_token_major(attended, run_rows)), new
+            return _token_major(mask.attend(query, new, past, scale), run_rows)
         if isinstance(mask, TreeAfterPast):
-            attended = _tree_after_past(query, new, past, mask, self.head_dim**-0.5)
-            return self.out(_token_major(attended, run_rows)), new
-        if mask is None and tokens > 1 and hidden.device.type == "cpu":
+            return _token_major(_tree_after_past(query, new, past, mask, scale), run_rows)
+        if mask is None and tokens > 1 and query.device.type == "cpu":
             # No tree: causal attention from position 0 or continuing after the past tokens, in the kernel's causal
             # calls (see _causal_chain and _causal_after_past).
             if past is not None and past.keys.shape[1]:
-                attended = _causal_after_past(query, new, past, self.head_dim**-0.5)
+                attended = _causal_after_past(query, new, past, scale)
             else:
-                attended = _causal_chain(query, key, value, self.head_dim**-0.5)
-            return self.out(_token_major(attended, run_rows)), new
+                attended = _causal_chain(query, key, value, scale)
+            return _token_major(attended, run_rows)
         if past is not None:
             key = torch.cat((past.keys, key), dim=1)
             value = torch.cat((past.values, value), dim=1)
@@ -702,8 +730,8 @@ class Attention(nn.Module):
         if mask is None and past is not None and tokens > 1:
             # No tree: plain causal attention continuing after the past tokens.
             past_length = past.keys.shape[1]
-            query_positions = torch.arange(tokens, device=hidden.device).unsqueeze(-1) + past_length
-            mask = query_positions >= torch.arange(past_length + tokens, device=hidden.device)
+            query_positions = torch.arange(tokens, device=query.device).unsqueeze(-1) + past_length
+            mask = query_positions >= torch.arange(past_length + tokens, device=query.device)
             mask, causal = mask[None, None], False
         attended = F.scaled_dot_product_attention(
             query.unsqueeze(0),
@@ -711,15 +739,15 @@ class Attention(nn.Module):
             value.unsqueeze(0),
             attn_mask=mask,
             is_causal=causal,
-            scale=self.head_dim**-0.5,
+            scale=scale,
             # Each key/value head serves heads // kv_heads consecutive query heads; SDPA reads them in place
             # (copying them out per layer cost about 6 % of causal attention, measured).
             enable_gqa=self.heads != self.kv_heads,
         )
-        return self.out(_token_major(attended[0], run_rows)), new
+        return _token_major(attended[0], run_rows)
 
     def _rows_only(self, query: torch.Tensor, new: LayerKV, past: LayerKV | None, rows: KeptRows) -> torch.Tensor:
-        """Attention output (rows, hidden) of the kept rows' queries over every key they may see."""
+        """Attention output (rows, heads * head_dim) of the kept rows' queries over every key they may see."""
         if past is not None and past.keys.shape[1]:
             keys = torch.cat((past.keys, new.keys), dim=1)
             values = torch.cat((past.values, new.values), dim=1)
@@ -733,7 +761,7 @@ class Attention(nn.Module):
             scale=self.head_dim**-0.5,
             enable_gqa=self.heads != self.kv_heads,
         )
-        return self.out(_token_major(attended[0], rows.index.shape[0]))
+        return _token_major(attended[0], rows.index.shape[0])
 
 
 def _token_major(attended: torch.Tensor, rows: int) -> torch.Tensor:
@@ -792,9 +820,30 @@ class DecoderLayer(nn.Module):
             hidden = hidden.index_select(0, rows.index)
             if not rows.index.numel():
                 return hidden, new
+        return self.finish(hidden, attended), new
+
+    def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The residual stream after this layer, from its input `hidden` and its projected attention output."""
         hidden = hidden + attended
-        hidden = hidden + self.mlp(self.post_attention_norm(hidden))
-        return hidden, new
+        return hidden + self.mlp(self.post_attention_norm(hidden))
+
+    def weights(self) -> layer_graph.LayerWeights:
+        """This layer's tensors as `layer_graph` takes them (packed or split weights by their slot)."""
+        q_norm, k_norm = self.attention.q_norm, self.attention.k_norm
+        return layer_graph.LayerWeights(
+            input_norm=self.input_norm.weight,
+            qkv=layer_graph.hold(self.attention.qkv.weight),
+            qkv_bias=self.attention.qkv.bias,
+            q_norm=None if q_norm is None else q_norm.weight,
+            k_norm=None if k_norm is None else k_norm.weight,
+            out=layer_graph.hold(self.attention.out.weight),
+            out_bias=self.attention.out.bias,
+            post_norm=self.post_attention_norm.weight,
+            gate_up=layer_graph.hold(self.mlp.gate_up.weight),
+            gate_up_bias=self.mlp.gate_up.bias,
+            down=layer_graph.hold(self.mlp.down.weight),
+            down_bias=self.mlp.down.bias,
+        )
 
 
 @dataclass(frozen=True)
@@ -846,6 +895,8 @@ class DecoderLM(nn.Module):
         self.rotary = rotary
         # Passes run their GEMMs at bucketed row counts where oneDNN's AMX kernels are built per count (ROW_BUCKET).
         self.bucket_rows = amx_row_buckets(self)
+        # The layers between attentions as compiled graphs (`compile_layers`), or None: eager.
+        self.graph: layer_graph.LayerGraph | None = None
 
     @classmethod
     def load(
@@ -996,11 +1047,68 @@ class DecoderLM(nn.Module):
                 rows = KeptRows.of(keep, mask, past_length, tokens, self.bucket_rows)
         last = len(self.layers) - 1
         new: list[LayerKV] = []
+        if self.graph is not None and run_rows == tokens >= layer_graph.MIN_TOKENS:
+            hidden = self._compiled_layers(self.graph, hidden, cos, sin, layer_mask, past, rows, new)
+            return self.norm(hidden[: tokens if keep is None else len(keep)]), new
         for index, layer in enumerate(self.layers):
             layer_past = past[index] if past is not None else None
             hidden, kv = layer(hidden, cos, sin, layer_mask, layer_past, rows if index == last else None)
             new.append(kv)
         return self.norm(hidden[: tokens if keep is None else len(keep)]), new
+
+    def _compiled_layers(
+        self,
+        graph: layer_graph.LayerGraph,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | TreeAfterPast | SegmentPlan | None,
+        past: list[LayerKV] | None,
+        rows: KeptRows | SegmentRows | None,
+        new: list[LayerKV],
+    ) -> torch.Tensor:
+        """`hidden_states`' layers with everything between two attentions one compiled call (`layer_graph`) and
+        attention eager, as `Attention.attend` computes it; the last layer's kept rows leave eagerly."""
+        last = len(self.layers) - 1
+        query, key, value = graph.enter(0, hidden, cos, sin)
+        for index, layer in enumerate(self.layers):
+            kv = LayerKV(key, value)
+            new.append(kv)
+            layer_rows = rows if index == last else None
+            layer_past = past[index] if past is not None else None
+            attended = layer.attention.attend(query, kv, mask, layer_past, layer_rows, hidden.shape[0])
+            if index < last:
+                assert attended is not None
+                hidden, query, key, value = graph.step(index, hidden, attended, cos, sin)
+            elif layer_rows is None:
+                assert attended is not None
+                hidden = graph.leave(index, hidden, attended)
+            else:
+                hidden = hidden.index_select(0, layer_rows.index)
+                if attended is not None:
+                    hidden = layer.finish(hidden, layer.attention.out(attended))
+        return hidden
+
+    def compile_layers(self) -> bool:
+        """Runs the layers between attentions as compiled graphs from now on (`layer_graph`) where the model is not
+        split over ranks and its GEMMs take unpadded rows; returns whether they are compiled (False where they do not
+        apply, or inductor cannot build here: logged)."""
+        if self.head.group.world_size > 1 or self.bucket_rows:
+            return False
+        first = self.layers[0]
+        shape = layer_graph.LayerShape(
+            heads=first.attention.heads,
+            kv_heads=first.attention.kv_heads,
+            head_dim=first.attention.head_dim,
+            eps=self.shape.rms_norm_eps,
+            hidden_size=self.shape.hidden_size,
+            intermediate=int(first.mlp.gate_up.out_features) // 2,
+        )
+        dtype, device = self.norm.weight.dtype, self.norm.weight.device
+        act = ACTIVATIONS[self.shape.hidden_act]
+        weights = [layer.weights() for layer in self.layers if isinstance(layer, DecoderLayer)]
+        self.graph = layer_graph.build(shape, weights, act, _rotate_form, dtype, device)
+        return self.graph is not None
 
     def parameter_bytes(self) -> int:
         """Bytes of this rank's weights (a tied tensor counted once)."""

@@ -49,6 +49,10 @@ class DecoderModel(LoadedModel):
         return self.config.get_text_config()
 
     @property
+    def compiled_layers(self) -> bool:
+        return self.network.graph is not None
+
+    @property
     def rank(self) -> int:
         return self.group.rank
 

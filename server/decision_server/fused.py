@@ -6,8 +6,9 @@ an Intel AMX CPU, where the GEMMs are fast. inductor fuses each chain into one p
 bench/results/2026-12-03-amx-fused/). The fused kernels keep intermediates in float32 instead of rounding each
 op's result to bfloat16, so their labels move from eager bfloat16's by bfloat16's own rounding (about 2e-2 in
 log-probability on random weights): a different bfloat16 rounding, not a less exact one (tests/test_fused.py
-measures both against float32). float32 is never compiled: its chains are few passes and stay bit-equal to
-transformers' forward.
+measures both against float32). float32 chains are never compiled here: they are few passes and stay bit-equal to
+transformers' forward. (With `--compile auto` a pass of two rows or more runs through `layer_graph` instead, which
+compiles the whole stretch between attentions in every dtype; these chains serve the passes it leaves eager.)
 
 `call(fn, x, ...)` runs `fn`'s compiled twin where the chains are enabled (`enable`, once at load) and `x` is a
 half-precision CPU tensor of at least two rows, and `fn` itself otherwise. Compiling needs a C++ compiler; where

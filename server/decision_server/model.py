@@ -76,8 +76,9 @@ def load_model(
     `matmul_record`: the file where auto keeps each mode's fastest time across loads (the shard passes
     `paths.matmul_record()`; None, the library default, keeps nothing: a library caller's probes, a test's faked
     ones included, never reach the shard's record).
-    `compile_mode` ("auto" or "off", `fused.COMPILE_MODES`): "auto" fuses the own decoder's half-precision elementwise
-    chains with torch.compile where inductor builds on this machine (`fused`); float32 always runs eagerly.
+    `compile_mode` ("auto" or "off", `fused.COMPILE_MODES`): "auto" runs the own decoder's layers between attentions as
+    compiled graphs (`layer_graph`) and fuses its half-precision elementwise chains (`fused`), where inductor builds on
+    this machine.
     """
     from transformers.utils import logging as hf_logging
 
@@ -137,12 +138,15 @@ def load_model(
             native, native_refusal = False, str(err)
             # A decoder architecture the decoder refuses (sliding windows, ...) is still a plain causal LM.
             loader = AUTO_CAUSAL_LM
-    compiled = False
+    compiled = layers_compiled = False
     if native:
         # The decoder resolves auto itself, once its ranks can agree on one mode (`layers.resolve_matmul`).
-        loaded: LoadedModel = load_decoder_model(path, config, torch_dtype, device, parallel, matmul, matmul_record)
+        decoder = load_decoder_model(path, config, torch_dtype, device, parallel, matmul, matmul_record)
+        loaded: LoadedModel = decoder
         matmul = loaded.matmul
         compiled = fused.enable(compile_mode, torch_dtype, device)
+        if compile_mode == "auto":
+            layers_compiled = decoder.network.compile_layers()
     elif parallel.world_size > 1:
         reason = native_refusal or f"{architecture.name} has no tensor-parallel implementation"
         raise UnsupportedModelError(
@@ -169,6 +173,7 @@ def load_model(
                 "matmul": matmul,
                 "mkl_kernels": mkl_kernels(),
                 "compiled_chains": compiled,
+                "compiled_layers": layers_compiled,
                 "device": loaded.device_name,
                 "rank": loaded.rank,
                 "world_size": loaded.world_size,

@@ -121,6 +121,11 @@ class LoadedModel(ABC):
     implementation: str = "transformers"
 
     @property
+    def compiled_layers(self) -> bool:
+        """Whether the layers run as compiled graphs between attentions (`layer_graph`; the own decoder only)."""
+        return False
+
+    @property
     @abstractmethod
     def text_config(self) -> Any:
         """The Hugging Face config of the language model (the text part of a multimodal one)."""

@@ -327,6 +327,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             prefix_cache_bytes=self._engine.cache_plan.capacity_bytes,
             prefix_cache_rule=self._engine.cache_plan.rule,
             compiled_chains=fused.enabled(),
+            compiled_layers=model.compiled_layers,
             batch_token_budget=self._engine.batch_budget.tokens,
             batch_budget_rule=self._engine.batch_budget.rule,
         )

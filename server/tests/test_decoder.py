@@ -134,17 +134,20 @@ def _causal_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Ten
     [(0, 400, 3), (30, 400, 3), (0, 385, 3), (0, 150, 1), (30, 150, 1), (0, 1030, 1), (900, 200, 1)],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [16, 128])
 def test_a_causal_chain_in_pieces_equals_the_masked_softmax(
-    monkeypatch: pytest.MonkeyPatch, offset: int, tokens: int, pieces: int, dtype: torch.dtype
+    monkeypatch: pytest.MonkeyPatch, offset: int, tokens: int, pieces: int, dtype: torch.dtype, head_dim: int
 ) -> None:
     """`_causal_chain` attends chains of 193-1,024 tokens in pieces (torch's kernel computes a 512-key block for
-    every query block otherwise): masked flash calls in bfloat16, batched GEMMs in float32. Either way it stays the
-    softmax over exactly the keys each query may see."""
+    every query block otherwise): masked flash calls in bfloat16, batched GEMMs in float32 where the queries are at
+    least GEMM_CHAIN_MIN_WIDTH wide (4 heads of 128 here) and one flash call where they are narrower (4 of 16).
+    Either way it stays the softmax over exactly the keys each query may see."""
     from decision_server import decoder
 
     generator = torch.Generator().manual_seed(offset * 1000 + tokens)
-    query = torch.randn(4, tokens, 16, generator=generator).to(dtype)
-    keys, values = (torch.randn(2, offset + tokens, 16, generator=generator).to(dtype) for _ in range(2))
+    query = torch.randn(4, tokens, head_dim, generator=generator).to(dtype)
+    keys, values = (torch.randn(2, offset + tokens, head_dim, generator=generator).to(dtype) for _ in range(2))
+    wide = 4 * head_dim >= decoder.GEMM_CHAIN_MIN_WIDTH
     masks: list[tuple[int, int]] = []
     gemm_calls: list[int] = []
     piece_mask, gemm_chain = decoder._piece_mask, decoder._gemm_chain
@@ -152,15 +155,16 @@ def test_a_causal_chain_in_pieces_equals_the_masked_softmax(
         decoder, "_piece_mask", lambda rows, seen, kind: masks.append((rows, seen)) or piece_mask(rows, seen, kind)
     )
     monkeypatch.setattr(decoder, "_gemm_chain", lambda *args: gemm_calls.append(1) or gemm_chain(*args))
-    ours = decoder._causal_chain(query, keys, values, 0.25)
-    assert ours.dtype == dtype and ours.shape == (4, tokens, 16)
+    scale = head_dim**-0.5
+    ours = decoder._causal_chain(query, keys, values, scale)
+    assert ours.dtype == dtype and ours.shape == (4, tokens, head_dim)
     if dtype == torch.float32:
-        assert (len(gemm_calls), len(masks)) == ((1 if pieces > 1 else 0), 0)
+        assert (len(gemm_calls), len(masks)) == ((1 if pieces > 1 and wide else 0), 0)
     else:
         # Every piece but one from position 0 is a masked call over the keys up to its end.
         assert not gemm_calls and len(masks) == (pieces - 1 if offset == 0 else pieces if pieces > 1 else 0)
         assert all(seen <= offset + tokens and rows <= decoder.CHAIN_PIECE_TOKENS for rows, seen in masks)
-    expected = _causal_reference(query, keys, values, 0.25)
+    expected = _causal_reference(query, keys, values, scale)
     # bfloat16: the kernel rounds its output (and the probabilities before the value product) to bfloat16.
     torch.testing.assert_close(ours.double(), expected, rtol=0, atol=2e-6 if dtype == torch.float32 else 3e-2)
 
