@@ -127,7 +127,7 @@ pub fn spec(
         config.prefix_cache_mb.to_string().into(),
     ]);
     // Unset, each shard chooses for its device and the router follows (router.rs).
-    if let Some(tokens) = config.max_batch_prefill_tokens {
+    if let Some(tokens) = config.router.max_batch_prefill_tokens {
         args.extend([
             "--max-batch-prefill-tokens".into(),
             tokens.to_string().into(),

@@ -19,14 +19,17 @@ pub async fn run(config: Config) -> Result<(), String> {
     let info = shards.info.clone();
     tracing::info!(architecture = %info.architecture, dtype = %info.dtype, world_size = info.world_size, engine = %info.engine, implementation = %info.implementation, "connected to shards");
     let state = build_state(config, shards)?;
-    let addr: SocketAddr = format!("{}:{}", state.config.hostname, state.config.port)
-        .parse()
-        .map_err(|e| {
-            format!(
-                "invalid listen address {}:{}: {e}",
-                state.config.hostname, state.config.port
-            )
-        })?;
+    let addr: SocketAddr = format!(
+        "{}:{}",
+        state.config.flags.hostname, state.config.flags.port
+    )
+    .parse()
+    .map_err(|e| {
+        format!(
+            "invalid listen address {}:{}: {e}",
+            state.config.flags.hostname, state.config.flags.port
+        )
+    })?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen on {addr}: {e}"))?;

@@ -96,7 +96,7 @@ fn shard_modalities(info: &decision_proto::v1::InfoResponse) -> Vec<Modality> {
 }
 
 pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String> {
-    let model_name = config.served_model_name.clone().unwrap_or_else(|| {
+    let model_name = config.flags.served_model_name.clone().unwrap_or_else(|| {
         config
             .model_dir()
             .file_name()
@@ -109,7 +109,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         &config.model_dir(),
         &prompt::StrategyOptions {
             max_positions: max_positions.max(1),
-            wording: config.compat.wording(),
+            wording: config.flags.compat.wording(),
             modalities: shard_modalities(&shards.info),
         },
     )
@@ -125,17 +125,17 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         Err(reason) => tracing::warn!("decision routes will answer 501: {reason}"),
     }
     let limits = Limits {
-        max_input_tokens: config.max_input_tokens,
-        max_body_bytes: config.max_body_bytes,
+        max_input_tokens: config.flags.max_input_tokens,
+        max_body_bytes: config.flags.max_body_bytes,
         ..Limits::default()
     };
     let media = MediaPolicy::from_config(&config)?;
     let fetcher = Fetcher::new(&media)?;
     if !media.allow_hosts.is_empty() {
-        tracing::info!(hosts = %config.media_allow_hosts.join(","), "media URLs are fetched from these hosts");
+        tracing::info!(hosts = %config.flags.media_allow_hosts.join(","), "media URLs are fetched from these hosts");
     }
     let batch_budget = BatchBudget::choose(
-        config.max_batch_prefill_tokens,
+        config.flags.max_batch_prefill_tokens,
         shards.info.batch_token_budget,
     )?;
     if batch_budget.source == BudgetSource::Flag
@@ -159,8 +159,8 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         shards.clone(),
         QueueConfig {
             max_batch_prefill_tokens: batch_budget.tokens,
-            max_batch_wait: Duration::from_millis(config.max_batch_wait_ms),
-            max_queued_reads: config.max_queued_reads,
+            max_batch_wait: Duration::from_millis(config.flags.max_batch_wait_ms),
+            max_queued_reads: config.flags.max_queued_reads,
         },
     );
     Ok(AppState {
@@ -171,7 +171,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
             limits,
             media,
             fetcher,
-            request_timeout: config.request_timeout(),
+            request_timeout: config.flags.request_timeout(),
             shards: shards.clone(),
         },
         shards,

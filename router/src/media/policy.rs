@@ -51,17 +51,17 @@ impl Default for MediaPolicy {
 impl MediaPolicy {
     pub fn from_config(config: &Config) -> Result<Self, String> {
         Ok(MediaPolicy {
-            allow_hosts: AllowList::parse(&config.media_allow_hosts)?,
-            fetch_timeout: Duration::from_secs(config.media_fetch_timeout_secs),
-            max_item_bytes: config.max_media_bytes,
-            max_items: config.max_media_items,
-            max_images: config.max_image_items,
-            max_audio: config.max_audio_items,
-            max_videos: config.max_video_items,
-            max_image_pixels: config.max_image_pixels,
-            max_video_seconds: config.max_video_seconds,
-            max_video_frames: config.max_video_frames,
-            max_audio_seconds: config.max_audio_seconds,
+            allow_hosts: AllowList::parse(&config.flags.media_allow_hosts)?,
+            fetch_timeout: Duration::from_secs(config.flags.media_fetch_timeout_secs),
+            max_item_bytes: config.flags.max_media_bytes,
+            max_items: config.flags.max_media_items,
+            max_images: config.flags.max_image_items,
+            max_audio: config.flags.max_audio_items,
+            max_videos: config.flags.max_video_items,
+            max_image_pixels: config.flags.max_image_pixels,
+            max_video_seconds: config.flags.max_video_seconds,
+            max_video_frames: config.flags.max_video_frames,
+            max_audio_seconds: config.flags.max_audio_seconds,
         })
     }
 
