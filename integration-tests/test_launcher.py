@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from launchers import Launcher, describe, start_launcher, still_running
+from launchers import LAUNCHER_BINARY, Launcher, describe, start_launcher, still_running
 from wire import REQUEST_ID_HEADER, error_detail
 
 API_KEY = "s3cret-integration-key"
@@ -264,3 +265,16 @@ def test_model_folder_without_weights_fails_with_a_message(launcher_factory: Cal
     lowered = output.lower()
     named = str(broken) in output and any(w in lowered for w in ("safetensors", "pytorch_model", "weights"))
     assert named, f"the message does not name the folder and the missing weights:\n{output[-4000:]}"
+
+
+def test_the_launcher_takes_every_value_of_the_shard_option_flags() -> None:
+    """The launcher declares the shard's option flags as enums; the shard's `choices` module is their source. Drift
+    (the launcher once refused `--dtype float16`, which the shard takes) fails here."""
+    from decision_server import choices
+
+    out = subprocess.run(
+        [str(LAUNCHER_BINARY), "--print-flags"], capture_output=True, check=True, timeout=30, env={"PATH": ""}
+    ).stdout
+    values = {flag["flag"]: tuple(flag["values"]) for flag in json.loads(out)}
+    for flag, shard_values in choices.SERVE_CHOICES.items():
+        assert values[flag] == shard_values, flag

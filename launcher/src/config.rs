@@ -177,7 +177,8 @@ impl Config {
         Ok(config)
     }
 
-    /// Every flag of the launcher's CLI with its env var, as JSON (`--print-flags`).
+    /// Every flag of the launcher's CLI with its env var and, for a fixed set, its values, as JSON
+    /// (`--print-flags`): the test harness's env list, and what the shard's choices are checked against.
     pub fn flags_json() -> serde_json::Value {
         let command = Self::command();
         let flags: Vec<serde_json::Value> = command
@@ -185,7 +186,12 @@ impl Config {
             .filter_map(|arg| {
                 let long = arg.get_long()?;
                 let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
-                Some(serde_json::json!({ "flag": format!("--{long}"), "env": env }))
+                let values: Vec<String> = arg
+                    .get_possible_values()
+                    .iter()
+                    .map(|v| v.get_name().to_owned())
+                    .collect();
+                Some(serde_json::json!({ "flag": format!("--{long}"), "env": env, "values": values }))
             })
             .collect();
         serde_json::Value::Array(flags)
@@ -529,6 +535,14 @@ mod tests {
         assert!(listed.contains(&("--max-body-bytes", Some("MAX_BODY_BYTES"))));
         assert!(listed.contains(&("--num-shard", Some("NUM_SHARD"))));
         assert!(listed.contains(&("--print-flags", None)));
+        let dtype = flags
+            .as_array()
+            .and_then(|all| all.iter().find(|f| f["flag"] == "--dtype"))
+            .expect("--dtype");
+        assert_eq!(
+            dtype["values"],
+            serde_json::json!(["auto", "float32", "bfloat16", "float16"])
+        );
         assert_eq!(
             listed.len(),
             Config::command()

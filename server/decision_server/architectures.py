@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decision_server import choices
+
 DECODER = "decoder"
 TRANSFORMERS = "transformers"
 # transformers' generic loader, for architectures the registry does not list.
 AUTO_CAUSAL_LM = "AutoModelForCausalLM"
 
-ENGINE_NAMES = ("tree", "fork", "naive")
+ENGINE_NAMES = choices.ENGINE_NAMES
 # `--read-mode` values: auto picks tree for all-attention models and fork for hybrids.
-READ_MODES = ("auto", *ENGINE_NAMES)
+READ_MODES = choices.READ_MODES
 # Reads of block-diffusion models: an encoder pass per prompt, then one bidirectional step per canvas. Not a
 # `--read-mode`: the architecture decides it (auto), and the next-token engines cannot read these models.
 CANVAS_ENGINE = "canvas"
