@@ -160,6 +160,11 @@ def joint_schema_family(architecture: str, folder: Path | None) -> JointSchemaFa
     return family
 
 
+def read_kind(engine: str) -> str:
+    """The Read kind the engine computes, reported in Info: the router loads the strategy of that kind."""
+    return {POOLED_ENGINE: POOLED, CANVAS_ENGINE: CANVAS}.get(engine, NEXT_TOKEN)
+
+
 def lookup(architecture: str) -> Architecture:
     """The registry entry, or transformers' AutoModelForCausalLM for an architecture it does not list."""
     return ARCHITECTURES.get(architecture) or Architecture(architecture, TRANSFORMERS, AUTO_CAUSAL_LM)

@@ -106,6 +106,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
     let max_positions = shards.info.max_position_embeddings as usize;
     let strategy: Result<Arc<dyn prompt::ReadStrategy>, String> = prompt::strategy_for(
         &shards.info.architecture,
+        &shards.info.read_kind,
         &config.model_dir(),
         &prompt::StrategyOptions {
             max_positions: max_positions.max(1),
@@ -113,7 +114,8 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
             modalities: shard_modalities(&shards.info),
         },
     )
-    .map(Arc::from);
+    .map(Arc::from)
+    .map_err(|e| e.to_string());
     match &strategy {
         Ok(s) => {
             for kind in probe_kinds() {
