@@ -212,11 +212,11 @@ fn html_escape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::state::build_state;
+    use super::super::state::{build_state, StartupError};
     use super::super::testing::{call, get, state_with, test_state, text};
     use super::*;
     use crate::config::Config;
-    use crate::queue::{BatchBudget, BudgetSource};
+    use crate::queue::{BatchBudget, BudgetError, BudgetSource};
     use crate::shard::ShardSet;
     use clap::Parser;
 
@@ -279,7 +279,11 @@ mod tests {
         let error = build_state(config, silent.clone())
             .err()
             .expect("no budget");
-        assert!(error.contains("--max-batch-prefill-tokens"), "{error}");
+        assert!(
+            matches!(error, StartupError::BatchBudget(BudgetError::NoneReported)),
+            "{error}"
+        );
+        assert!(error.to_string().contains("--max-batch-prefill-tokens"));
         let config = Config::parse_from([
             "decision-router",
             "--model-dir",

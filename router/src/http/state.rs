@@ -1,6 +1,7 @@
 //! What every handler shares: the flags, the decider (strategy, queue, limits, media), the shards, the
 //! metrics recorder, and the drain's flag and in-flight count. Built once at startup.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -10,12 +11,14 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use super::connections::ConnectionStats;
 use crate::config::Config;
 use crate::decide::Decider;
+use crate::error::DecisionError;
 use crate::ir::{ChoiceOption, Modality, QuestionKind};
 use crate::limits::Limits;
-use crate::media::{Fetcher, MediaPolicy};
+
+use crate::media::{Fetcher, MediaPolicy, PolicyError};
 use crate::prompt;
-use crate::queue::{BatchBudget, BudgetSource, Queue, QueueConfig};
-use crate::shard::ShardSet;
+use crate::queue::{BatchBudget, BudgetError, BudgetSource, Queue, QueueConfig};
+use crate::shard::{ShardConnectError, ShardSet};
 
 pub struct AppState {
     pub config: Config,
@@ -95,7 +98,34 @@ fn shard_modalities(info: &decision_proto::v1::InfoResponse) -> Vec<Modality> {
         .collect()
 }
 
-pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String> {
+/// Why the router cannot start serving: each names what failed and where.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Shards(#[from] ShardConnectError),
+    #[error("the shards are not healthy: {0}")]
+    Unhealthy(DecisionError),
+    #[error(transparent)]
+    MediaPolicy(#[from] PolicyError),
+    #[error("cannot build the media HTTP client: {0}")]
+    MediaClient(#[from] reqwest::Error),
+    #[error(transparent)]
+    BatchBudget(#[from] BudgetError),
+    #[error("invalid listen address {address}: {source}")]
+    Address {
+        address: String,
+        source: std::net::AddrParseError,
+    },
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, StartupError> {
     let model_name = config.flags.served_model_name.clone().unwrap_or_else(|| {
         config
             .model_dir()

@@ -48,8 +48,17 @@ impl Default for MediaPolicy {
     }
 }
 
+/// Why the media flags do not make a policy.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error(
+        "--media-allow-hosts: '{0}' is not a host name, an IP address, '*.domain' or '*' (no scheme, port or path)"
+    )]
+    NotAHost(String),
+}
+
 impl MediaPolicy {
-    pub fn from_config(config: &Config) -> Result<Self, String> {
+    pub fn from_config(config: &Config) -> Result<Self, PolicyError> {
         Ok(MediaPolicy {
             allow_hosts: AllowList::parse(&config.flags.media_allow_hosts)?,
             fetch_timeout: Duration::from_secs(config.flags.media_fetch_timeout_secs),
@@ -113,7 +122,7 @@ impl AllowList {
     }
 
     /// Entries as the flag gives them (a comma list, already split or not); blanks are skipped.
-    pub fn parse<S: AsRef<str>>(items: &[S]) -> Result<Self, String> {
+    pub fn parse<S: AsRef<str>>(items: &[S]) -> Result<Self, PolicyError> {
         let mut list = AllowList::default();
         for raw in items.iter().flat_map(|s| s.as_ref().split(',')) {
             let entry = raw.trim();
@@ -145,9 +154,7 @@ impl AllowList {
                             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
                 });
             if !valid {
-                return Err(format!(
-                    "--media-allow-hosts: '{entry}' is not a host name, an IP address, '*.domain' or '*' (no scheme, port or path)"
-                ));
+                return Err(PolicyError::NotAHost(entry.to_owned()));
             }
             list.entries.push(if pattern {
                 HostEntry::Subdomains(name)
@@ -275,7 +282,12 @@ mod tests {
                 assert!(parsed.is_ok());
             } else {
                 let e = parsed.unwrap_err();
-                assert!(e.contains("--media-allow-hosts") && e.contains(bad), "{e}");
+                assert_eq!(e, PolicyError::NotAHost(bad.to_owned()));
+                let text = e.to_string();
+                assert!(
+                    text.contains("--media-allow-hosts") && text.contains(bad),
+                    "{text}"
+                );
             }
         }
     }
