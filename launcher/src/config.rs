@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
-use clap::{ArgMatches, CommandFactory as _, FromArgMatches as _, Parser, ValueEnum};
+use clap::{ArgMatches, Args as _, CommandFactory as _, FromArgMatches as _, Parser, ValueEnum};
 pub use decision_router::config::RouterFlags;
 
 use crate::allocator::Allocator;
@@ -39,6 +39,71 @@ pub struct Config {
     #[arg(long, env = "MASTER_PORT")]
     pub master_port: Option<u16>,
 
+    /// The shard's own flags, each handed to every rank under its name (`shard_argv`).
+    #[command(flatten)]
+    pub shard: ShardFlags,
+
+    /// Base path of the shards' unix sockets; rank R listens on `{uds-path}-{R}`.
+    #[arg(long, env = "UDS_PATH", default_value = "/tmp/decision-server")]
+    pub uds_path: PathBuf,
+
+    /// Memory allocator of the shards: `auto` preloads tcmalloc when it is installed (freed blocks are
+    /// reused instead of faulted in again every forward pass) and otherwise tunes glibc's malloc to
+    /// keep them.
+    #[arg(long, env = "ALLOCATOR", value_enum, default_value_t = Allocator::Auto)]
+    pub allocator: Allocator,
+
+    /// Which kernels Intel MKL runs in the shards (torch's float32 GEMMs, and the products inside its
+    /// CPU attention): MKL takes generic kernels on CPUs not made by Intel. `auto` preloads a library
+    /// that makes it choose by instruction sets on AMD CPUs with AVX-512 (measured there: float32
+    /// GEMMs 2.1x, attention 2-3.5x faster); `features` does so on every CPU; `vendor` never.
+    #[arg(long, env = "MKL_DISPATCH", value_enum, default_value_t = MklDispatch::Auto)]
+    pub mkl_dispatch: MklDispatch,
+
+    /// Level of the shards' own log lines, passed to each shard and let through the launcher's filter
+    /// (`RUST_LOG` filters the rest). `debug` adds a line per batch of reads: reads, forward passes,
+    /// packed tokens and forward milliseconds, the numbers to look at when a read is slower than expected.
+    #[arg(long, env = "SHARD_LOG_LEVEL", value_enum, default_value_t = ShardLogLevel::Info)]
+    pub shard_log_level: ShardLogLevel,
+
+    /// Where converted models and other launcher artefacts are kept.
+    /// [default: $XDG_CACHE_HOME/decision-inference or ~/.cache/decision-inference]
+    #[arg(long, env = "DECISION_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// How long to wait for each shard to answer a real Health RPC before giving up, in seconds.
+    /// Loading (and on first run converting) a model can take minutes.
+    #[arg(long, env = "SHARD_STARTUP_TIMEOUT_SECS", default_value_t = 600)]
+    pub shard_startup_timeout_secs: u64,
+
+    /// On shutdown, how long children get after SIGTERM before they are killed, in seconds.
+    #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
+
+    /// The router's flags, declared once in `decision_router::config::RouterFlags`: every router
+    /// flag is a launcher flag, handed on to the router when given (`router_argv`).
+    #[command(flatten)]
+    pub router: RouterFlags,
+
+    /// Print every flag's name and env var as JSON and exit (the test harness's list of env vars to clear).
+    #[arg(long, hide = true)]
+    pub print_flags: bool,
+
+    /// The router flags given on the command line or in the environment, as router argv.
+    #[arg(skip)]
+    pub router_argv: Vec<OsString>,
+
+    /// The shard flags as shard argv: every one with a value, its default included.
+    #[arg(skip)]
+    pub shard_argv: Vec<OsString>,
+}
+
+/// The flags of `decision-server serve` the launcher takes: declared here once and handed to every
+/// rank as `--flag value` under the same name (`shard_argv`), so a new one is a field here and its
+/// `cli.py` argument, nothing between. Their values are the shard's `choices.py` (an integration
+/// test holds them equal).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ShardFlags {
     /// Weight dtype the shard loads the model in; `auto` lets the shard choose for its device.
     #[arg(long, env = "DTYPE", value_enum, default_value_t = Dtype::Auto)]
     pub dtype: Dtype,
@@ -77,32 +142,9 @@ pub struct Config {
     #[arg(long, env = "COMPILE", value_enum, default_value_t = Compile::Auto)]
     pub compile: Compile,
 
-    /// Base path of the shards' unix sockets; rank R listens on `{uds-path}-{R}`.
-    #[arg(long, env = "UDS_PATH", default_value = "/tmp/decision-server")]
-    pub uds_path: PathBuf,
-
     /// CPU threads each shard uses for compute. Omitted: the shard's own default.
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
-
-    /// Memory allocator of the shards: `auto` preloads tcmalloc when it is installed (freed blocks are
-    /// reused instead of faulted in again every forward pass) and otherwise tunes glibc's malloc to
-    /// keep them.
-    #[arg(long, env = "ALLOCATOR", value_enum, default_value_t = Allocator::Auto)]
-    pub allocator: Allocator,
-
-    /// Which kernels Intel MKL runs in the shards (torch's float32 GEMMs, and the products inside its
-    /// CPU attention): MKL takes generic kernels on CPUs not made by Intel. `auto` preloads a library
-    /// that makes it choose by instruction sets on AMD CPUs with AVX-512 (measured there: float32
-    /// GEMMs 2.1x, attention 2-3.5x faster); `features` does so on every CPU; `vendor` never.
-    #[arg(long, env = "MKL_DISPATCH", value_enum, default_value_t = MklDispatch::Auto)]
-    pub mkl_dispatch: MklDispatch,
-
-    /// Level of the shards' own log lines, passed to each shard and let through the launcher's filter
-    /// (`RUST_LOG` filters the rest). `debug` adds a line per batch of reads: reads, forward passes,
-    /// packed tokens and forward milliseconds, the numbers to look at when a read is slower than expected.
-    #[arg(long, env = "SHARD_LOG_LEVEL", value_enum, default_value_t = ShardLogLevel::Info)]
-    pub shard_log_level: ShardLogLevel,
 
     /// Memory the shards may spend keeping the KV of recent prompt prefixes (radix tree, LRU), in MiB
     /// of the whole model's keys/values; a repeated state then costs only its questions. 0 turns the
@@ -110,33 +152,23 @@ pub struct Config {
     /// memory free after loading (30% of each GPU's); `/info` shows the budget and its rule.
     #[arg(long, env = "PREFIX_CACHE_MB", default_value = "auto", value_parser = parse_cache_size)]
     pub prefix_cache_mb: CacheSize,
+}
 
-    /// Where converted models and other launcher artefacts are kept.
-    /// [default: $XDG_CACHE_HOME/decision-inference or ~/.cache/decision-inference]
-    #[arg(long, env = "DECISION_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
-
-    /// How long to wait for each shard to answer a real Health RPC before giving up, in seconds.
-    /// Loading (and on first run converting) a model can take minutes.
-    #[arg(long, env = "SHARD_STARTUP_TIMEOUT_SECS", default_value_t = 600)]
-    pub shard_startup_timeout_secs: u64,
-
-    /// On shutdown, how long children get after SIGTERM before they are killed, in seconds.
-    #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 10)]
-    pub shutdown_grace_secs: u64,
-
-    /// The router's flags, declared once in `decision_router::config::RouterFlags`: every router
-    /// flag is a launcher flag, handed on to the router when given (`router_argv`).
-    #[command(flatten)]
-    pub router: RouterFlags,
-
-    /// Print every flag's name and env var as JSON and exit (the test harness's list of env vars to clear).
-    #[arg(long, hide = true)]
-    pub print_flags: bool,
-
-    /// The router flags given on the command line or in the environment, as router argv.
-    #[arg(skip)]
-    pub router_argv: Vec<OsString>,
+/// Every shard flag that has a value, as `--flag value`, in declaration order.
+fn shard_argv(matches: &ArgMatches) -> Vec<OsString> {
+    let command = ShardFlags::augment_args(clap::Command::new("shard-flags"));
+    let mut argv = Vec::new();
+    for arg in command.get_arguments() {
+        let (Some(long), Some(values)) = (arg.get_long(), matches.get_raw(arg.get_id().as_str()))
+        else {
+            continue;
+        };
+        for value in values {
+            argv.push(OsString::from(format!("--{long}")));
+            argv.push(value.to_owned());
+        }
+    }
+    argv
 }
 
 /// Checks that depend on what the rest of the system can do today, rather than on flag syntax.
@@ -174,6 +206,7 @@ impl Config {
     fn from_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
         let mut config = Self::from_arg_matches(matches)?;
         config.router_argv = RouterFlags::given_argv(matches, SET_BY_THE_LAUNCHER);
+        config.shard_argv = shard_argv(matches);
         Ok(config)
     }
 
@@ -354,11 +387,11 @@ mod tests {
     #[test]
     fn prefix_cache_size_is_auto_by_default_or_a_number_of_mib() {
         let auto = parse_with_env(&[], &[]).expect("no flags parse");
-        assert_eq!(auto.prefix_cache_mb, CacheSize::Auto);
+        assert_eq!(auto.shard.prefix_cache_mb, CacheSize::Auto);
         let off = parse_with_env(&["--prefix-cache-mb", "0"], &[]).expect("0 parses");
-        assert_eq!(off.prefix_cache_mb, CacheSize::Mib(0));
+        assert_eq!(off.shard.prefix_cache_mb, CacheSize::Mib(0));
         let env = parse_with_env(&[], &[("PREFIX_CACHE_MB", "512")]).expect("env parses");
-        assert_eq!(env.prefix_cache_mb.to_string(), "512");
+        assert_eq!(env.shard.prefix_cache_mb.to_string(), "512");
         for bad in ["lots", "1.5", "", "4294967296"] {
             let error = parse_with_env(&[&format!("--prefix-cache-mb={bad}")], &[]).unwrap_err();
             assert!(
@@ -377,10 +410,10 @@ mod tests {
         assert_eq!(config.router.port, 3000);
         assert_eq!(config.router.hostname, "0.0.0.0");
         assert_eq!(config.num_shard, 1);
-        assert_eq!(config.dtype, Dtype::Auto);
-        assert_eq!(config.read_mode, ReadMode::Auto);
-        assert_eq!(config.matmul, Matmul::Auto);
-        assert_eq!(config.compile, Compile::Auto);
+        assert_eq!(config.shard.dtype, Dtype::Auto);
+        assert_eq!(config.shard.read_mode, ReadMode::Auto);
+        assert_eq!(config.shard.matmul, Matmul::Auto);
+        assert_eq!(config.shard.compile, Compile::Auto);
         assert_eq!(config.uds_path, PathBuf::from("/tmp/decision-server"));
         assert_eq!(config.router.compat, Compat::Typesafe);
         assert_eq!(config.router.api_key, None);
@@ -414,7 +447,7 @@ mod tests {
         assert_eq!(config.router.max_video_seconds, 60.0);
         assert_eq!(config.router.max_video_frames, 240);
         assert_eq!(config.router.max_audio_seconds, 60.0);
-        assert_eq!(config.threads, None);
+        assert_eq!(config.shard.threads, None);
         assert_eq!(config.shard_startup_timeout_secs, 600);
         assert_eq!(config.shutdown_grace_secs, 10);
         assert!(!config.router.json_output);
@@ -446,9 +479,9 @@ mod tests {
         assert_eq!(config.model_id.as_deref(), Some("org/model"));
         assert_eq!(config.router.port, 8080);
         assert_eq!(config.router.hostname, "127.0.0.1");
-        assert_eq!(config.dtype, Dtype::Bfloat16);
-        assert_eq!(config.read_mode, ReadMode::Naive);
-        assert_eq!(config.matmul, Matmul::Fast);
+        assert_eq!(config.shard.dtype, Dtype::Bfloat16);
+        assert_eq!(config.shard.read_mode, ReadMode::Naive);
+        assert_eq!(config.shard.matmul, Matmul::Fast);
         assert_eq!(config.router.compat, Compat::Sglang);
         assert_eq!(
             config.router.api_key.as_ref().map(Secret::expose),
@@ -460,7 +493,7 @@ mod tests {
             ["cdn.example", "127.0.0.1"]
         );
         assert_eq!(config.router.max_image_pixels, 1000);
-        assert_eq!(config.threads, Some(4));
+        assert_eq!(config.shard.threads, Some(4));
         assert_eq!(
             config.cache_dir().ok(),
             Some(PathBuf::from("/var/cache/di"))
@@ -520,7 +553,7 @@ mod tests {
     #[test]
     fn the_shard_dtypes_include_float16() {
         let config = parse_with_env(&["--dtype", "float16"], &[]).expect("the shard takes float16");
-        assert_eq!(config.dtype, Dtype::Float16);
+        assert_eq!(config.shard.dtype, Dtype::Float16);
     }
 
     #[test]
