@@ -6,6 +6,8 @@ tests can prove that a shutdown leaves nothing behind.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import signal
 import socket
@@ -21,30 +23,22 @@ VENV_BIN = REPO / ".venv" / "bin"
 LAUNCHER_BINARY = VENV_BIN / "decision-launcher"
 JEVCOMPAT_BINARY = VENV_BIN / "jevcompat"
 
-# The launcher reads every flag from an env var too; a stray one in the caller's shell must not leak in.
-LAUNCHER_ENV_VARS = (
-    "MODEL_ID",
-    "SERVED_MODEL_NAME",
-    "PORT",
-    "DECISION_HOSTNAME",
-    "NUM_SHARD",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "DTYPE",
-    "READ_MODE",
-    "UDS_PATH",
-    "COMPAT",
-    "API_KEY",
-    "MAX_BATCH_PREFILL_TOKENS",
-    "MAX_BATCH_WAIT_MS",
-    "MAX_INPUT_TOKENS",
-    "MAX_QUEUED_READS",
-    "THREADS",
-    "SHARD_STARTUP_TIMEOUT_SECS",
-    "SHUTDOWN_GRACE_SECS",
-    "JSON_OUTPUT",
-    "MAX_BODY_BYTES",
-)
+
+
+@functools.cache
+def launcher_env_vars() -> frozenset[str]:
+    """Every env var the launcher reads a flag from, from its own CLI definition (`--print-flags`): a stray one
+    in the caller's shell must not leak in."""
+    if not LAUNCHER_BINARY.exists():
+        raise AssertionError(f"{LAUNCHER_BINARY} is missing; run `make install` first")
+    out = subprocess.run(
+        [str(LAUNCHER_BINARY), "--print-flags"],
+        env={"PATH": os.environ.get("PATH", "")},
+        capture_output=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    return frozenset(flag["env"] for flag in json.loads(out) if flag["env"])
 
 
 def cache_dir() -> Path:
@@ -66,7 +60,8 @@ def free_port() -> int:
 
 
 def launcher_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV_VARS}
+    stray = launcher_env_vars()
+    env = {k: v for k, v in os.environ.items() if k not in stray}
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     env["NO_COLOR"] = "1"

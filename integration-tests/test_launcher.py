@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from launchers import Launcher, describe, start_launcher, still_running
+from launchers import LAUNCHER_BINARY, Launcher, describe, start_launcher, still_running
 from wire import REQUEST_ID_HEADER, error_detail
 
 API_KEY = "s3cret-integration-key"
@@ -25,6 +26,7 @@ GRACE_S = 30
 BODY = {"state": "Refund not received.", "questions": {"refund": {"type": "noul", "instructions": "Money back?"}}}
 HEALTH_TIMEOUT_S = 300.0
 BAD_MODEL_TIMEOUT_S = 180.0
+MAX_BODY_BYTES = 65_536
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,19 @@ def auth_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher
     workdir = tmp_path_factory.mktemp("auth")
     launcher = start_launcher(
         workdir,
-        ["--dtype", "float32", "--hostname", "127.0.0.1", "--api-key", API_KEY, "--shutdown-grace-secs", str(GRACE_S)],
+        [
+            "--dtype",
+            "float32",
+            "--hostname",
+            "127.0.0.1",
+            "--api-key",
+            API_KEY,
+            "--shutdown-grace-secs",
+            str(GRACE_S),
+            # A router flag the launcher once refused: every router flag is a launcher flag now.
+            "--max-body-bytes",
+            str(MAX_BODY_BYTES),
+        ],
         name="auth",
     )
     try:
@@ -95,6 +109,20 @@ def test_operator_routes_need_the_key_and_health_does_not(auth_launcher: Launche
 def test_info_shows_the_model_folder_to_the_key_holder(auth_launcher: Launcher) -> None:
     info = httpx2.get(f"{auth_launcher.url}/info", headers={"authorization": f"Bearer {API_KEY}"}, timeout=30.0).json()
     assert info["model_dir"].endswith("SmolLM2-135M-Instruct"), info
+
+
+def test_a_router_flag_given_to_the_launcher_reaches_the_router(auth_launcher: Launcher) -> None:
+    key = {"authorization": f"Bearer {API_KEY}"}
+    info = httpx2.get(f"{auth_launcher.url}/info", headers=key, timeout=30.0).json()
+    assert info["limits"]["max_body_bytes"] == MAX_BODY_BYTES, info
+    big = {**BODY, "state": "x" * MAX_BODY_BYTES}
+    r = httpx2.post(
+        f"{auth_launcher.url}/v1/systemone",
+        content=json.dumps(big),
+        headers={"content-type": "application/json", **key},
+        timeout=120.0,
+    )
+    assert r.status_code == 413, r.text
 
 
 def _in_flight(url: str) -> float:
@@ -237,3 +265,16 @@ def test_model_folder_without_weights_fails_with_a_message(launcher_factory: Cal
     lowered = output.lower()
     named = str(broken) in output and any(w in lowered for w in ("safetensors", "pytorch_model", "weights"))
     assert named, f"the message does not name the folder and the missing weights:\n{output[-4000:]}"
+
+
+def test_the_launcher_takes_every_value_of_the_shard_option_flags() -> None:
+    """The launcher declares the shard's option flags as enums; the shard's `choices` module is their source. Drift
+    (the launcher once refused `--dtype float16`, which the shard takes) fails here."""
+    from decision_server import choices
+
+    out = subprocess.run(
+        [str(LAUNCHER_BINARY), "--print-flags"], capture_output=True, check=True, timeout=30, env={"PATH": ""}
+    ).stdout
+    values = {flag["flag"]: tuple(flag["values"]) for flag in json.loads(out)}
+    for flag, shard_values in choices.SERVE_CHOICES.items():
+        assert values[flag] == shard_values, flag

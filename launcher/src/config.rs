@@ -1,10 +1,12 @@
 //! The launcher's one configuration struct: every flag, its env var and its default live here,
 //! and `--help` generated from it is the reference. Checks that clap cannot express sit in `validate`.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgMatches, Args as _, CommandFactory as _, FromArgMatches as _, Parser, ValueEnum};
+pub use decision_router::config::RouterFlags;
 
 use crate::allocator::Allocator;
 use crate::mkl_dispatch::MklDispatch;
@@ -20,18 +22,6 @@ pub struct Config {
     /// embedded default, SmolLM2-135M-Instruct, is converted once into the cache dir and served.
     #[arg(long, env = "MODEL_ID")]
     pub model_id: Option<String>,
-
-    /// Model name clients send and see in responses. Defaults to the model id (or the folder's name).
-    #[arg(long, env = "SERVED_MODEL_NAME")]
-    pub served_model_name: Option<String>,
-
-    /// HTTP port the router listens on.
-    #[arg(long, env = "PORT", default_value_t = 3000)]
-    pub port: u16,
-
-    /// Address the router binds to. (Its env var is not HOSTNAME: shells set that to the machine name.)
-    #[arg(long, env = "DECISION_HOSTNAME", default_value = "0.0.0.0")]
-    pub hostname: String,
 
     /// Number of tensor-parallel shards (ranks), one process each, every one holding its slice of
     /// the weights: on CUDA rank R uses GPU R, on CPU all ranks share the machine. Above 1 only
@@ -49,6 +39,67 @@ pub struct Config {
     #[arg(long, env = "MASTER_PORT")]
     pub master_port: Option<u16>,
 
+    /// The shard's own flags, each handed to every rank under its name (`shard_argv`).
+    #[command(flatten)]
+    pub shard: ShardFlags,
+
+    /// Base path of the shards' unix sockets; rank R listens on `{uds-path}-{R}`.
+    #[arg(long, env = "UDS_PATH", default_value = "/tmp/decision-server")]
+    pub uds_path: PathBuf,
+
+    /// Memory allocator of the shards: `auto` preloads tcmalloc when it is installed (freed blocks are
+    /// reused instead of faulted in again every forward pass) and otherwise tunes glibc's malloc to
+    /// keep them.
+    #[arg(long, env = "ALLOCATOR", value_enum, default_value_t = Allocator::Auto)]
+    pub allocator: Allocator,
+
+    /// Which kernels Intel MKL runs in the shards (torch's float32 GEMMs, and the products inside its
+    /// CPU attention): MKL takes generic kernels on CPUs not made by Intel. `auto` preloads a library
+    /// that makes it choose by instruction sets on AMD CPUs with AVX-512 (measured there: float32
+    /// GEMMs 2.1x, attention 2-3.5x faster); `features` does so on every CPU; `vendor` never.
+    #[arg(long, env = "MKL_DISPATCH", value_enum, default_value_t = MklDispatch::Auto)]
+    pub mkl_dispatch: MklDispatch,
+
+    /// Level of the shards' own log lines, passed to each shard and let through the launcher's filter
+    /// (`RUST_LOG` filters the rest). `debug` adds a line per batch of reads: reads, forward passes,
+    /// packed tokens and forward milliseconds, the numbers to look at when a read is slower than expected.
+    #[arg(long, env = "SHARD_LOG_LEVEL", value_enum, default_value_t = ShardLogLevel::Info)]
+    pub shard_log_level: ShardLogLevel,
+
+    /// Where converted models and other launcher artefacts are kept.
+    /// [default: $XDG_CACHE_HOME/decision-inference or ~/.cache/decision-inference]
+    #[arg(long, env = "DECISION_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// How long to wait for each shard to answer a real Health RPC before giving up, in seconds.
+    /// Loading (and on first run converting) a model can take minutes.
+    #[arg(long, env = "SHARD_STARTUP_TIMEOUT_SECS", default_value_t = 600)]
+    pub shard_startup_timeout_secs: u64,
+
+    /// The router's flags, declared once in `decision_router::config::RouterFlags`: every router
+    /// flag is a launcher flag, handed on to the router when given (`router_argv`).
+    #[command(flatten)]
+    pub router: RouterFlags,
+
+    /// Print every flag's name and env var as JSON and exit (the test harness's list of env vars to clear).
+    #[arg(long, hide = true)]
+    pub print_flags: bool,
+
+    /// The router flags given on the command line or in the environment, as router argv.
+    #[arg(skip)]
+    pub router_argv: Vec<OsString>,
+
+    /// The shard flags as shard argv: every one with a value, its default included.
+    #[arg(skip)]
+    pub shard_argv: Vec<OsString>,
+}
+
+/// The flags of `decision-server serve` the launcher takes: declared here once and handed to every
+/// rank as `--flag value` under the same name (`shard_argv`), so a new one is a field here and its
+/// `cli.py` argument, nothing between. Their values are the shard's `choices.py` (an integration
+/// test holds them equal).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ShardFlags {
     /// Weight dtype the shard loads the model in; `auto` lets the shard choose for its device.
     #[arg(long, env = "DTYPE", value_enum, default_value_t = Dtype::Auto)]
     pub dtype: Dtype,
@@ -89,158 +140,9 @@ pub struct Config {
     #[arg(long, env = "COMPILE", value_enum, default_value_t = Compile::Auto)]
     pub compile: Compile,
 
-    /// Base path of the shards' unix sockets; rank R listens on `{uds-path}-{R}`.
-    #[arg(long, env = "UDS_PATH", default_value = "/tmp/decision-server")]
-    pub uds_path: PathBuf,
-
-    /// Compatibility profile of the HTTP API: the TypeSafe System One contract, or byte-for-byte
-    /// wording of the vLLM or SGLang implementations.
-    #[arg(long, env = "COMPAT", value_enum, default_value_t = Compat::Typesafe)]
-    pub compat: Compat,
-
-    /// Bearer token clients must send (every route but /health; see --public-ops). Passed to the
-    /// router through its environment, never on its command line, so it does not show in `ps`.
-    /// Prefer the environment variable or --api-key-file over the flag, whose value `ps` shows for the
-    /// launcher itself. No key: the API is open.
-    #[arg(
-        long,
-        env = "API_KEY",
-        hide_env_values = true,
-        conflicts_with = "api_key_file"
-    )]
-    pub api_key: Option<Secret>,
-
-    /// A file holding the API key (surrounding whitespace ignored); the router reads it at startup.
-    #[arg(long, env = "API_KEY_FILE")]
-    pub api_key_file: Option<PathBuf>,
-
-    /// With an API key: /metrics, /info, /docs and /api-doc/openapi.json answer without it (a
-    /// scraper on a trusted network). /info shows filesystem paths only to a caller with the key.
-    #[arg(long, env = "PUBLIC_OPS")]
-    pub public_ops: bool,
-
-    /// Seconds a decision request may take; past it the answer is 504 naming the limit (503
-    /// `shard_unavailable` when the shards miss a health probe too) and its unsent reads are dropped.
-    /// A request the queued work would keep past it is refused at once with 529/429 + Retry-After.
-    /// 0: no deadline.
-    #[arg(long, env = "REQUEST_TIMEOUT_SECS", default_value_t = 120)]
-    pub request_timeout_secs: u64,
-
-    /// Seconds a client may take to send a request's head, from its first byte; then its
-    /// connection is closed.
-    #[arg(long, env = "HEADER_READ_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    pub header_read_timeout_secs: u64,
-
-    /// Seconds a request's body may take to arrive once its head has (then 408 and the connection
-    /// closes). 0: no limit.
-    #[arg(long, env = "BODY_READ_TIMEOUT_SECS", default_value_t = 60)]
-    pub body_read_timeout_secs: u64,
-
-    /// Seconds a client connection may sit with nothing arriving and no request in flight.
-    #[arg(long, env = "KEEP_ALIVE_TIMEOUT_SECS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
-    pub keep_alive_timeout_secs: u64,
-
-    /// Client connections the router holds at once (kept below its open-file limit); more wait in
-    /// the listen backlog.
-    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_connections: u64,
-
-    /// OTLP/gRPC collector (e.g. http://collector:4317) the router and the shards export their spans
-    /// to, as one trace per request; also read from OTEL_EXPORTER_OTLP_ENDPOINT. Unset (default): no
-    /// spans leave the processes and no outbound connection is made.
-    #[arg(long, env = "OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
-
-    /// Token budget of one batch: the unique prompt tokens the router packs into one shard call,
-    /// and the packed tokens of one shard forward pass. Unset (auto, default): each shard chooses it
-    /// for its device (on CUDA from the memory left after the weights and the prefix cache, 8192 on
-    /// CPU) and the router follows rank 0's; /info shows it and the rule. Set: passed to the router
-    /// and to every shard, so both use the same.
-    #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_batch_prefill_tokens: Option<u32>,
-
-    /// How long the batcher waits for more reads before running a batch that is not full, in milliseconds.
-    #[arg(long, env = "MAX_BATCH_WAIT_MS", default_value_t = 2)]
-    pub max_batch_wait_ms: u64,
-
-    /// Unique prompt tokens one request may need; larger requests are refused (413, 400 under
-    /// `--compat sglang`). Unset: the router's default (`decision-router --help`), which is defined there only.
-    #[arg(long, env = "MAX_INPUT_TOKENS")]
-    pub max_input_tokens: Option<u32>,
-
-    /// Reads that may wait in the router's queue; beyond that requests are refused with Retry-After.
-    #[arg(long, env = "MAX_QUEUED_READS", default_value_t = 4096)]
-    pub max_queued_reads: u32,
-
-    /// Hosts whose `http(s)` media URLs (images, audio, videos) the router fetches: a comma list of
-    /// host names, IP addresses and `*.domain` patterns, or `*` for any public host. Loopback,
-    /// link-local, private and CGNAT addresses are reached only through an entry that names them,
-    /// never through `*`. Empty (default): only `data:` URLs are read.
-    #[arg(long, env = "MEDIA_ALLOW_HOSTS", value_delimiter = ',')]
-    pub media_allow_hosts: Vec<String>,
-
-    /// Time one media fetch may take (connect, redirects and body), in seconds.
-    #[arg(long, env = "MEDIA_FETCH_TIMEOUT_SECS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    pub media_fetch_timeout_secs: u64,
-
-    /// Media items (images, audio and videos together) one request may carry.
-    #[arg(long, env = "MAX_MEDIA_ITEMS", default_value_t = 8)]
-    pub max_media_items: u32,
-
-    /// Images one request may carry.
-    #[arg(long, env = "MAX_IMAGE_ITEMS", default_value_t = 8)]
-    pub max_image_items: u32,
-
-    /// Audio clips one request may carry.
-    #[arg(long, env = "MAX_AUDIO_ITEMS", default_value_t = 4)]
-    pub max_audio_items: u32,
-
-    /// Videos one request may carry.
-    #[arg(long, env = "MAX_VIDEO_ITEMS", default_value_t = 2)]
-    pub max_video_items: u32,
-
-    /// Bytes of one media item, decoded from its data URL or downloaded (default 20 MiB).
-    #[arg(long, env = "MAX_MEDIA_BYTES", default_value_t = 20 << 20)]
-    pub max_media_bytes: u64,
-
-    /// Pixels (width × height, read from the header) of one image (default 4096 × 4096).
-    #[arg(long, env = "MAX_IMAGE_PIXELS", default_value_t = 4096 * 4096)]
-    pub max_image_pixels: u64,
-
-    /// Seconds of one video.
-    #[arg(long, env = "MAX_VIDEO_SECONDS", default_value_t = 60.0)]
-    pub max_video_seconds: f64,
-
-    /// Frames sampled from one video.
-    #[arg(long, env = "MAX_VIDEO_FRAMES", default_value_t = 240)]
-    pub max_video_frames: u32,
-
-    /// Seconds of one audio clip.
-    #[arg(long, env = "MAX_AUDIO_SECONDS", default_value_t = 60.0)]
-    pub max_audio_seconds: f64,
-
     /// CPU threads each shard uses for compute. Omitted: the shard's own default.
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
-
-    /// Memory allocator of the shards: `auto` preloads tcmalloc when it is installed (freed blocks are
-    /// reused instead of faulted in again every forward pass) and otherwise tunes glibc's malloc to
-    /// keep them.
-    #[arg(long, env = "ALLOCATOR", value_enum, default_value_t = Allocator::Auto)]
-    pub allocator: Allocator,
-
-    /// Which kernels Intel MKL runs in the shards (torch's float32 GEMMs, and the products inside its
-    /// CPU attention): MKL takes generic kernels on CPUs not made by Intel. `auto` preloads a library
-    /// that makes it choose by instruction sets on AMD CPUs with AVX-512 (measured there: float32
-    /// GEMMs 2.1x, attention 2-3.5x faster); `features` does so on every CPU; `vendor` never.
-    #[arg(long, env = "MKL_DISPATCH", value_enum, default_value_t = MklDispatch::Auto)]
-    pub mkl_dispatch: MklDispatch,
-
-    /// Level of the shards' own log lines, passed to each shard and let through the launcher's filter
-    /// (`RUST_LOG` filters the rest). `debug` adds a line per batch of reads: reads, forward passes,
-    /// packed tokens and forward milliseconds, the numbers to look at when a read is slower than expected.
-    #[arg(long, env = "SHARD_LOG_LEVEL", value_enum, default_value_t = ShardLogLevel::Info)]
-    pub shard_log_level: ShardLogLevel,
 
     /// Memory the shards may spend keeping the KV of recent prompt prefixes (radix tree, LRU), in MiB
     /// of the whole model's keys/values; a repeated state then costs only its questions. 0 turns the
@@ -248,26 +150,23 @@ pub struct Config {
     /// memory free after loading (30% of each GPU's); `/info` shows the budget and its rule.
     #[arg(long, env = "PREFIX_CACHE_MB", default_value = "auto", value_parser = parse_cache_size)]
     pub prefix_cache_mb: CacheSize,
+}
 
-    /// Where converted models and other launcher artefacts are kept.
-    /// [default: $XDG_CACHE_HOME/decision-inference or ~/.cache/decision-inference]
-    #[arg(long, env = "DECISION_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
-
-    /// How long to wait for each shard to answer a real Health RPC before giving up, in seconds.
-    /// Loading (and on first run converting) a model can take minutes.
-    #[arg(long, env = "SHARD_STARTUP_TIMEOUT_SECS", default_value_t = 600)]
-    pub shard_startup_timeout_secs: u64,
-
-    /// On shutdown, how long children get after SIGTERM before they are killed, in seconds. The
-    /// router (stopped first) answers every request it accepted within it: those still in flight at
-    /// the grace less 3 s (half the grace under 6 s) get 503 + Retry-After; the shards stop after it.
-    #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 10)]
-    pub shutdown_grace_secs: u64,
-
-    /// Log JSON lines (the launcher's own and its children's) instead of human-readable text.
-    #[arg(long, env = "JSON_OUTPUT")]
-    pub json_output: bool,
+/// Every shard flag that has a value, as `--flag value`, in declaration order.
+fn shard_argv(matches: &ArgMatches) -> Vec<OsString> {
+    let command = ShardFlags::augment_args(clap::Command::new("shard-flags"));
+    let mut argv = Vec::new();
+    for arg in command.get_arguments() {
+        let (Some(long), Some(values)) = (arg.get_long(), matches.get_raw(arg.get_id().as_str()))
+        else {
+            continue;
+        };
+        for value in values {
+            argv.push(OsString::from(format!("--{long}")));
+            argv.push(value.to_owned());
+        }
+    }
+    argv
 }
 
 /// Checks that depend on what the rest of the system can do today, rather than on flag syntax.
@@ -281,9 +180,57 @@ pub enum ConfigError {
     NoCacheDir,
 }
 
+/// Router flags the launcher hands on itself rather than as given: the key travels in the router's
+/// environment (never in `ps`), the served name is resolved from the model id (`launch.rs`).
+const SET_BY_THE_LAUNCHER: &[&str] = &["api_key", "served_model_name"];
+
 impl Config {
+    /// Parses the process's command line and environment; exits with clap's message on an error.
+    pub fn parse_cli() -> Self {
+        let matches = Self::command().get_matches();
+        Self::from_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
+    /// Parses `args` (the program name first) and the environment.
+    #[cfg(test)]
+    pub fn try_parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        Self::from_matches(&Self::command().try_get_matches_from(args)?)
+    }
+
+    fn from_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let mut config = Self::from_arg_matches(matches)?;
+        config.router_argv = RouterFlags::given_argv(matches, SET_BY_THE_LAUNCHER);
+        config.shard_argv = shard_argv(matches);
+        Ok(config)
+    }
+
+    /// Every flag of the launcher's CLI with its env var and, for a fixed set, its values, as JSON
+    /// (`--print-flags`): the test harness's env list, and what the shard's choices are checked against.
+    pub fn flags_json() -> serde_json::Value {
+        let command = Self::command();
+        let flags: Vec<serde_json::Value> = command
+            .get_arguments()
+            .filter_map(|arg| {
+                let long = arg.get_long()?;
+                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+                let values: Vec<String> = arg
+                    .get_possible_values()
+                    .iter()
+                    .map(|v| v.get_name().to_owned())
+                    .collect();
+                Some(serde_json::json!({ "flag": format!("--{long}"), "env": env, "values": values }))
+            })
+            .collect();
+        serde_json::Value::Array(flags)
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self
+            .router
             .served_model_name
             .as_deref()
             .is_some_and(|n| n.trim().is_empty())
@@ -311,12 +258,15 @@ impl Config {
     }
 
     pub fn shutdown_grace(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(self.shutdown_grace_secs)
+        // One flag for both: the router answers every request it accepted within this grace
+        // (RouterFlags::shutdown_grace_secs), and the launcher stops it, then the shards, within it.
+        std::time::Duration::from_secs(self.router.shutdown_grace_secs)
     }
 
     /// `--otlp-endpoint`, else `OTEL_EXPORTER_OTLP_ENDPOINT` as `get` reads it; empty is unset.
     pub fn otlp_endpoint(&self, get: impl Fn(&str) -> Option<String>) -> Option<String> {
-        self.otlp_endpoint
+        self.router
+            .otlp_endpoint
             .clone()
             .or_else(|| get("OTEL_EXPORTER_OTLP_ENDPOINT"))
             .filter(|e| !e.trim().is_empty())
@@ -336,6 +286,7 @@ pub enum Dtype {
     Auto,
     Float32,
     Bfloat16,
+    Float16,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -381,41 +332,12 @@ impl ShardLogLevel {
     }
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compat {
-    Typesafe,
-    Vllm,
-    Sglang,
-}
-
 /// The spelling a child's CLI expects for a value enum: the same as ours.
 pub fn flag_value<T: ValueEnum>(value: &T) -> String {
     value
         .to_possible_value()
         .map(|v| v.get_name().to_owned())
         .unwrap_or_default()
-}
-
-/// A value that must never reach a log line; `Debug` prints a placeholder.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<String> for Secret {
-    fn from(value: String) -> Self {
-        Secret(value)
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
 }
 
 /// Parses flags as a test would type them, with none of the launcher's env vars set.
@@ -427,70 +349,33 @@ pub(crate) fn parse_for_test(args: &[&str]) -> Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use decision_router::config::{Compat, Secret};
     use std::sync::Mutex;
 
     /// Env vars are process-wide and tests run in parallel: every test that parses a Config holds this.
     static ENV: Mutex<()> = Mutex::new(());
 
-    const ENV_NAMES: &[&str] = &[
-        "MODEL_ID",
-        "SERVED_MODEL_NAME",
-        "PORT",
-        "DECISION_HOSTNAME",
-        "NUM_SHARD",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "DTYPE",
-        "READ_MODE",
-        "UDS_PATH",
-        "COMPAT",
-        "API_KEY",
-        "API_KEY_FILE",
-        "PUBLIC_OPS",
-        "REQUEST_TIMEOUT_SECS",
-        "HEADER_READ_TIMEOUT_SECS",
-        "BODY_READ_TIMEOUT_SECS",
-        "KEEP_ALIVE_TIMEOUT_SECS",
-        "MAX_CONNECTIONS",
-        "OTLP_ENDPOINT",
-        "MAX_BATCH_PREFILL_TOKENS",
-        "MAX_BATCH_WAIT_MS",
-        "MAX_INPUT_TOKENS",
-        "MAX_QUEUED_READS",
-        "MEDIA_ALLOW_HOSTS",
-        "MEDIA_FETCH_TIMEOUT_SECS",
-        "MAX_MEDIA_ITEMS",
-        "MAX_IMAGE_ITEMS",
-        "MAX_AUDIO_ITEMS",
-        "MAX_VIDEO_ITEMS",
-        "MAX_MEDIA_BYTES",
-        "MAX_IMAGE_PIXELS",
-        "MAX_VIDEO_SECONDS",
-        "MAX_VIDEO_FRAMES",
-        "MAX_AUDIO_SECONDS",
-        "THREADS",
-        "ALLOCATOR",
-        "MKL_DISPATCH",
-        "SHARD_LOG_LEVEL",
-        "PREFIX_CACHE_MB",
-        "DECISION_CACHE_DIR",
-        "SHARD_STARTUP_TIMEOUT_SECS",
-        "SHUTDOWN_GRACE_SECS",
-        "JSON_OUTPUT",
-    ];
+    /// Every env var the CLI reads, from its definition.
+    fn env_names() -> Vec<String> {
+        Config::command()
+            .get_arguments()
+            .filter_map(|arg| arg.get_env())
+            .map(|env| env.to_string_lossy().into_owned())
+            .collect()
+    }
 
     pub(super) fn parse_with_env(
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Config, clap::Error> {
         let _guard = ENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        for name in ENV_NAMES {
+        for name in env_names() {
             std::env::remove_var(name);
         }
         for (name, value) in env {
             std::env::set_var(name, value);
         }
-        let parsed = Config::try_parse_from(
+        let parsed = Config::try_parse_args(
             std::iter::once("decision-launcher").chain(args.iter().copied()),
         );
         for (name, _) in env {
@@ -502,11 +387,11 @@ mod tests {
     #[test]
     fn prefix_cache_size_is_auto_by_default_or_a_number_of_mib() {
         let auto = parse_with_env(&[], &[]).expect("no flags parse");
-        assert_eq!(auto.prefix_cache_mb, CacheSize::Auto);
+        assert_eq!(auto.shard.prefix_cache_mb, CacheSize::Auto);
         let off = parse_with_env(&["--prefix-cache-mb", "0"], &[]).expect("0 parses");
-        assert_eq!(off.prefix_cache_mb, CacheSize::Mib(0));
+        assert_eq!(off.shard.prefix_cache_mb, CacheSize::Mib(0));
         let env = parse_with_env(&[], &[("PREFIX_CACHE_MB", "512")]).expect("env parses");
-        assert_eq!(env.prefix_cache_mb.to_string(), "512");
+        assert_eq!(env.shard.prefix_cache_mb.to_string(), "512");
         for bad in ["lots", "1.5", "", "4294967296"] {
             let error = parse_with_env(&[&format!("--prefix-cache-mb={bad}")], &[]).unwrap_err();
             assert!(
@@ -522,43 +407,50 @@ mod tests {
     fn defaults_match_the_documented_cli() {
         let config = parse_with_env(&[], &[]).expect("no flags parse");
         assert_eq!(config.model_id, None);
-        assert_eq!(config.port, 3000);
-        assert_eq!(config.hostname, "0.0.0.0");
+        assert_eq!(config.router.port, 3000);
+        assert_eq!(config.router.hostname, "0.0.0.0");
         assert_eq!(config.num_shard, 1);
-        assert_eq!(config.dtype, Dtype::Auto);
-        assert_eq!(config.read_mode, ReadMode::Auto);
-        assert_eq!(config.matmul, Matmul::Auto);
-        assert_eq!(config.compile, Compile::Auto);
+        assert_eq!(config.shard.dtype, Dtype::Auto);
+        assert_eq!(config.shard.read_mode, ReadMode::Auto);
+        assert_eq!(config.shard.matmul, Matmul::Auto);
+        assert_eq!(config.shard.compile, Compile::Auto);
         assert_eq!(config.uds_path, PathBuf::from("/tmp/decision-server"));
-        assert_eq!(config.compat, Compat::Typesafe);
-        assert_eq!(config.api_key, None);
+        assert_eq!(config.router.compat, Compat::Typesafe);
+        assert_eq!(config.router.api_key, None);
         assert_eq!(
-            config.max_batch_prefill_tokens, None,
+            config.router.max_batch_prefill_tokens, None,
             "auto: the shards choose it"
         );
-        assert_eq!(config.max_batch_wait_ms, 2);
-        assert_eq!(config.max_input_tokens, None, "the router owns the default");
-        assert_eq!(config.max_queued_reads, 4096);
-        assert!(config.media_allow_hosts.is_empty());
-        assert_eq!(config.media_fetch_timeout_secs, 10);
+        assert_eq!(config.router.max_batch_wait_ms, 2);
+        assert_eq!(
+            config.router.max_input_tokens,
+            decision_router::limits::DEFAULT_MAX_INPUT_TOKENS
+        );
+        assert!(
+            config.router_argv.is_empty(),
+            "defaults stay the router's own"
+        );
+        assert_eq!(config.router.max_queued_reads, 4096);
+        assert!(config.router.media_allow_hosts.is_empty());
+        assert_eq!(config.router.media_fetch_timeout_secs, 10);
         assert_eq!(
             (
-                config.max_media_items,
-                config.max_image_items,
-                config.max_audio_items,
-                config.max_video_items
+                config.router.max_media_items,
+                config.router.max_image_items,
+                config.router.max_audio_items,
+                config.router.max_video_items
             ),
             (8, 8, 4, 2)
         );
-        assert_eq!(config.max_media_bytes, 20 << 20);
-        assert_eq!(config.max_image_pixels, 4096 * 4096);
-        assert_eq!(config.max_video_seconds, 60.0);
-        assert_eq!(config.max_video_frames, 240);
-        assert_eq!(config.max_audio_seconds, 60.0);
-        assert_eq!(config.threads, None);
+        assert_eq!(config.router.max_media_bytes, 20 << 20);
+        assert_eq!(config.router.max_image_pixels, 4096 * 4096);
+        assert_eq!(config.router.max_video_seconds, 60.0);
+        assert_eq!(config.router.max_video_frames, 240);
+        assert_eq!(config.router.max_audio_seconds, 60.0);
+        assert_eq!(config.shard.threads, None);
         assert_eq!(config.shard_startup_timeout_secs, 600);
-        assert_eq!(config.shutdown_grace_secs, 10);
-        assert!(!config.json_output);
+        assert_eq!(config.router.shutdown_grace_secs, 10);
+        assert!(!config.router.json_output);
         assert_eq!(config.validate(), Ok(()));
     }
 
@@ -585,22 +477,28 @@ mod tests {
         )
         .expect("env values parse");
         assert_eq!(config.model_id.as_deref(), Some("org/model"));
-        assert_eq!(config.port, 8080);
-        assert_eq!(config.hostname, "127.0.0.1");
-        assert_eq!(config.dtype, Dtype::Bfloat16);
-        assert_eq!(config.read_mode, ReadMode::Naive);
-        assert_eq!(config.matmul, Matmul::Fast);
-        assert_eq!(config.compat, Compat::Sglang);
-        assert_eq!(config.api_key.as_ref().map(Secret::expose), Some("s3cret"));
-        assert_eq!(config.max_queued_reads, 17);
-        assert_eq!(config.media_allow_hosts, ["cdn.example", "127.0.0.1"]);
-        assert_eq!(config.max_image_pixels, 1000);
-        assert_eq!(config.threads, Some(4));
+        assert_eq!(config.router.port, 8080);
+        assert_eq!(config.router.hostname, "127.0.0.1");
+        assert_eq!(config.shard.dtype, Dtype::Bfloat16);
+        assert_eq!(config.shard.read_mode, ReadMode::Naive);
+        assert_eq!(config.shard.matmul, Matmul::Fast);
+        assert_eq!(config.router.compat, Compat::Sglang);
+        assert_eq!(
+            config.router.api_key.as_ref().map(Secret::expose),
+            Some("s3cret")
+        );
+        assert_eq!(config.router.max_queued_reads, 17);
+        assert_eq!(
+            config.router.media_allow_hosts,
+            ["cdn.example", "127.0.0.1"]
+        );
+        assert_eq!(config.router.max_image_pixels, 1000);
+        assert_eq!(config.shard.threads, Some(4));
         assert_eq!(
             config.cache_dir().ok(),
             Some(PathBuf::from("/var/cache/di"))
         );
-        assert!(config.json_output);
+        assert!(config.router.json_output);
     }
 
     #[test]
@@ -608,20 +506,90 @@ mod tests {
         assert_eq!(
             parse_with_env(&[], &[])
                 .expect("parses")
+                .router
                 .max_batch_prefill_tokens,
             None
         );
         let from_env =
             parse_with_env(&[], &[("MAX_BATCH_PREFILL_TOKENS", "65536")]).expect("parses");
-        assert_eq!(from_env.max_batch_prefill_tokens, Some(65536));
+        assert_eq!(from_env.router.max_batch_prefill_tokens, Some(65536));
         assert!(parse_with_env(&["--max-batch-prefill-tokens", "0"], &[]).is_err());
+    }
+
+    #[test]
+    fn router_flags_given_by_flag_or_env_are_handed_on_and_defaults_are_not() {
+        let config = parse_with_env(
+            &["--max-body-bytes", "2048", "--public-ops"],
+            &[
+                ("OTLP_SERVICE_NAME", "edge"),
+                ("MEDIA_ALLOW_HOSTS", "a.example,b.example"),
+            ],
+        )
+        .expect("parses");
+        assert_eq!(config.router.max_body_bytes, 2048);
+        let argv: Vec<String> = config
+            .router_argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            argv,
+            [
+                "--public-ops",
+                "--otlp-service-name",
+                "edge",
+                "--max-body-bytes",
+                "2048",
+                "--media-allow-hosts",
+                "a.example,b.example"
+            ]
+        );
+        // The key and the served name are the launcher's to hand on (environment, resolved name).
+        let keyed =
+            parse_with_env(&["--api-key", "k", "--served-model-name", "n"], &[]).expect("parses");
+        assert!(keyed.router_argv.is_empty(), "{:?}", keyed.router_argv);
+    }
+
+    #[test]
+    fn the_shard_dtypes_include_float16() {
+        let config = parse_with_env(&["--dtype", "float16"], &[]).expect("the shard takes float16");
+        assert_eq!(config.shard.dtype, Dtype::Float16);
+    }
+
+    #[test]
+    fn print_flags_lists_every_flag_with_its_env_var() {
+        let flags = Config::flags_json();
+        let listed: Vec<(&str, Option<&str>)> = flags
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|f| (f["flag"].as_str().expect("flag"), f["env"].as_str()))
+            .collect();
+        assert!(listed.contains(&("--max-body-bytes", Some("MAX_BODY_BYTES"))));
+        assert!(listed.contains(&("--num-shard", Some("NUM_SHARD"))));
+        assert!(listed.contains(&("--print-flags", None)));
+        let dtype = flags
+            .as_array()
+            .and_then(|all| all.iter().find(|f| f["flag"] == "--dtype"))
+            .expect("--dtype");
+        assert_eq!(
+            dtype["values"],
+            serde_json::json!(["auto", "float32", "bfloat16", "float16"])
+        );
+        assert_eq!(
+            listed.len(),
+            Config::command()
+                .get_arguments()
+                .filter(|a| a.get_long().is_some())
+                .count()
+        );
     }
 
     #[test]
     fn flags_win_over_env_vars() {
         let config =
             parse_with_env(&["--port", "9000"], &[("PORT", "8080")]).expect("flag and env parse");
-        assert_eq!(config.port, 9000);
+        assert_eq!(config.router.port, 9000);
     }
 
     #[test]
@@ -630,7 +598,7 @@ mod tests {
         std::env::set_var("HOSTNAME", "build-box-7");
         let config = Config::try_parse_from(["decision-launcher"]);
         std::env::remove_var("HOSTNAME");
-        assert_eq!(config.expect("parses").hostname, "0.0.0.0");
+        assert_eq!(config.expect("parses").router.hostname, "0.0.0.0");
     }
 
     #[test]
@@ -662,7 +630,6 @@ mod tests {
     #[test]
     fn zero_shards_and_unknown_values_are_syntax_errors() {
         assert!(parse_with_env(&["--num-shard", "0"], &[]).is_err());
-        assert!(parse_with_env(&["--dtype", "float16"], &[]).is_err());
         assert!(parse_with_env(&["--compat", "tgi"], &[]).is_err());
         assert!(parse_with_env(&[], &[("PORT", "not-a-port")]).is_err());
     }
@@ -688,7 +655,7 @@ mod tests {
         assert_eq!(flag_value(&ReadMode::Naive), "naive");
         assert_eq!(flag_value(&ReadMode::Fork), "fork");
         assert_eq!(flag_value(&ReadMode::Auto), "auto");
-        assert_eq!(flag_value(&Compat::Typesafe), "typesafe");
+        assert_eq!(flag_value(&Dtype::Float16), "float16");
     }
 
     #[test]

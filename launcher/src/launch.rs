@@ -128,6 +128,7 @@ async fn start_and_supervise(
         }
     };
     let served_model_name = config
+        .router
         .served_model_name
         .clone()
         .unwrap_or_else(|| model.served_name.clone());
@@ -193,8 +194,8 @@ async fn start_and_supervise(
     // The router logs its own "router ready" once it has met the shards and bound the port.
     tracing::info!(
         "shards ready; router starting to serve {served_model_name} on http://{}:{}",
-        config.hostname,
-        config.port
+        config.router.hostname,
+        config.router.port
     );
 
     tokio::select! {

@@ -15,7 +15,7 @@ mod shard;
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory as _, Parser as _};
+use clap::CommandFactory as _;
 
 use crate::config::Config;
 
@@ -24,13 +24,20 @@ use crate::config::Config;
 // The launcher only moves log lines and polls health; one thread is plenty.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let config = Config::parse();
+    let config = Config::parse_cli();
+    if config.print_flags {
+        println!("{}", Config::flags_json());
+        return ExitCode::SUCCESS;
+    }
     if let Err(err) = config.validate() {
         Config::command()
             .error(clap::error::ErrorKind::ValueValidation, err)
             .exit();
     }
-    logging::init(config.json_output, config.shard_log_level.tracing_level());
+    logging::init(
+        config.router.json_output,
+        config.shard_log_level.tracing_level(),
+    );
     match launch::run(&config).await {
         Ok(_) => ExitCode::SUCCESS,
         // Already logged by `run`, before the shutdown it caused.

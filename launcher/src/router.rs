@@ -5,17 +5,14 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use crate::child::ChildSpec;
-use crate::config::{flag_value, Config};
+use crate::config::Config;
 
 /// The environment variable the router reads its API key from.
 pub const API_KEY_ENV: &str = "API_KEY";
 
-/// `decision-router --model-dir … --shard-uds-path … --hostname … --port … --served-model-name …
-/// --compat … [--max-batch-prefill-tokens …] --max-batch-wait-ms … [--max-input-tokens …]
-/// --max-queued-reads … [--media-allow-hosts …] --media-fetch-timeout-secs … --max-media-items …
-/// --max-image-items … --max-audio-items … --max-video-items … --max-media-bytes …
-/// --max-image-pixels … --max-video-seconds … --max-video-frames … --max-audio-seconds …
-/// [--json-output]`.
+/// `decision-router --model-dir … --shard-uds-path … --served-model-name … [every router flag the
+/// operator gave the launcher, as given]`. A flag not given keeps the router's default, which is
+/// the launcher's too: both read the one declaration (`RouterFlags`).
 pub fn spec(
     program: &Path,
     config: &Config,
@@ -28,109 +25,12 @@ pub fn spec(
         // The base path: the router derives each rank's socket with the same `rank_socket` rule.
         "--shard-uds-path".into(),
         config.uds_path.clone().into(),
-        "--hostname".into(),
-        config.hostname.clone().into(),
-        "--port".into(),
-        config.port.to_string().into(),
         "--served-model-name".into(),
         served_model_name.into(),
-        "--compat".into(),
-        flag_value(&config.compat).into(),
     ];
-    // Forwarded only when set: unset, the router follows the shard's budget (the shards get the
-    // same value: shard.rs).
-    if let Some(tokens) = config.max_batch_prefill_tokens {
-        args.extend([
-            "--max-batch-prefill-tokens".into(),
-            tokens.to_string().into(),
-        ]);
-    }
-    args.extend([
-        "--max-batch-wait-ms".into(),
-        config.max_batch_wait_ms.to_string().into(),
-    ]);
-    // Forwarded only when set: the router defines the default (router/src/limits.rs).
-    if let Some(tokens) = config.max_input_tokens {
-        args.extend(["--max-input-tokens".into(), tokens.to_string().into()]);
-    }
-    args.extend([
-        "--max-queued-reads".into(),
-        config.max_queued_reads.to_string().into(),
-    ]);
-    let hosts: Vec<&str> = config
-        .media_allow_hosts
-        .iter()
-        .map(|h| h.trim())
-        .filter(|h| !h.is_empty())
-        .collect();
-    if !hosts.is_empty() {
-        args.push("--media-allow-hosts".into());
-        args.push(hosts.join(",").into());
-    }
-    for (flag, value) in [
-        (
-            "--media-fetch-timeout-secs",
-            config.media_fetch_timeout_secs.to_string(),
-        ),
-        ("--max-media-items", config.max_media_items.to_string()),
-        ("--max-image-items", config.max_image_items.to_string()),
-        ("--max-audio-items", config.max_audio_items.to_string()),
-        ("--max-video-items", config.max_video_items.to_string()),
-        ("--max-media-bytes", config.max_media_bytes.to_string()),
-        ("--max-image-pixels", config.max_image_pixels.to_string()),
-        ("--max-video-seconds", config.max_video_seconds.to_string()),
-        ("--max-video-frames", config.max_video_frames.to_string()),
-        ("--max-audio-seconds", config.max_audio_seconds.to_string()),
-    ] {
-        args.push(flag.into());
-        args.push(value.into());
-    }
-    for (flag, value) in [
-        (
-            "--request-timeout-secs",
-            config.request_timeout_secs.to_string(),
-        ),
-        (
-            "--header-read-timeout-secs",
-            config.header_read_timeout_secs.to_string(),
-        ),
-        (
-            "--body-read-timeout-secs",
-            config.body_read_timeout_secs.to_string(),
-        ),
-        (
-            "--keep-alive-timeout-secs",
-            config.keep_alive_timeout_secs.to_string(),
-        ),
-        ("--max-connections", config.max_connections.to_string()),
-        // The router answers every request it accepted before this grace ends (at SIGTERM it
-        // answers what is still in flight 503 at the grace less 3 s), so the SIGKILL at the grace
-        // finds it gone.
-        (
-            "--shutdown-grace-secs",
-            config.shutdown_grace_secs.to_string(),
-        ),
-    ] {
-        args.push(flag.into());
-        args.push(value.into());
-    }
-    if config.public_ops {
-        args.push("--public-ops".into());
-    }
-    // A path is no secret: the router reads the key from it.
-    if let Some(path) = &config.api_key_file {
-        args.push("--api-key-file".into());
-        args.push(path.clone().into());
-    }
-    if let Some(endpoint) = config.otlp_endpoint(|name| std::env::var(name).ok()) {
-        args.push("--otlp-endpoint".into());
-        args.push(endpoint.into());
-    }
-    if config.json_output {
-        args.push("--json-output".into());
-    }
+    args.extend(config.router_argv.iter().cloned());
     // Set it when given, and otherwise make sure no stray API_KEY from our own environment leaks in.
-    let (env, env_remove) = match &config.api_key {
+    let (env, env_remove) = match &config.router.api_key {
         Some(key) => (
             vec![(API_KEY_ENV.to_owned(), key.expose().to_owned())],
             Vec::new(),
@@ -151,9 +51,25 @@ pub fn spec(
 mod tests {
     use super::*;
     use crate::config::parse_for_test as config;
+    use clap::Parser as _;
+    use decision_router::config::Config as RouterConfig;
+
+    fn after(spec: &ChildSpec, flag: &str) -> OsString {
+        let at = spec.args.iter().position(|a| a == flag).expect(flag);
+        spec.args[at + 1].clone()
+    }
+
+    /// The router parses its argv into the very flags the launcher parsed, but for the two the
+    /// launcher sets itself (the served name, resolved; the key, in the environment).
+    fn router_sees(spec: &ChildSpec) -> RouterConfig {
+        RouterConfig::try_parse_from(
+            std::iter::once(OsString::from("decision-router")).chain(spec.args.clone()),
+        )
+        .expect("the router takes every flag the launcher hands on")
+    }
 
     #[test]
-    fn router_argv_has_every_setting_and_no_secret() {
+    fn router_argv_has_every_given_setting_and_no_secret() {
         let config = config(&[
             "--port",
             "8080",
@@ -204,66 +120,20 @@ mod tests {
             "my-model",
         );
         assert_eq!(
-            spec.args,
+            spec.args[..6],
             [
                 "--model-dir",
                 "/models/m",
                 "--shard-uds-path",
                 "/run/ds",
-                "--hostname",
-                "127.0.0.1",
-                "--port",
-                "8080",
                 "--served-model-name",
                 "my-model",
-                "--compat",
-                "vllm",
-                "--max-batch-prefill-tokens",
-                "4096",
-                "--max-batch-wait-ms",
-                "5",
-                "--max-input-tokens",
-                "1024",
-                "--max-queued-reads",
-                "64",
-                "--media-allow-hosts",
-                "cdn.example,*",
-                "--media-fetch-timeout-secs",
-                "3",
-                "--max-media-items",
-                "6",
-                "--max-image-items",
-                "5",
-                "--max-audio-items",
-                "2",
-                "--max-video-items",
-                "1",
-                "--max-media-bytes",
-                "1048576",
-                "--max-image-pixels",
-                "4000000",
-                "--max-video-seconds",
-                "30.5",
-                "--max-video-frames",
-                "64",
-                "--max-audio-seconds",
-                "15",
-                "--request-timeout-secs",
-                "120",
-                "--header-read-timeout-secs",
-                "10",
-                "--body-read-timeout-secs",
-                "60",
-                "--keep-alive-timeout-secs",
-                "20",
-                "--max-connections",
-                "1024",
-                "--shutdown-grace-secs",
-                "10",
-                "--json-output",
             ]
             .map(OsString::from)
         );
+        assert_eq!(after(&spec, "--media-allow-hosts"), "cdn.example,*");
+        assert_eq!(after(&spec, "--max-video-seconds"), "30.5");
+        assert!(spec.args.contains(&OsString::from("--json-output")));
         assert!(spec
             .args
             .iter()
@@ -272,6 +142,28 @@ mod tests {
             spec.env,
             vec![(API_KEY_ENV.to_owned(), "s3cret".to_owned())]
         );
+        let router = router_sees(&spec);
+        let mut expected = config.router.clone();
+        expected.served_model_name = Some("my-model".into());
+        expected.api_key = None;
+        assert_eq!(router.flags, expected);
+        assert_eq!(router.shard_uds_path, Path::new("/run/ds"));
+    }
+
+    #[test]
+    fn router_flags_the_launcher_once_refused_reach_the_router() {
+        let config = config(&[
+            "--max-body-bytes",
+            "4096",
+            "--otlp-service-name",
+            "edge-router",
+        ]);
+        let spec = spec(Path::new("decision-router"), &config, Path::new("/m"), "m");
+        assert_eq!(after(&spec, "--max-body-bytes"), "4096");
+        assert_eq!(after(&spec, "--otlp-service-name"), "edge-router");
+        let router = router_sees(&spec);
+        assert_eq!(router.flags.max_body_bytes, 4096);
+        assert_eq!(router.flags.otlp_service_name, "edge-router");
     }
 
     #[test]
@@ -290,52 +182,32 @@ mod tests {
             "2",
             "--max-connections",
             "64",
-            "--shutdown-grace-secs",
-            "30",
             "--otlp-endpoint",
             "http://collector:4317",
         ]);
         let spec = spec(Path::new("decision-router"), &config, Path::new("/m"), "m");
-        let after = |flag: &str| {
-            let at = spec.args.iter().position(|a| a == flag).expect(flag);
-            spec.args[at + 1].clone()
-        };
-        assert_eq!(after("--api-key-file"), "/run/secrets/key");
-        assert_eq!(after("--request-timeout-secs"), "30");
-        assert_eq!(after("--header-read-timeout-secs"), "4");
-        assert_eq!(after("--body-read-timeout-secs"), "7");
-        assert_eq!(after("--keep-alive-timeout-secs"), "2");
-        assert_eq!(after("--max-connections"), "64");
-        assert_eq!(after("--shutdown-grace-secs"), "30");
-        assert_eq!(after("--otlp-endpoint"), "http://collector:4317");
+        assert_eq!(after(&spec, "--api-key-file"), "/run/secrets/key");
+        assert_eq!(after(&spec, "--request-timeout-secs"), "30");
+        assert_eq!(after(&spec, "--header-read-timeout-secs"), "4");
+        assert_eq!(after(&spec, "--body-read-timeout-secs"), "7");
+        assert_eq!(after(&spec, "--keep-alive-timeout-secs"), "2");
+        assert_eq!(after(&spec, "--max-connections"), "64");
+        assert_eq!(after(&spec, "--otlp-endpoint"), "http://collector:4317");
         assert!(spec.args.contains(&OsString::from("--public-ops")));
         assert!(spec.env.is_empty(), "no key in the environment either");
     }
 
     #[test]
-    fn without_a_key_the_router_inherits_none() {
-        let spec = spec(
-            Path::new("decision-router"),
-            &config(&[]),
-            Path::new("/m"),
-            "m",
-        );
+    fn without_a_key_the_router_inherits_none_and_defaults_stay_the_routers() {
+        let config = config(&[]);
+        let spec = spec(Path::new("decision-router"), &config, Path::new("/m"), "m");
         assert!(spec.env.is_empty());
         assert_eq!(spec.env_remove, vec![API_KEY_ENV.to_owned()]);
-        assert!(!spec.args.contains(&OsString::from("--json-output")));
-        // Fetching stays off: no allow-list flag at all, the limits at their defaults.
-        assert!(!spec.args.contains(&OsString::from("--media-allow-hosts")));
-        assert!(!spec.args.contains(&OsString::from("--public-ops")));
-        // The token limit's default is the router's own; the batch budget's is the shard's.
-        assert!(!spec.args.contains(&OsString::from("--max-input-tokens")));
-        assert!(!spec
-            .args
-            .contains(&OsString::from("--max-batch-prefill-tokens")));
-        let after = |flag: &str| {
-            let at = spec.args.iter().position(|a| a == flag).expect(flag);
-            spec.args[at + 1].clone()
-        };
-        assert_eq!(after("--max-media-bytes"), "20971520");
-        assert_eq!(after("--max-video-seconds"), "60");
+        // Nothing given, nothing handed on: the router applies the one declared default.
+        assert_eq!(spec.args.len(), 6, "{:?}", spec.args);
+        let router = router_sees(&spec);
+        let mut expected = config.router.clone();
+        expected.served_model_name = Some("m".into());
+        assert_eq!(router.flags, expected);
     }
 }

@@ -78,9 +78,10 @@ impl Rendezvous {
     }
 }
 
-/// `decision-server --log-level L serve MODEL_DIR --uds-path SOCKET --dtype D --read-mode M --rank R --world-size N
-/// [--master-addr A --master-port P] [--threads T] --prefix-cache-mb C [--max-batch-prefill-tokens B]`: every rank's
-/// place in the group is an explicit flag.
+/// `decision-server --log-level L serve MODEL_DIR --uds-path SOCKET [every shard flag: --dtype D --read-mode M
+/// --matmul X --compile C [--threads T] --prefix-cache-mb C] --rank R --world-size N [--master-addr A --master-port P]
+/// [--max-batch-prefill-tokens B] [--otlp-endpoint E]`: every rank's place in the group is an explicit flag, and
+/// the shard flags come from their one declaration (`config::ShardFlags`).
 pub fn spec(
     program: &Path,
     config: &Config,
@@ -98,19 +99,14 @@ pub fn spec(
         model.dir.clone().into(),
         "--uds-path".into(),
         socket.into(),
-        "--dtype".into(),
-        flag_value(&config.dtype).into(),
-        "--read-mode".into(),
-        flag_value(&config.read_mode).into(),
-        "--matmul".into(),
-        flag_value(&config.matmul).into(),
-        "--compile".into(),
-        flag_value(&config.compile).into(),
+    ];
+    args.extend(config.shard_argv.iter().cloned());
+    args.extend([
         "--rank".into(),
         rank.to_string().into(),
         "--world-size".into(),
         config.num_shard.to_string().into(),
-    ];
+    ]);
     if let Some(rendezvous) = rendezvous {
         args.extend([
             "--master-addr".into(),
@@ -119,15 +115,8 @@ pub fn spec(
             rendezvous.port.to_string().into(),
         ]);
     }
-    if let Some(threads) = config.threads {
-        args.extend(["--threads".into(), threads.to_string().into()]);
-    }
-    args.extend([
-        "--prefix-cache-mb".into(),
-        config.prefix_cache_mb.to_string().into(),
-    ]);
     // Unset, each shard chooses for its device and the router follows (router.rs).
-    if let Some(tokens) = config.max_batch_prefill_tokens {
+    if let Some(tokens) = config.router.max_batch_prefill_tokens {
         args.extend([
             "--max-batch-prefill-tokens".into(),
             tokens.to_string().into(),
@@ -352,14 +341,14 @@ mod tests {
                 "fast",
                 "--compile",
                 "off",
-                "--rank",
-                "0",
-                "--world-size",
-                "1",
                 "--threads",
                 "8",
                 "--prefix-cache-mb",
-                "auto"
+                "auto",
+                "--rank",
+                "0",
+                "--world-size",
+                "1"
             ]
             .map(OsString::from)
         );
@@ -434,7 +423,7 @@ mod tests {
             &[],
         );
         assert_eq!(rank1.name, "shard 1");
-        let tail: Vec<OsString> = rank1.args[14..].to_vec();
+        let tail: Vec<OsString> = rank1.args[16..].to_vec();
         assert_eq!(
             tail,
             [
@@ -445,9 +434,7 @@ mod tests {
                 "--master-addr",
                 "127.0.0.1",
                 "--master-port",
-                "29611",
-                "--prefix-cache-mb",
-                "auto"
+                "29611"
             ]
             .map(OsString::from)
         );

@@ -1,8 +1,11 @@
 //! The router's one configuration struct: every flag documented, every flag also an env var.
 
+use std::ffi::{OsStr, OsString};
+use std::fmt;
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Command, Parser};
 
 pub use crate::profile::Compat;
 
@@ -11,19 +14,23 @@ impl Config {
     pub fn model_dir(&self) -> PathBuf {
         self.model_dir.clone().unwrap_or_default()
     }
+}
 
+impl RouterFlags {
     /// Moves a key from `--api-key-file` into `api_key`.
-    pub fn load_api_key_file(&mut self) -> Result<(), String> {
+    pub fn load_api_key_file(&mut self) -> Result<(), ApiKeyFileError> {
         let Some(path) = &self.api_key_file else {
             return Ok(());
         };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read --api-key-file {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| ApiKeyFileError::Unreadable {
+            path: path.clone(),
+            source,
+        })?;
         let key = text.trim();
         if key.is_empty() {
-            return Err(format!("--api-key-file {} is empty", path.display()));
+            return Err(ApiKeyFileError::Empty { path: path.clone() });
         }
-        self.api_key = Some(key.to_owned());
+        self.api_key = Some(Secret::from(key.to_owned()));
         Ok(())
     }
 
@@ -51,6 +58,82 @@ impl Config {
         (self.request_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.request_timeout_secs))
     }
+
+    /// The router argv for the flags of this struct that `matches` (a CLI that flattens it) got
+    /// from its command line or environment, skipping the ids in `except`: the router parses the
+    /// operator's own text, and a flag not given keeps the one default declared here.
+    pub fn given_argv(matches: &ArgMatches, except: &[&str]) -> Vec<OsString> {
+        let command = Self::augment_args(Command::new("router-flags"));
+        let mut argv = Vec::new();
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            let (Some(long), false) = (arg.get_long(), except.contains(&id)) else {
+                continue;
+            };
+            let given = matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            );
+            if !given {
+                continue;
+            }
+            if !arg.get_action().takes_values() {
+                if matches.get_flag(id) {
+                    argv.push(format!("--{long}").into());
+                }
+                continue;
+            }
+            let Some(raw) = matches.get_raw(id) else {
+                continue;
+            };
+            let values: Vec<&OsStr> = raw.collect();
+            argv.push(format!("--{long}").into());
+            // A list flag (`value_delimiter`) travels as one comma-joined value.
+            let mut joined = OsString::new();
+            for (i, value) in values.iter().enumerate() {
+                if i > 0 {
+                    joined.push(",");
+                }
+                joined.push(value);
+            }
+            argv.push(joined);
+        }
+        argv
+    }
+}
+
+/// Why `--api-key-file` gave no key.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiKeyFileError {
+    #[error("cannot read --api-key-file {}: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--api-key-file {} is empty", path.display())]
+    Empty { path: PathBuf },
+}
+
+/// A value that must never reach a log line: `Debug` prints a placeholder.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Secret {
+    fn from(value: String) -> Self {
+        Secret(value)
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 #[derive(Clone, Debug, Parser)]
@@ -69,28 +152,41 @@ pub struct Config {
     /// Base path of the shard sockets; rank r listens on `{base}-{r}`.
     #[arg(long, env = "SHARD_UDS_PATH", default_value = "/tmp/decision-server")]
     pub shard_uds_path: PathBuf,
-    /// Address to listen on.
+    /// Every flag the launcher shares: declared once here, flattened into both CLIs.
+    #[command(flatten)]
+    pub flags: RouterFlags,
+}
+
+/// The router's flags that `decision-launcher` takes too: it flattens this struct into its own CLI
+/// and hands the router the ones the operator gave (`given_argv`), so a new flag here is a launcher
+/// flag by construction. Docs speak for both binaries: `decision-launcher --help` shows them.
+#[derive(Clone, Debug, PartialEq, clap::Args)]
+pub struct RouterFlags {
+    /// Address the router listens on. (Its env var is not HOSTNAME: shells set that to the machine name.)
     #[arg(long, env = "DECISION_HOSTNAME", default_value = "0.0.0.0")]
     pub hostname: String,
-    /// Port to listen on.
+    /// HTTP port the router listens on.
     #[arg(long, env = "PORT", default_value_t = 3000)]
     pub port: u16,
-    /// Name the model is served and reported under (defaults to the model folder's name).
+    /// Name the model is served and reported under, the one clients send. Defaults to the model
+    /// folder's name (under the launcher: the model id).
     #[arg(long, env = "SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
-    /// Compatibility profile: wording, error codes and extension fields.
+    /// Compatibility profile of the HTTP API: the TypeSafe System One contract, or byte-for-byte
+    /// wording, error codes and extension fields of the vLLM or SGLang implementations.
     #[arg(long, env = "COMPAT", value_enum, default_value = "typesafe")]
     pub compat: Compat,
     /// When set, every route but /health requires `Authorization: Bearer <key>` (the /v1 routes and,
-    /// unless --public-ops, /metrics, /info, /docs and /api-doc). Prefer the environment variable or
-    /// --api-key-file: a flag's value shows in the process list.
+    /// unless --public-ops, /metrics, /info, /docs and /api-doc). The launcher hands it to the router
+    /// in its environment, never on its command line. Prefer the environment variable or
+    /// --api-key-file: a flag's value shows in the process list. No key: the API is open.
     #[arg(
         long,
         env = "API_KEY",
         hide_env_values = true,
         conflicts_with = "api_key_file"
     )]
-    pub api_key: Option<String>,
+    pub api_key: Option<Secret>,
     /// A file holding the API key (surrounding whitespace ignored), read once at startup.
     #[arg(long, env = "API_KEY_FILE")]
     pub api_key_file: Option<PathBuf>,
@@ -106,8 +202,8 @@ pub struct Config {
     /// Retry-After. 0 turns the deadline off.
     #[arg(long, env = "REQUEST_TIMEOUT_SECS", default_value_t = 120)]
     pub request_timeout_secs: u64,
-    /// Seconds between a shutdown signal and the router's exit (the launcher passes its own
-    /// --shutdown-grace-secs). New requests get 503 + Retry-After at once; requests in flight get
+    /// Seconds between a shutdown signal and the router's exit; the launcher gives its router and
+    /// shards the same grace on shutdown (the router first, then the shards). New requests get 503 + Retry-After at once; requests in flight get
     /// the grace less 3 s (half of it under 6 s) to finish, and the rest are then answered 503 +
     /// Retry-After with their reads dropped, so every accepted request hears a status line.
     #[arg(long, env = "SHUTDOWN_GRACE_SECS", default_value_t = 10)]
@@ -128,8 +224,8 @@ pub struct Config {
     #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: u64,
     /// OTLP/gRPC endpoint to export traces to (e.g. http://collector:4317); also read from the
-    /// standard OTEL_EXPORTER_OTLP_ENDPOINT. Unset (default): no spans leave the process and no
-    /// outbound connection is made.
+    /// standard OTEL_EXPORTER_OTLP_ENDPOINT. The launcher gives the shards the same one, so a request
+    /// is one trace. Unset (default): no spans leave the processes and no outbound connection is made.
     #[arg(long, env = "OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// The `service.name` of the exported spans.
@@ -138,7 +234,8 @@ pub struct Config {
     /// Unique prompt tokens packed into one shard call (a single larger request still runs alone).
     /// Unset (auto, default): the shard's own batch budget, read from its Info at startup (from the
     /// GPU memory left after the weights and the prefix cache on CUDA, a CPU default on CPU). Set:
-    /// this value; give the shards the same one (the launcher does), or /info shows the two apart.
+    /// this value; give the shards the same one (the launcher passes it to every shard), or /info
+    /// shows the two apart.
     #[arg(long, env = "MAX_BATCH_PREFILL_TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_batch_prefill_tokens: Option<u64>,
     /// How long the first read of a batch waits for reads of other requests, in milliseconds.
@@ -189,7 +286,7 @@ pub struct Config {
     /// Seconds of one audio clip; checked by the shard's decoder.
     #[arg(long, env = "MAX_AUDIO_SECONDS", default_value_t = 60.0, value_parser = positive_seconds)]
     pub max_audio_seconds: f64,
-    /// Emit logs as JSON lines.
+    /// Emit logs as JSON lines (under the launcher: its own and every child's).
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,
 }

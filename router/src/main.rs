@@ -13,18 +13,18 @@ async fn main() {
         print!("{}", decision_router::api::schema::openapi_json());
         return;
     }
-    let endpoint = config.otlp_endpoint();
+    let endpoint = config.flags.otlp_endpoint();
     let otlp = endpoint
         .as_deref()
-        .map(|e| (e, config.otlp_service_name.as_str()));
-    let _telemetry = match decision_router::telemetry::init(config.json_output, otlp) {
+        .map(|e| (e, config.flags.otlp_service_name.as_str()));
+    let _telemetry = match decision_router::telemetry::init(config.flags.json_output, otlp) {
         Ok(telemetry) => telemetry,
         Err(e) => {
             eprintln!("{e}");
             std::process::exit(2);
         }
     };
-    if let Err(e) = config.load_api_key_file() {
+    if let Err(e) = config.flags.load_api_key_file() {
         tracing::error!("{e}");
         std::process::exit(2);
     }

@@ -56,19 +56,23 @@ impl BudgetSource {
     }
 }
 
+/// Why there is no batch budget to pack to.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BudgetError {
+    #[error("the shard reports no batch token budget; give the router --max-batch-prefill-tokens")]
+    NoneReported,
+}
+
 impl BatchBudget {
     /// The operator's value when given, else the shard's (`shard_tokens`, from its Info). A shard
     /// that reports none (0: one built before the field existed) leaves nothing to follow.
-    pub fn choose(flag: Option<u64>, shard_tokens: u32) -> Result<Self, String> {
+    pub fn choose(flag: Option<u64>, shard_tokens: u32) -> Result<Self, BudgetError> {
         match (flag, shard_tokens) {
             (Some(tokens), _) => Ok(BatchBudget {
                 tokens: usize::try_from(tokens).unwrap_or(usize::MAX),
                 source: BudgetSource::Flag,
             }),
-            (None, 0) => Err(
-                "the shard reports no batch token budget; give the router --max-batch-prefill-tokens"
-                    .into(),
-            ),
+            (None, 0) => Err(BudgetError::NoneReported),
             (None, tokens) => Ok(BatchBudget {
                 tokens: tokens as usize,
                 source: BudgetSource::Shard,

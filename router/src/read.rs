@@ -300,17 +300,14 @@ impl ReadOutcome {
     /// label group, one log-prob per variant, each a log-probability (≤ 0, or −∞ for an impossible
     /// label). A shard that breaks this is a bug there; it becomes a 500 naming what was wrong, never
     /// a panic here.
-    pub fn check(read: &PreparedRead, result: pb::ReadResult) -> Result<Self, String> {
+    pub fn check(read: &PreparedRead, result: pb::ReadResult) -> Result<Self, OutcomeError> {
         if read.media.is_empty() && result.media_tokens != 0 {
-            return Err(format!(
-                "the shard counted {} media tokens for a read without media",
-                result.media_tokens
-            ));
+            return Err(OutcomeError::MediaTokens(result.media_tokens));
         }
         let mut option_logits = Vec::new();
         let rows = match (&read.kind, result.kind) {
             (ReadKind::NextToken { labels }, Some(pb::read_result::Kind::NextToken(r))) => {
-                vec![check_row(labels, r.labels, r.greedy_token_id, "")?]
+                vec![check_row(labels, r.labels, r.greedy_token_id, None)?]
             }
             (ReadKind::Pooled { questions, .. }, Some(pb::read_result::Kind::Pooled(r))) => {
                 option_logits = check_pooled(questions, r)?;
@@ -318,22 +315,16 @@ impl ReadOutcome {
             }
             (ReadKind::Canvas { rows, .. }, Some(pb::read_result::Kind::Canvas(r))) => {
                 if r.rows.len() != rows.len() {
-                    return Err(format!(
-                        "the shard returned {} canvas rows for a read of {}",
-                        r.rows.len(),
-                        rows.len()
-                    ));
+                    return Err(OutcomeError::CanvasRows {
+                        got: r.rows.len(),
+                        expected: rows.len(),
+                    });
                 }
                 rows.iter()
                     .zip(r.rows)
                     .enumerate()
                     .map(|(i, (row, got))| {
-                        check_row(
-                            &row.labels,
-                            got.labels,
-                            got.greedy_token_id,
-                            &format!("canvas row {i}: "),
-                        )
+                        check_row(&row.labels, got.labels, got.greedy_token_id, Some(i))
                     })
                     .collect::<Result<Vec<_>, _>>()?
             }
@@ -344,10 +335,8 @@ impl ReadOutcome {
                     ReadKind::Pooled { .. } => "pooled",
                 };
                 return Err(match got {
-                    None => format!("the shard's result has no kind (expected {expected})"),
-                    Some(_) => {
-                        format!("the shard's result is of another kind (expected {expected})")
-                    }
+                    None => OutcomeError::NoKind { expected },
+                    Some(_) => OutcomeError::OtherKind { expected },
                 });
             }
         };
@@ -366,17 +355,65 @@ impl ReadOutcome {
     }
 }
 
+/// What a shard's result got wrong against its read: a bug on the shard, answered 500 naming it.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum OutcomeError {
+    #[error("the shard counted {0} media tokens for a read without media")]
+    MediaTokens(u32),
+    #[error("the shard's result has no kind (expected {expected})")]
+    NoKind { expected: &'static str },
+    #[error("the shard's result is of another kind (expected {expected})")]
+    OtherKind { expected: &'static str },
+    #[error("the shard returned {got} canvas rows for a read of {expected}")]
+    CanvasRows { got: usize, expected: usize },
+    #[error("the shard returned {got} pooled questions for a read of {expected}")]
+    PooledQuestions { got: usize, expected: usize },
+    #[error(
+        "pooled question {question}: the shard returned {got} option logits for {options} options"
+    )]
+    OptionLogits {
+        question: usize,
+        got: usize,
+        options: usize,
+    },
+    #[error("pooled question {question}: option logit {value} is not finite")]
+    LogitNotFinite { question: usize, value: f64 },
+    #[error("{}the shard returned {got} label groups for a read of {expected}", row_prefix(*.row))]
+    LabelGroups {
+        row: Option<usize>,
+        got: usize,
+        expected: usize,
+    },
+    #[error("{}label group {group}: the shard returned {got} log-probs for {variants} variants", row_prefix(*.row))]
+    Variants {
+        row: Option<usize>,
+        group: usize,
+        got: usize,
+        variants: usize,
+    },
+    #[error("{}label group {group}: {value} is not a log-probability", row_prefix(*.row))]
+    NotALogprob {
+        row: Option<usize>,
+        group: usize,
+        value: f64,
+    },
+}
+
+/// Where in a canvas read an error is (`None`: a next-token read's only row).
+fn row_prefix(row: Option<usize>) -> String {
+    row.map(|i| format!("canvas row {i}: ")).unwrap_or_default()
+}
+
 /// One logit per option of every question, each finite.
 fn check_pooled(
     questions: &[PooledQuestion],
     got: pb::PooledResult,
-) -> Result<Vec<Vec<f64>>, String> {
+) -> Result<Vec<Vec<f64>>, OutcomeError> {
     if got.questions.len() != questions.len() {
-        return Err(format!(
-            "the shard returned {} pooled questions for a read of {}",
-            got.questions.len(),
-            questions.len()
-        ));
+        return Err(OutcomeError::PooledQuestions {
+            got: got.questions.len(),
+            expected: questions.len(),
+        });
     }
     questions
         .iter()
@@ -384,16 +421,17 @@ fn check_pooled(
         .enumerate()
         .map(|(i, (question, got))| {
             if got.option_logits.len() != question.options.len() {
-                return Err(format!(
-                    "pooled question {i}: the shard returned {} option logits for {} options",
-                    got.option_logits.len(),
-                    question.options.len()
-                ));
+                return Err(OutcomeError::OptionLogits {
+                    question: i,
+                    got: got.option_logits.len(),
+                    options: question.options.len(),
+                });
             }
             if let Some(bad) = got.option_logits.iter().find(|v| !v.is_finite()) {
-                return Err(format!(
-                    "pooled question {i}: option logit {bad} is not finite"
-                ));
+                return Err(OutcomeError::LogitNotFinite {
+                    question: i,
+                    value: *bad,
+                });
             }
             Ok(got.option_logits)
         })
@@ -404,32 +442,35 @@ fn check_row(
     labels: &[LabelGroup],
     got: Vec<pb::LabelGroupLogprobs>,
     greedy_token_id: u32,
-    at: &str,
-) -> Result<RowOutcome, String> {
+    row: Option<usize>,
+) -> Result<RowOutcome, OutcomeError> {
     if got.len() != labels.len() {
-        return Err(format!(
-            "{at}the shard returned {} label groups for a read of {}",
-            got.len(),
-            labels.len()
-        ));
+        return Err(OutcomeError::LabelGroups {
+            row,
+            got: got.len(),
+            expected: labels.len(),
+        });
     }
     let mut variant_logprobs = Vec::with_capacity(labels.len());
     for (i, (group, got)) in labels.iter().zip(got).enumerate() {
         if got.variant_logprobs.len() != group.variants.len() {
-            return Err(format!(
-                "{at}label group {i}: the shard returned {} log-probs for {} variants",
-                got.variant_logprobs.len(),
-                group.variants.len()
-            ));
+            return Err(OutcomeError::Variants {
+                row,
+                group: i,
+                got: got.variant_logprobs.len(),
+                variants: group.variants.len(),
+            });
         }
         if let Some(bad) = got
             .variant_logprobs
             .iter()
             .find(|lp| lp.is_nan() || **lp > 1e-6)
         {
-            return Err(format!(
-                "{at}label group {i}: {bad} is not a log-probability"
-            ));
+            return Err(OutcomeError::NotALogprob {
+                row,
+                group: i,
+                value: *bad,
+            });
         }
         variant_logprobs.push(got.variant_logprobs);
     }
@@ -555,12 +596,20 @@ mod tests {
         for (bad, expected) in cases {
             let err = ReadOutcome::check(&canvas_read(), bad).expect_err(expected);
             assert!(
-                err.contains(expected),
+                err.to_string().contains(expected),
                 "{err:?} should contain {expected:?}"
             );
         }
         let err = ReadOutcome::check(&read(), canvas_result(vec![])).expect_err("kind");
-        assert!(err.contains("another kind (expected next_token)"), "{err}");
+        assert_eq!(
+            err,
+            OutcomeError::OtherKind {
+                expected: "next_token"
+            }
+        );
+        assert!(err
+            .to_string()
+            .contains("another kind (expected next_token)"));
     }
 
     fn result(groups: Vec<Vec<f64>>) -> pb::ReadResult {
@@ -655,7 +704,7 @@ mod tests {
         for (bad, expected) in cases {
             let err = ReadOutcome::check(&read(), bad).expect_err(expected);
             assert!(
-                err.contains(expected),
+                err.to_string().contains(expected),
                 "{err:?} should contain {expected:?}"
             );
         }

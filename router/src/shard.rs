@@ -1,7 +1,7 @@
 //! The router's side of the gRPC contract: connects to every rank of the model, sends each read
 //! batch to all of them, and keeps rank 0's answer (ranks compute together; rank 0 holds the result).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use decision_proto::v1::{self as pb, decision_shard_client::DecisionShardClient};
@@ -27,13 +27,16 @@ pub struct ShardSet {
 
 impl ShardSet {
     /// Connects to rank 0 at `{base}-0`, learns the world size from it, then connects to the other ranks.
-    pub async fn connect(base: &Path) -> Result<Self, String> {
+    pub async fn connect(base: &Path) -> Result<Self, ShardConnectError> {
         let first = decision_proto::rank_socket(base, 0);
         let mut rank0 = connect_with_retry(&first).await?;
         let info = rank0
             .info(pb::InfoRequest {})
             .await
-            .map_err(|s| format!("Info on {}: {}", first.display(), s.message()))?
+            .map_err(|s| ShardConnectError::Info {
+                socket: first.clone(),
+                message: s.message().to_owned(),
+            })?
             .into_inner();
         let mut clients = vec![rank0];
         for rank in 1..info.world_size.max(1) {
@@ -171,7 +174,18 @@ fn transport_detail(status: &tonic::Status) -> String {
     }
 }
 
-async fn connect_with_retry(path: &Path) -> Result<DecisionShardClient<Channel>, String> {
+/// Why the router could not reach its shards at startup.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardConnectError {
+    #[error("cannot connect to shard at {}: {last}", socket.display())]
+    Unreachable { socket: PathBuf, last: String },
+    #[error("Info on {}: {message}", socket.display())]
+    Info { socket: PathBuf, message: String },
+}
+
+async fn connect_with_retry(
+    path: &Path,
+) -> Result<DecisionShardClient<Channel>, ShardConnectError> {
     let mut last = String::new();
     for _ in 0..40 {
         match decision_proto::connect_uds(path).await {
@@ -180,10 +194,10 @@ async fn connect_with_retry(path: &Path) -> Result<DecisionShardClient<Channel>,
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    Err(format!(
-        "cannot connect to shard at {}: {last}",
-        path.display()
-    ))
+    Err(ShardConnectError::Unreachable {
+        socket: path.to_owned(),
+        last,
+    })
 }
 
 #[cfg(test)]

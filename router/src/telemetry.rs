@@ -27,10 +27,20 @@ impl Drop for Telemetry {
     }
 }
 
+/// Why tracing could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("cannot set up the OTLP exporter for {endpoint}: {source}")]
+    Exporter {
+        endpoint: String,
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+}
+
 /// Installs the global subscriber. With an OTLP endpoint spans are also exported (batched, from a
 /// background thread) under `service_name`. Must run inside the Tokio runtime (the gRPC exporter's
 /// connection lives there).
-pub fn init(json: bool, otlp: Option<(&str, &str)>) -> Result<Telemetry, String> {
+pub fn init(json: bool, otlp: Option<(&str, &str)>) -> Result<Telemetry, TelemetryError> {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
@@ -50,7 +60,10 @@ pub fn init(json: bool, otlp: Option<(&str, &str)>) -> Result<Telemetry, String>
         .with_tonic()
         .with_endpoint(endpoint)
         .build()
-        .map_err(|e| format!("cannot set up the OTLP exporter for {endpoint}: {e}"))?;
+        .map_err(|source| TelemetryError::Exporter {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
     let provider = SdkTracerProvider::builder()
         .with_resource(
             Resource::builder()

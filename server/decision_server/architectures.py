@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decision_server import choices
+
 DECODER = "decoder"
 TRANSFORMERS = "transformers"
 # transformers' generic loader, for architectures the registry does not list.
 AUTO_CAUSAL_LM = "AutoModelForCausalLM"
 
-ENGINE_NAMES = ("tree", "fork", "naive")
+ENGINE_NAMES = choices.ENGINE_NAMES
 # `--read-mode` values: auto picks tree for all-attention models and fork for hybrids.
-READ_MODES = ("auto", *ENGINE_NAMES)
+READ_MODES = choices.READ_MODES
 # Reads of block-diffusion models: an encoder pass per prompt, then one bidirectional step per canvas. Not a
 # `--read-mode`: the architecture decides it (auto), and the next-token engines cannot read these models.
 CANVAS_ENGINE = "canvas"
@@ -156,6 +158,11 @@ def joint_schema_family(architecture: str, folder: Path | None) -> JointSchemaFa
     if family is None or folder is None or not (folder / JOINT_HEAD_MARKER).is_file():
         return None
     return family
+
+
+def read_kind(engine: str) -> str:
+    """The Read kind the engine computes, reported in Info: the router loads the strategy of that kind."""
+    return {POOLED_ENGINE: POOLED, CANVAS_ENGINE: CANVAS}.get(engine, NEXT_TOKEN)
 
 
 def lookup(architecture: str) -> Architecture:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from decision_server import choices
 from decision_server.logs import setup_logging
 from decision_server.paths import keep_compiled_kernels, matmul_record
 
@@ -68,14 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--dtype",
-        choices=("auto", "float32", "bfloat16", "float16"),
+        choices=choices.DTYPE_CHOICES,
         default="auto",
         help="Compute dtype; auto is float32 on CPU and bfloat16 on CUDA.",
     )
     serve.add_argument(
         "--read-mode",
-        # architectures.READ_MODES, spelled out so parsing flags imports no torch (a test checks they agree).
-        choices=("auto", "tree", "fork", "naive"),
+        choices=choices.READ_MODES,
         default="auto",
         help="Engine that runs the reads. tree: one masked forward pass over the batch's unique tokens (exact only "
         "when every layer is attention); fork: prefill each shared head once, copy the model's cache/state per "
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--matmul",
-        choices=("auto", "exact", "fast", "split", "widen"),  # layers.MATMUL_CHOICES (not imported: it pulls in torch)
+        choices=choices.MATMUL_CHOICES,
         default="auto",
         help="How float32 linear layers multiply on CPU. exact: torch's F.linear (MKL), the sums transformers' own "
         "forward computes (labels within 1e-5 of it). fast: oneDNN's prepacked GEMM, the kernel vLLM's CPU backend "
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--compile",
-        choices=("auto", "off"),  # fused.COMPILE_MODES (not imported: it pulls in torch)
+        choices=choices.COMPILE_MODES,
         default="auto",
         help="auto: run the decoder's layers between attentions as one compiled graph (torch.compile, inductor: "
         "out projection, norms, gated MLP, QKV, rotary; attention eager between calls) on every device, which "

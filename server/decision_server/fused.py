@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
+from decision_server import choices
 from decision_server.paths import INDUCTOR_CACHE_ENV, keep_compiled_kernels
 
 logger = logging.getLogger(__name__)
 
-COMPILE_MODES = ("auto", "off")
+COMPILE_MODES = choices.COMPILE_MODES
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 _twins: dict[Callable[..., Any], Callable[..., Any]] = {}

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decision_server import split_gemm
+from decision_server import choices, split_gemm
 from decision_server.checkpoint import Checkpoint
 from decision_server.distributed import ShardGroup
 
@@ -29,7 +29,7 @@ PLAIN_MATMUL_ENV = "DECISION_PLAIN_MATMUL"
 # transformers' own forward (MKL's float32 GEMM), "fast" runs oneDNN's prepacked float32 GEMM (the kernel vLLM's
 # CPU backend uses), "split" runs two bfloat16 GEMMs on each activation's high and low bfloat16 parts with float32
 # sums (`split_gemm`); "auto" times them on this CPU at load (`resolve_matmul`).
-MATMUL_MODES = ("exact", "fast", "split")
+MATMUL_MODES = choices.MATMUL_MODES
 # How bfloat16 and float16 linear layers multiply on CPU: "exact" runs oneDNN's prepacked half-precision GEMM (the
 # kernel vLLM's CPU backend runs), "widen" holds the weights widened to float32 (exactly: every half-precision value
 # is a float32 value) and runs MKL's float32 GEMM on the activations widened the same way, rounding its output to the
@@ -37,8 +37,8 @@ MATMUL_MODES = ("exact", "fast", "split")
 # Where bfloat16 has no faster multiplier than float32 (an Intel Xeon without AMX: oneDNN's AVX512-BF16 kernel ran
 # 170 GFLOP/s against float32's 305; an AVX2-only CPU, where F.linear converts the weight on every call) widening
 # is the faster GEMM, at twice the weights' memory.
-HALF_MATMUL_MODES = ("exact", "widen")
-MATMUL_CHOICES = ("auto", *MATMUL_MODES, "widen")
+HALF_MATMUL_MODES = choices.HALF_MATMUL_MODES
+MATMUL_CHOICES = choices.MATMUL_CHOICES
 # `--matmul auto` widens half-precision weights only when the float32 copies' extra bytes are at most this share of
 # the memory free at load, so a large model never trades its prefix cache (or the machine) for a faster GEMM.
 WIDEN_MEMORY_SHARE = 0.5

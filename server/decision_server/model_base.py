@@ -11,14 +11,11 @@ from typing import Any
 
 import torch
 
+from decision_server import choices
 from decision_server.prefix_cache import KeyValues
 from decision_server.segments import SegmentLayout
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in choices.DTYPE_NAMES}
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -14,6 +14,7 @@ from typing import TypeVar
 import grpc
 
 from decision_server import fused
+from decision_server.architectures import read_kind
 from decision_server.engines import (
     BatchOutcome,
     CanvasBatchOutcome,
@@ -330,6 +331,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             compiled_layers=model.compiled_layers,
             batch_token_budget=self._engine.batch_budget.tokens,
             batch_budget_rule=self._engine.batch_budget.rule,
+            read_kind=read_kind(self._engine.name),
         )
 
     async def _health(self) -> decision_pb2.HealthResponse:

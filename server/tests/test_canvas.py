@@ -132,6 +132,7 @@ def test_the_architecture_picks_the_canvas_engine(diffusion: LoadedModel, stub: 
             choose_engine(mode, diffusion.architecture, diffusion.text_config)
     assert stub.Info(decision_pb2.InfoRequest()).engine == "canvas"
     assert stub.Info(decision_pb2.InfoRequest()).implementation == "transformers"
+    assert stub.Info(decision_pb2.InfoRequest()).read_kind == "canvas"
 
 
 def test_slot_0_equals_the_model_forward(stub: Any, reference: Any, tokenizer: Any) -> None:

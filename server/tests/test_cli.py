@@ -232,3 +232,18 @@ def test_the_command_line_sets_openmp_up_before_torch_loads() -> None:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     ran = subprocess.run([sys.executable, "-c", run_main], capture_output=True, text=True, check=True, env=env)
     assert ran.stdout.split() == ["1", "PASSIVE"]
+
+
+def test_the_option_flags_take_the_choices_module_values_and_it_needs_no_torch() -> None:
+    from decision_server import choices
+    from decision_server.cli import build_parser
+
+    parser = build_parser()
+    (serve,) = [action for action in parser._subparsers._group_actions if action.dest == "command"]  # type: ignore[union-attr]
+    by_flag = {a.option_strings[0]: a for a in serve.choices["serve"]._actions if a.option_strings}  # type: ignore[index]
+    for flag, values in choices.SERVE_CHOICES.items():
+        assert tuple(by_flag[flag].choices) == values, flag
+        assert by_flag[flag].default == "auto", flag
+    probe = "import sys, decision_server.choices; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

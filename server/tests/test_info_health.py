@@ -33,6 +33,7 @@ def test_info_and_health(request: pytest.FixtureRequest, shard: Any, name: str, 
     assert info.device == "cpu"
     assert (info.world_size, info.rank) == (1, 0)
     assert info.engine == mode
+    assert info.read_kind == "next_token"
     assert info.implementation == "decoder"
     # Every engine reports the batch budget; on CPU without a flag, the CPU default.
     cpu_default = (CPU_TOKENS, f"auto on cpu: {CPU_TOKENS} tokens, the CPU default")

@@ -404,7 +404,7 @@ def test_the_shard_batches_pooled_reads_and_refuses_other_kinds(clef: tuple[str,
     other = tokenizer("Another state entirely", add_special_tokens=False)["input_ids"] + ids
     with running_shard(model, make_engine("auto", model)) as stub:
         info = stub.Info(decision_pb2.InfoRequest())
-        assert (info.engine, info.implementation) == ("pooled", "transformers")
+        assert (info.engine, info.implementation, info.read_kind) == ("pooled", "transformers", "pooled")
         assert decision_pb2.IMAGE in list(info.modalities)
         alone = [
             stub.Read(decision_pb2.ReadRequest(reads=[pooled_read(i, p, questions)])) for i, p in ((0, ids), (1, other))

@@ -10,12 +10,13 @@ use axum::response::Response;
 
 use super::responses::error_response;
 use super::state::AppState;
+use crate::config::Secret;
 use crate::error::DecisionError;
 use crate::profile::Shape;
 
 /// `Authorization: Bearer <key>` when an API key is configured; any header is fine otherwise.
 pub(super) fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), DecisionError> {
-    let Some(expected) = state.config.api_key.as_deref() else {
+    let Some(expected) = state.config.flags.api_key.as_ref().map(Secret::expose) else {
         return Ok(());
     };
     let given = headers
@@ -46,7 +47,7 @@ pub(super) async fn ops_guard(
     request: Request,
     next: Next,
 ) -> Response {
-    if !state.config.public_ops {
+    if !state.config.flags.public_ops {
         if let Err(e) = authorize(&state, request.headers()) {
             return error_response(&state, Shape::SystemOne, e);
         }
@@ -62,7 +63,7 @@ mod tests {
     use serde_json::Value;
 
     use super::super::testing::{call, get, get_with_key, state_with, text};
-    use crate::config::Config;
+    use crate::config::{Config, Secret};
 
     const OPS_ROUTES: [&str; 4] = ["/metrics", "/info", "/docs", "/api-doc/openapi.json"];
 
@@ -141,11 +142,14 @@ mod tests {
             "--api-key-file",
             path.to_str().unwrap(),
         ]);
-        config.load_api_key_file().unwrap();
-        assert_eq!(config.api_key.as_deref(), Some("from-a-file"));
+        config.flags.load_api_key_file().unwrap();
+        assert_eq!(
+            config.flags.api_key.as_ref().map(Secret::expose),
+            Some("from-a-file")
+        );
         std::fs::write(&path, "\n").unwrap();
-        let error = config.load_api_key_file().unwrap_err();
-        assert!(error.contains("is empty"), "{error}");
+        let error = config.flags.load_api_key_file().unwrap_err();
+        assert!(error.to_string().contains("is empty"), "{error}");
         std::fs::remove_file(&path).ok();
         assert!(Config::try_parse_from([
             "decision-router",

@@ -324,7 +324,7 @@ impl AsyncWrite for ClientClock {
 /// The connection bounds from the flags, with the connection cap kept below the open-file limit
 /// (the shard sockets, the tokenizer's files and the logs need descriptors too).
 pub(super) fn connection_limits(config: &Config) -> ConnectionLimits {
-    let mut max_connections = usize::try_from(config.max_connections).unwrap_or(usize::MAX);
+    let mut max_connections = usize::try_from(config.flags.max_connections).unwrap_or(usize::MAX);
     if let Some(files) = open_file_limit() {
         let room = files.saturating_sub(64).max(1);
         if room < max_connections {
@@ -338,8 +338,8 @@ pub(super) fn connection_limits(config: &Config) -> ConnectionLimits {
     }
     ConnectionLimits {
         max_connections,
-        header_read_timeout: Duration::from_secs(config.header_read_timeout_secs),
-        keep_alive_timeout: Duration::from_secs(config.keep_alive_timeout_secs),
+        header_read_timeout: Duration::from_secs(config.flags.header_read_timeout_secs),
+        keep_alive_timeout: Duration::from_secs(config.flags.keep_alive_timeout_secs),
     }
 }
 

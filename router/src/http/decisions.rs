@@ -29,7 +29,7 @@ impl DecisionRoute for SystemOne {
     }
 
     fn parse(state: &AppState, body: &Value, _: Shape) -> Result<Self::Request, DecisionError> {
-        let parsed = systemone::parse(body, &state.decider.limits, state.config.compat)?;
+        let parsed = systemone::parse(body, &state.decider.limits, state.config.flags.compat)?;
         Ok(Arc::new(parsed))
     }
 
@@ -47,7 +47,7 @@ impl DecisionRoute for SystemOne {
                 &request,
                 &decided.decision,
                 &state.model_name,
-                state.config.compat,
+                state.config.flags.compat,
             ),
             timing: decided.timing,
         })
@@ -73,11 +73,11 @@ impl DecisionRoute for Decisions {
     fn parse(state: &AppState, body: &Value, shape: Shape) -> Result<Self::Request, DecisionError> {
         let limits = &state.decider.limits;
         if shape == Shape::Sglang {
-            let limits = &state.config.compat.limits(Shape::Sglang, limits);
+            let limits = &state.config.flags.compat.limits(Shape::Sglang, limits);
             let parsed = sglang::parse(body, limits, state.decider.prompt_format())?;
             Ok(DecisionsRequest::Sglang(parsed))
         } else {
-            let parsed = openai::parse(body, limits, state.config.compat)?;
+            let parsed = openai::parse(body, limits, state.config.flags.compat)?;
             Ok(DecisionsRequest::OpenAi(parsed))
         }
     }
@@ -114,7 +114,7 @@ impl DecisionRoute for Decisions {
                         &parsed,
                         &decided.decision,
                         &state.model_name,
-                        state.config.compat,
+                        state.config.flags.compat,
                     ),
                     timing: decided.timing,
                 })

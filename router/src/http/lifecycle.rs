@@ -8,28 +8,30 @@ use std::sync::Arc;
 
 use super::connections;
 use super::routes::app;
-use super::state::{build_state, AppState};
+use super::state::{build_state, AppState, StartupError};
 use crate::config::Config;
 use crate::shard::ShardSet;
 
 /// Connects to the shards, checks the model's labels, and serves until SIGINT/SIGTERM.
-pub async fn run(config: Config) -> Result<(), String> {
+pub async fn run(config: Config) -> Result<(), StartupError> {
     let shards = ShardSet::connect(&config.shard_uds_path).await?;
-    shards.health().await.map_err(|e| e.to_string())?;
+    shards.health().await.map_err(StartupError::Unhealthy)?;
     let info = shards.info.clone();
     tracing::info!(architecture = %info.architecture, dtype = %info.dtype, world_size = info.world_size, engine = %info.engine, implementation = %info.implementation, "connected to shards");
     let state = build_state(config, shards)?;
-    let addr: SocketAddr = format!("{}:{}", state.config.hostname, state.config.port)
+    let address = format!(
+        "{}:{}",
+        state.config.flags.hostname, state.config.flags.port
+    );
+    let addr: SocketAddr = address
         .parse()
-        .map_err(|e| {
-            format!(
-                "invalid listen address {}:{}: {e}",
-                state.config.hostname, state.config.port
-            )
-        })?;
+        .map_err(|source| StartupError::Address { address, source })?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        .map_err(|source| StartupError::Listen {
+            address: addr,
+            source,
+        })?;
     let limits = connections::connection_limits(&state.config);
     tracing::info!(%addr, model = %state.model_name, max_connections = limits.max_connections, "router ready");
     let state = Arc::new(state);
@@ -97,12 +99,11 @@ struct Signals {
 }
 
 impl Signals {
-    fn install() -> Result<Self, String> {
+    fn install() -> Result<Self, StartupError> {
         use tokio::signal::unix::{signal, SignalKind};
-        let error = |e: std::io::Error| format!("cannot install the SIGINT/SIGTERM handlers: {e}");
         Ok(Signals {
-            interrupt: signal(SignalKind::interrupt()).map_err(error)?,
-            terminate: signal(SignalKind::terminate()).map_err(error)?,
+            interrupt: signal(SignalKind::interrupt()).map_err(StartupError::Signals)?,
+            terminate: signal(SignalKind::terminate()).map_err(StartupError::Signals)?,
         })
     }
 

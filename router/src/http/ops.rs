@@ -71,8 +71,8 @@ pub(super) async fn info_handler(
     headers: HeaderMap,
 ) -> Response {
     // Only a caller that presented the key learns where the model lives on disk.
-    let keyed = state.config.api_key.is_some() && authorize(&state, &headers).is_ok();
-    if !keyed && !state.config.public_ops {
+    let keyed = state.config.flags.api_key.is_some() && authorize(&state, &headers).is_ok();
+    if !keyed && !state.config.flags.public_ops {
         if let Err(e) = authorize(&state, &headers) {
             return error_response(&state, Shape::SystemOne, e);
         }
@@ -121,15 +121,15 @@ pub(super) async fn info_handler(
             "max_input_tokens": limits.max_input_tokens,
             "max_body_bytes": limits.max_body_bytes,
             "max_batch_prefill_tokens": state.batch_budget.tokens,
-            "max_batch_wait_ms": state.config.max_batch_wait_ms,
-            "max_queued_reads": state.config.max_queued_reads,
-            "request_timeout_secs": state.config.request_timeout_secs,
-            "header_read_timeout_secs": state.config.header_read_timeout_secs,
-            "body_read_timeout_secs": state.config.body_read_timeout_secs,
-            "keep_alive_timeout_secs": state.config.keep_alive_timeout_secs,
+            "max_batch_wait_ms": state.config.flags.max_batch_wait_ms,
+            "max_queued_reads": state.config.flags.max_queued_reads,
+            "request_timeout_secs": state.config.flags.request_timeout_secs,
+            "header_read_timeout_secs": state.config.flags.header_read_timeout_secs,
+            "body_read_timeout_secs": state.config.flags.body_read_timeout_secs,
+            "keep_alive_timeout_secs": state.config.flags.keep_alive_timeout_secs,
             "max_connections": connection_limits(&state.config).max_connections,
         },
-        "compat": state.config.compat.name(),
+        "compat": state.config.flags.compat.name(),
         "version": env!("CARGO_PKG_VERSION"),
     });
     if keyed {
@@ -217,11 +217,11 @@ fn html_escape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::state::build_state;
+    use super::super::state::{build_state, StartupError};
     use super::super::testing::{call, get, state_with, test_state, text};
     use super::*;
     use crate::config::Config;
-    use crate::queue::{BatchBudget, BudgetSource};
+    use crate::queue::{BatchBudget, BudgetError, BudgetSource};
     use crate::shard::ShardSet;
     use clap::Parser;
 
@@ -284,7 +284,11 @@ mod tests {
         let error = build_state(config, silent.clone())
             .err()
             .expect("no budget");
-        assert!(error.contains("--max-batch-prefill-tokens"), "{error}");
+        assert!(
+            matches!(error, StartupError::BatchBudget(BudgetError::NoneReported)),
+            "{error}"
+        );
+        assert!(error.to_string().contains("--max-batch-prefill-tokens"));
         let config = Config::parse_from([
             "decision-router",
             "--model-dir",

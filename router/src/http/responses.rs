@@ -14,7 +14,7 @@ use crate::queue::ReadTiming;
 
 /// Renders an error in a shape, with the status the profile gives it there.
 pub(super) fn error_response(state: &AppState, shape: Shape, error: DecisionError) -> Response {
-    let status = state.config.compat.status(&error, shape);
+    let status = state.config.flags.compat.status(&error, shape);
     if status.is_server_error() {
         tracing::error!(%status, "{error}");
     } else {
@@ -22,7 +22,7 @@ pub(super) fn error_response(state: &AppState, shape: Shape, error: DecisionErro
     }
     let body = match shape {
         Shape::SystemOne => {
-            systemone::error_body(&error, state.config.compat.error_type(&error, shape))
+            systemone::error_body(&error, state.config.flags.compat.error_type(&error, shape))
         }
         Shape::OpenAi => openai::error_body(&error),
         Shape::Sglang => sglang::error_body(&error, status.as_u16()),

@@ -18,7 +18,7 @@ use super::prologue;
 use super::state::AppState;
 
 pub fn app(state: Arc<AppState>) -> Router {
-    let body_time = Duration::from_secs(state.config.body_read_timeout_secs);
+    let body_time = Duration::from_secs(state.config.flags.body_read_timeout_secs);
     Router::new()
         .merge(decision_routes())
         .route("/v1/models", get(ops::models_handler))

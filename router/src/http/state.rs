@@ -1,6 +1,7 @@
 //! What every handler shares: the flags, the decider (strategy, queue, limits, media), the shards, the
 //! metrics recorder, and the drain's flag and in-flight count. Built once at startup.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -10,12 +11,14 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use super::connections::ConnectionStats;
 use crate::config::Config;
 use crate::decide::Decider;
+use crate::error::DecisionError;
 use crate::ir::{ChoiceOption, Modality, QuestionKind};
 use crate::limits::Limits;
-use crate::media::{Fetcher, MediaPolicy};
+
+use crate::media::{Fetcher, MediaPolicy, PolicyError};
 use crate::prompt;
-use crate::queue::{BatchBudget, BudgetSource, Queue, QueueConfig};
-use crate::shard::ShardSet;
+use crate::queue::{BatchBudget, BudgetError, BudgetSource, Queue, QueueConfig};
+use crate::shard::{ShardConnectError, ShardSet};
 
 pub struct AppState {
     pub config: Config,
@@ -98,8 +101,35 @@ fn shard_modalities(info: &decision_proto::v1::InfoResponse) -> Vec<Modality> {
         .collect()
 }
 
-pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String> {
-    let model_name = config.served_model_name.clone().unwrap_or_else(|| {
+/// Why the router cannot start serving: each names what failed and where.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Shards(#[from] ShardConnectError),
+    #[error("the shards are not healthy: {0}")]
+    Unhealthy(DecisionError),
+    #[error(transparent)]
+    MediaPolicy(#[from] PolicyError),
+    #[error("cannot build the media HTTP client: {0}")]
+    MediaClient(#[from] reqwest::Error),
+    #[error(transparent)]
+    BatchBudget(#[from] BudgetError),
+    #[error("invalid listen address {address}: {source}")]
+    Address {
+        address: String,
+        source: std::net::AddrParseError,
+    },
+    #[error("cannot listen on {address}: {source}")]
+    Listen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, StartupError> {
+    let model_name = config.flags.served_model_name.clone().unwrap_or_else(|| {
         config
             .model_dir()
             .file_name()
@@ -109,14 +139,16 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
     let max_positions = shards.info.max_position_embeddings as usize;
     let strategy: Result<Arc<dyn prompt::ReadStrategy>, String> = prompt::strategy_for(
         &shards.info.architecture,
+        &shards.info.read_kind,
         &config.model_dir(),
         &prompt::StrategyOptions {
             max_positions: max_positions.max(1),
-            wording: config.compat.wording(),
+            wording: config.flags.compat.wording(),
             modalities: shard_modalities(&shards.info),
         },
     )
-    .map(Arc::from);
+    .map(Arc::from)
+    .map_err(|e| e.to_string());
     match &strategy {
         Ok(s) => {
             for kind in probe_kinds() {
@@ -128,17 +160,17 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         Err(reason) => tracing::warn!("decision routes will answer 501: {reason}"),
     }
     let limits = Limits {
-        max_input_tokens: config.max_input_tokens,
-        max_body_bytes: config.max_body_bytes,
+        max_input_tokens: config.flags.max_input_tokens,
+        max_body_bytes: config.flags.max_body_bytes,
         ..Limits::default()
     };
     let media = MediaPolicy::from_config(&config)?;
     let fetcher = Fetcher::new(&media)?;
     if !media.allow_hosts.is_empty() {
-        tracing::info!(hosts = %config.media_allow_hosts.join(","), "media URLs are fetched from these hosts");
+        tracing::info!(hosts = %config.flags.media_allow_hosts.join(","), "media URLs are fetched from these hosts");
     }
     let batch_budget = BatchBudget::choose(
-        config.max_batch_prefill_tokens,
+        config.flags.max_batch_prefill_tokens,
         shards.info.batch_token_budget,
     )?;
     if batch_budget.source == BudgetSource::Flag
@@ -162,8 +194,8 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
         shards.clone(),
         QueueConfig {
             max_batch_prefill_tokens: batch_budget.tokens,
-            max_batch_wait: Duration::from_millis(config.max_batch_wait_ms),
-            max_queued_reads: config.max_queued_reads,
+            max_batch_wait: Duration::from_millis(config.flags.max_batch_wait_ms),
+            max_queued_reads: config.flags.max_queued_reads,
         },
     );
     Ok(AppState {
@@ -174,7 +206,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, String>
             limits,
             media,
             fetcher,
-            request_timeout: config.request_timeout(),
+            request_timeout: config.flags.request_timeout(),
             shards: shards.clone(),
         },
         shards,

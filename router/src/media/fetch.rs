@@ -121,7 +121,7 @@ impl FetchError {
 impl Fetcher {
     /// A client under the policy's host rules and timeout: no proxy (an environment's `HTTP_PROXY`
     /// would bypass the address rules), no automatic redirects, no decompression.
-    pub fn new(policy: &MediaPolicy) -> Result<Self, String> {
+    pub fn new(policy: &MediaPolicy) -> Result<Self, reqwest::Error> {
         let allow = Arc::new(policy.allow_hosts.clone());
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -132,8 +132,7 @@ impl Fetcher {
             .connect_timeout(policy.fetch_timeout)
             .timeout(policy.fetch_timeout)
             .user_agent(concat!("decision-inference/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| format!("cannot build the media HTTP client: {e}"))?;
+            .build()?;
         Ok(Fetcher {
             client,
             allow,

@@ -26,7 +26,7 @@ use crate::ir::{Media, Modality};
 
 pub use fetch::{FetchError, Fetcher, MAX_REDIRECTS};
 pub use image::{ImageFormat, ImageHeader, ImageHeaderError};
-pub use policy::{AllowList, HostRule, MediaPolicy};
+pub use policy::{AllowList, HostRule, MediaPolicy, PolicyError};
 
 /// Items of one request fetched at once.
 pub const MAX_CONCURRENT_FETCHES: usize = 4;

@@ -48,20 +48,29 @@ impl Default for MediaPolicy {
     }
 }
 
+/// Why the media flags do not make a policy.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error(
+        "--media-allow-hosts: '{0}' is not a host name, an IP address, '*.domain' or '*' (no scheme, port or path)"
+    )]
+    NotAHost(String),
+}
+
 impl MediaPolicy {
-    pub fn from_config(config: &Config) -> Result<Self, String> {
+    pub fn from_config(config: &Config) -> Result<Self, PolicyError> {
         Ok(MediaPolicy {
-            allow_hosts: AllowList::parse(&config.media_allow_hosts)?,
-            fetch_timeout: Duration::from_secs(config.media_fetch_timeout_secs),
-            max_item_bytes: config.max_media_bytes,
-            max_items: config.max_media_items,
-            max_images: config.max_image_items,
-            max_audio: config.max_audio_items,
-            max_videos: config.max_video_items,
-            max_image_pixels: config.max_image_pixels,
-            max_video_seconds: config.max_video_seconds,
-            max_video_frames: config.max_video_frames,
-            max_audio_seconds: config.max_audio_seconds,
+            allow_hosts: AllowList::parse(&config.flags.media_allow_hosts)?,
+            fetch_timeout: Duration::from_secs(config.flags.media_fetch_timeout_secs),
+            max_item_bytes: config.flags.max_media_bytes,
+            max_items: config.flags.max_media_items,
+            max_images: config.flags.max_image_items,
+            max_audio: config.flags.max_audio_items,
+            max_videos: config.flags.max_video_items,
+            max_image_pixels: config.flags.max_image_pixels,
+            max_video_seconds: config.flags.max_video_seconds,
+            max_video_frames: config.flags.max_video_frames,
+            max_audio_seconds: config.flags.max_audio_seconds,
         })
     }
 
@@ -113,7 +122,7 @@ impl AllowList {
     }
 
     /// Entries as the flag gives them (a comma list, already split or not); blanks are skipped.
-    pub fn parse<S: AsRef<str>>(items: &[S]) -> Result<Self, String> {
+    pub fn parse<S: AsRef<str>>(items: &[S]) -> Result<Self, PolicyError> {
         let mut list = AllowList::default();
         for raw in items.iter().flat_map(|s| s.as_ref().split(',')) {
             let entry = raw.trim();
@@ -145,9 +154,7 @@ impl AllowList {
                             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
                 });
             if !valid {
-                return Err(format!(
-                    "--media-allow-hosts: '{entry}' is not a host name, an IP address, '*.domain' or '*' (no scheme, port or path)"
-                ));
+                return Err(PolicyError::NotAHost(entry.to_owned()));
             }
             list.entries.push(if pattern {
                 HostEntry::Subdomains(name)
@@ -275,7 +282,12 @@ mod tests {
                 assert!(parsed.is_ok());
             } else {
                 let e = parsed.unwrap_err();
-                assert!(e.contains("--media-allow-hosts") && e.contains(bad), "{e}");
+                assert_eq!(e, PolicyError::NotAHost(bad.to_owned()));
+                let text = e.to_string();
+                assert!(
+                    text.contains("--media-allow-hosts") && text.contains(bad),
+                    "{text}"
+                );
             }
         }
     }

@@ -30,7 +30,8 @@ impl ChatPrompts {
         let tokenizer = Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| format!("cannot load {}: {e}", tokenizer_path.display()))?;
         let template = ChatTemplate::from_model_dir(model_dir).map_err(|e| e.to_string())?;
-        let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))?;
+        let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))
+            .map_err(|e| e.to_string())?;
         let bound = TokenBound::of(&tokenizer);
         match &bound {
             Some(b) => tracing::info!(

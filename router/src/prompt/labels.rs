@@ -9,19 +9,45 @@ use tokenizers::Tokenizer;
 use super::template::{ChatTemplate, Message};
 use super::wording::{self, LabelScheme, DIGITS, LETTERS, YES_NO};
 
+/// Why a label set cannot be read on this model (kept per set: its question type answers 501 with it).
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LabelError {
+    #[error("rendering {what} failed: {message}")]
+    Render { what: &'static str, message: String },
+    #[error("tokenizing {what} failed: {message}")]
+    Tokenize { what: String, message: String },
+    #[error("the chat template drops assistant replies")]
+    DropsReplies,
+    #[error("the chat template closes a reply with no special end-of-turn token")]
+    NoEndOfTurn,
+    #[error("label '{label}' changes the chat template's reply prefix when tokenized")]
+    ChangesPrefix { label: String },
+    #[error(
+        "label '{label}' is not a single token after the chat template's reply prefix {prefix:?} (it encodes as {got:?} after {tail:?})"
+    )]
+    NotOneToken {
+        label: String,
+        prefix: String,
+        got: Vec<u32>,
+        tail: Vec<u32>,
+    },
+    #[error("label '{label}' shares token {id} with another label of its set")]
+    SharedToken { label: String, id: u32 },
+}
+
 /// Which token answers each label, for one model.
 #[derive(Clone, Debug)]
 pub struct LabelVocabulary {
     /// Token ids after the last added/special token of a rendered prompt (the reply prefix).
     pub tail: Vec<u32>,
-    pub letters: Result<Vec<u32>, String>,
-    pub yes_no: Result<Vec<u32>, String>,
-    pub digits: Result<Vec<u32>, String>,
+    pub letters: Result<Vec<u32>, LabelError>,
+    pub yes_no: Result<Vec<u32>, LabelError>,
+    pub digits: Result<Vec<u32>, LabelError>,
     /// For choices beyond 26 options: every option code (A.., AA..) as an exact token sequence
     /// closed by the template's end-of-turn token, so that no code is a prefix of another.
-    pub codes: Result<Vec<Vec<u32>>, String>,
+    pub codes: Result<Vec<Vec<u32>>, LabelError>,
     /// SGLang's two-letter labels AA, AB, … (only usable where each is one distinct token).
-    pub two_letter: Result<Vec<u32>, String>,
+    pub two_letter: Result<Vec<u32>, LabelError>,
 }
 
 impl LabelVocabulary {
@@ -30,13 +56,20 @@ impl LabelVocabulary {
         tokenizer: &Tokenizer,
         template: &ChatTemplate,
         kwargs: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, LabelError> {
         let probe = template
             .render(&[Message::new("user", "probe")], true, kwargs)
-            .map_err(|e| format!("rendering the label-check probe failed: {e}"))?;
-        let encoding = tokenizer
-            .encode(probe.as_str(), false)
-            .map_err(|e| format!("tokenizing the probe failed: {e}"))?;
+            .map_err(|e| LabelError::Render {
+                what: "the label-check probe",
+                message: e.to_string(),
+            })?;
+        let encoding =
+            tokenizer
+                .encode(probe.as_str(), false)
+                .map_err(|e| LabelError::Tokenize {
+                    what: "the probe".into(),
+                    message: e.to_string(),
+                })?;
         let ids = encoding.get_ids();
         let added: HashSet<u32> = tokenizer
             .get_added_tokens_decoder()
@@ -73,8 +106,8 @@ impl LabelVocabulary {
     }
 
     /// The label token sequence of each of `n` answers under a scheme, or why this model cannot read them.
-    pub fn sequences(&self, scheme: LabelScheme, n: usize) -> Result<Vec<Vec<u32>>, String> {
-        let singles = |set: &Result<Vec<u32>, String>| {
+    pub fn sequences(&self, scheme: LabelScheme, n: usize) -> Result<Vec<Vec<u32>>, LabelError> {
+        let singles = |set: &Result<Vec<u32>, LabelError>| {
             set.as_ref()
                 .map(|ids| ids.iter().take(n).map(|&id| vec![id]).collect())
                 .map_err(Clone::clone)
@@ -99,7 +132,7 @@ fn end_of_turn(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
     kwargs: &serde_json::Map<String, serde_json::Value>,
-) -> Result<u32, String> {
+) -> Result<u32, LabelError> {
     const REPLY: &str = "Probe reply";
     let text = template
         .render(
@@ -110,14 +143,20 @@ fn end_of_turn(
             false,
             kwargs,
         )
-        .map_err(|e| format!("rendering a finished reply failed: {e}"))?;
+        .map_err(|e| LabelError::Render {
+            what: "a finished reply",
+            message: e.to_string(),
+        })?;
     let end = text
         .rfind(REPLY)
         .map(|i| i + REPLY.len())
-        .ok_or("the chat template drops assistant replies")?;
+        .ok_or(LabelError::DropsReplies)?;
     let encoding = tokenizer
         .encode(text.as_str(), false)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| LabelError::Tokenize {
+            what: "a finished reply".into(),
+            message: e.to_string(),
+        })?;
     let added: HashSet<u32> = tokenizer
         .get_added_tokens_decoder()
         .keys()
@@ -130,9 +169,7 @@ fn end_of_turn(
         .find(|(_, (start, _))| *start >= end)
         .map(|(id, _)| *id)
         .filter(|id| added.contains(id))
-        .ok_or_else(|| {
-            "the chat template closes a reply with no special end-of-turn token".to_owned()
-        })
+        .ok_or(LabelError::NoEndOfTurn)
 }
 
 fn code_sequences(
@@ -140,18 +177,19 @@ fn code_sequences(
     tail: &[u32],
     tail_text: &str,
     eot: u32,
-) -> Result<Vec<Vec<u32>>, String> {
+) -> Result<Vec<Vec<u32>>, LabelError> {
     let mut sequences = Vec::with_capacity(wording::MAX_OPTION_CODES);
     for code in (0..wording::MAX_OPTION_CODES).map(wording::option_code) {
         let text = format!("{tail_text}{code}");
         let encoded = tokenizer
             .encode(text.as_str(), false)
-            .map_err(|e| format!("tokenizing label '{code}' failed: {e}"))?;
+            .map_err(|e| LabelError::Tokenize {
+                what: format!("label '{code}'"),
+                message: e.to_string(),
+            })?;
         let got = encoded.get_ids();
         if got.len() <= tail.len() || &got[..tail.len()] != tail {
-            return Err(format!(
-                "label '{code}' changes the chat template's reply prefix when tokenized"
-            ));
+            return Err(LabelError::ChangesPrefix { label: code });
         }
         let mut sequence = got[tail.len()..].to_vec();
         sequence.push(eot);
@@ -165,25 +203,31 @@ pub(crate) fn check_set(
     tail: &[u32],
     tail_text: &str,
     labels: &[&str],
-) -> Result<Vec<u32>, String> {
+) -> Result<Vec<u32>, LabelError> {
     let mut ids = Vec::with_capacity(labels.len());
     for label in labels {
         let text = format!("{tail_text}{label}");
         let encoded = tokenizer
             .encode(text.as_str(), false)
-            .map_err(|e| format!("tokenizing label '{label}' failed: {e}"))?;
+            .map_err(|e| LabelError::Tokenize {
+                what: format!("label '{label}'"),
+                message: e.to_string(),
+            })?;
         let got = encoded.get_ids();
         if got.len() != tail.len() + 1 || &got[..tail.len()] != tail {
-            return Err(format!(
-                "label '{label}' is not a single token after the chat template's reply prefix {tail_text:?} (it encodes as {:?} after {:?})",
-                got, tail
-            ));
+            return Err(LabelError::NotOneToken {
+                label: (*label).to_owned(),
+                prefix: tail_text.to_owned(),
+                got: got.to_vec(),
+                tail: tail.to_vec(),
+            });
         }
         let id = got[tail.len()];
         if ids.contains(&id) {
-            return Err(format!(
-                "label '{label}' shares token {id} with another label of its set"
-            ));
+            return Err(LabelError::SharedToken {
+                label: (*label).to_owned(),
+                id,
+            });
         }
         ids.push(id);
     }

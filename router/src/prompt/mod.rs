@@ -19,7 +19,7 @@ use crate::probability;
 use crate::read::{first_tokens, ReadOutcome, RowOutcome};
 pub use crate::read::{LabelGroup, PreparedRead};
 pub use next_token::NextTokenStrategy;
-pub use registry::strategy_for;
+pub use registry::{strategy_for, RegistryError, ShardReadKind};
 use wording::{PromptFormat, Wording};
 
 /// What the registry loads a strategy with, besides the model folder.
@@ -29,8 +29,8 @@ pub struct StrategyOptions {
     pub max_positions: usize,
     /// The profile's wording; a strategy that owns its wording (Liquid d1) ignores it.
     pub wording: Wording,
-    /// The media kinds the strategy may read: what the shard's model folder can process (it has a
-    /// processor), narrowed by the registry to what the architecture's strategy reads.
+    /// The media kinds the strategy reads: the shard's Info `modalities`, which its registry decides
+    /// (what the architecture reads, narrowed to what the folder's processor takes).
     pub modalities: Vec<Modality>,
 }
 

@@ -351,7 +351,9 @@ mod tests {
         let labels = LabelVocabulary::check(&tokenizer, &template, &Map::new()).unwrap();
         let reason = labels.letters.unwrap_err();
         assert!(
-            reason.contains("label 'A' is not a single token"),
+            reason
+                .to_string()
+                .contains("label 'A' is not a single token"),
             "{reason}"
         );
     }

@@ -1,5 +1,5 @@
-//! The read-strategy registry: a model's `config.json` architecture, plus marker files beside it, picks
-//! the strategy that renders its requests and reads its answers. Adding a strategy is one line here.
+//! The read-strategy registry: a model's architecture and the read kind its shard reports pick the
+//! strategy that renders its requests and reads its answers. Adding a strategy is one line here.
 
 use std::path::Path;
 
@@ -8,116 +8,175 @@ use super::joint_schema::JointSchemaStrategy;
 use super::liquid::LiquidStrategy;
 use super::next_token::NextTokenStrategy;
 use super::{ReadStrategy, StrategyOptions};
-use crate::ir::Modality;
 
 type Load = fn(&Path, &StrategyOptions) -> Result<Box<dyn ReadStrategy>, String>;
 
+/// The kind of reads a model computes, as its shard reports it in Info (`read_kind`): the shard's
+/// registry (`architectures.py`) decides it from the architecture and the folder, so the Clef marker
+/// file and the media an architecture reads are facts of the shard alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardReadKind {
+    NextToken,
+    Canvas,
+    Pooled,
+}
+
+impl ShardReadKind {
+    const ALL: [ShardReadKind; 3] = [Self::NextToken, Self::Canvas, Self::Pooled];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NextToken => "next_token",
+            Self::Canvas => "canvas",
+            Self::Pooled => "pooled",
+        }
+    }
+
+    /// Info's `read_kind`; empty (a shard that names none) is next-token reads.
+    pub fn from_info(name: &str) -> Result<Self, RegistryError> {
+        if name.is_empty() {
+            return Ok(Self::NextToken);
+        }
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| RegistryError::UnknownReadKind(name.to_owned()))
+    }
+}
+
+impl std::fmt::Display for ShardReadKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why no strategy serves the model: each names the architecture and, where two sides disagree, both.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("the shard reports read kind '{0}', which this router does not know (next_token, canvas, pooled)")]
+    UnknownReadKind(String),
+    #[error(
+        "architecture '{architecture}': the shard computes {shard} reads, and the router's strategies for it read {}",
+        router.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
+    )]
+    KindMismatch {
+        architecture: String,
+        shard: ShardReadKind,
+        router: Vec<ShardReadKind>,
+    },
+    #[error("architecture '{architecture}'{}: {why}", kind_note(*.kind))]
+    Load {
+        architecture: String,
+        kind: ShardReadKind,
+        why: String,
+    },
+    #[error(
+        "no read strategy for architecture '{architecture}'; known: {}, and other causal language models (…ForCausalLM)",
+        known_architectures().join(", ")
+    )]
+    UnknownArchitecture { architecture: String },
+}
+
+/// A load error names the read kind where the architecture has strategies of several.
+fn kind_note(kind: ShardReadKind) -> String {
+    match kind {
+        ShardReadKind::Pooled => " (pooled reads: a joint-schema head)".into(),
+        _ => String::new(),
+    }
+}
+
 struct Entry {
     architectures: &'static [&'static str],
-    /// A file that must sit beside `config.json` for this entry to apply (checked before entries without).
-    marker: Option<&'static str>,
-    /// The media this architecture's strategy reads (when the shard has a processor for them).
-    media: &'static [Modality],
+    /// The read kind this strategy computes; the shard's Info must report the same.
+    kind: ShardReadKind,
     load: Load,
 }
 
-/// Every architecture of the seed table. First match wins among entries whose marker file is present;
-/// entries with a marker are tried first, so a marked folder (a Clef checkpoint is a Qwen3.5 folder plus
-/// its head) never falls through to the plain strategy of its architecture. Architectures recognised
-/// but not served by this build load into a refusal naming what they are, never into a wrong strategy.
+/// Every architecture of the seed table, each with the read kind its strategy computes. The shard's
+/// read kind picks among an architecture's entries (a Clef checkpoint is a Qwen3.5 folder the shard
+/// reads pooled). Architectures recognised but not served by this build load into a refusal naming
+/// what they are, never into a wrong strategy.
 const REGISTRY: &[Entry] = &[
     // Clef: a Qwen3.5 / Qwen3-Omni folder plus its joint-schema head, one pooled read per request.
     Entry {
         architectures: &["Qwen3_5ForConditionalGeneration"],
-        marker: Some("joint_head_config.json"),
-        media: &[Modality::Image, Modality::Video],
+        kind: ShardReadKind::Pooled,
         load: JointSchemaStrategy::boxed_flash,
     },
     Entry {
         architectures: &["Qwen3OmniMoeForConditionalGeneration"],
-        marker: Some("joint_head_config.json"),
-        media: &[Modality::Image, Modality::Audio, Modality::Video],
+        kind: ShardReadKind::Pooled,
         load: JointSchemaStrategy::boxed_omni,
     },
     Entry {
         architectures: &["DiffusionGemmaForBlockDiffusion"],
-        marker: None,
-        media: &[],
+        kind: ShardReadKind::Canvas,
         load: DiffusionGemmaCanvasStrategy::boxed,
     },
     Entry {
         architectures: &["Lfm2VlForConditionalGeneration"],
-        marker: None,
-        media: &[Modality::Image],
+        kind: ShardReadKind::NextToken,
         load: LiquidStrategy::boxed,
     },
-    // Qwen3.5 reads images and videos (the seed's "T + I + V"; vLLM 0.33's next-token reads stop at images).
     Entry {
         architectures: &[
             "Qwen3_5ForConditionalGeneration",
             "Qwen3_5MoeForConditionalGeneration",
+            "Gemma4ForConditionalGeneration",
+            "LlamaForCausalLM",
+            "Qwen3ForCausalLM",
+            "Gemma4ForCausalLM",
         ],
-        marker: None,
-        media: &[Modality::Image, Modality::Video],
-        load: NextTokenStrategy::boxed,
-    },
-    Entry {
-        architectures: &["Gemma4ForConditionalGeneration"],
-        marker: None,
-        media: &[Modality::Image],
-        load: NextTokenStrategy::boxed,
-    },
-    Entry {
-        architectures: &["LlamaForCausalLM", "Qwen3ForCausalLM", "Gemma4ForCausalLM"],
-        marker: None,
-        media: &[],
+        kind: ShardReadKind::NextToken,
         load: NextTokenStrategy::boxed,
     },
 ];
 
-/// Picks and loads the read strategy for a model. An architecture with no strategy, or whose strategy
-/// cannot load (labels that are not single tokens, a broken template), is an error naming why.
+/// Picks and loads the read strategy for a model whose shard computes `read_kind` reads (Info's
+/// `read_kind`). The strategy reads the media the shard reports it processes (`options.modalities`).
+/// An architecture with no strategy of that kind, or whose strategy cannot load (labels that are not
+/// single tokens, a broken template), is an error naming why.
 pub fn strategy_for(
     architecture: &str,
+    read_kind: &str,
     model_dir: &Path,
     options: &StrategyOptions,
-) -> Result<Box<dyn ReadStrategy>, String> {
-    let applies = |e: &&Entry| {
-        e.architectures.contains(&architecture)
-            && e.marker.is_none_or(|m| model_dir.join(m).is_file())
-    };
-    let entry = REGISTRY
+) -> Result<Box<dyn ReadStrategy>, RegistryError> {
+    let kind = ShardReadKind::from_info(read_kind)?;
+    let listed: Vec<&Entry> = REGISTRY
         .iter()
-        .filter(|e| e.marker.is_some())
-        .find(applies)
-        .or_else(|| REGISTRY.iter().filter(|e| e.marker.is_none()).find(applies));
-    if let Some(entry) = entry {
-        let options = StrategyOptions {
-            modalities: options
-                .modalities
-                .iter()
-                .copied()
-                .filter(|m| entry.media.contains(m))
-                .collect(),
-            ..options.clone()
-        };
-        return (entry.load)(model_dir, &options).map_err(|why| match entry.marker {
-            Some(marker) => format!("architecture '{architecture}' with {marker}: {why}"),
-            None => format!("architecture '{architecture}': {why}"),
+        .filter(|e| e.architectures.contains(&architecture))
+        .collect();
+    if let Some(entry) = listed.iter().find(|e| e.kind == kind) {
+        return (entry.load)(model_dir, options).map_err(|why| RegistryError::Load {
+            architecture: architecture.to_owned(),
+            kind,
+            why,
+        });
+    }
+    let causal = architecture.ends_with("ForCausalLM") || architecture.ends_with("LMHeadModel");
+    if !listed.is_empty() || (causal && kind != ShardReadKind::NextToken) {
+        let mut router: Vec<ShardReadKind> = listed.iter().map(|e| e.kind).collect();
+        if router.is_empty() {
+            router.push(ShardReadKind::NextToken);
+        }
+        return Err(RegistryError::KindMismatch {
+            architecture: architecture.to_owned(),
+            shard: kind,
+            router,
         });
     }
     // Other causal language models read like Llama: one next-token read per question.
-    if architecture.ends_with("ForCausalLM") || architecture.ends_with("LMHeadModel") {
-        let text_only = StrategyOptions {
-            modalities: Vec::new(),
-            ..options.clone()
-        };
-        return NextTokenStrategy::boxed(model_dir, &text_only);
+    if causal {
+        return NextTokenStrategy::boxed(model_dir, options).map_err(|why| RegistryError::Load {
+            architecture: architecture.to_owned(),
+            kind,
+            why,
+        });
     }
-    Err(format!(
-        "no read strategy for architecture '{architecture}'; known: {}, and other causal language models (…ForCausalLM)",
-        known_architectures().join(", ")
-    ))
+    Err(RegistryError::UnknownArchitecture {
+        architecture: architecture.to_owned(),
+    })
 }
 
 /// Every architecture the registry names, once each, in registry order.
@@ -137,6 +196,7 @@ fn known_architectures() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::Modality;
     use crate::prompt::fixture_dir;
     use crate::prompt::wording::Wording;
 
@@ -202,51 +262,46 @@ mod tests {
             "Gemma4ForConditionalGeneration",
             "MistralForCausalLM",
         ] {
-            let s =
-                strategy_for(arch, qwen.path(), &OPTIONS).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            let s = strategy_for(arch, "next_token", qwen.path(), &OPTIONS)
+                .unwrap_or_else(|e| panic!("{arch}: {e}"));
             assert_eq!(s.name(), "next_token", "{arch}");
         }
-        let s = strategy_for("Lfm2VlForConditionalGeneration", qwen.path(), &OPTIONS)
-            .expect("liquid loads");
+        let s = strategy_for(
+            "Lfm2VlForConditionalGeneration",
+            "next_token",
+            qwen.path(),
+            &OPTIONS,
+        )
+        .expect("liquid loads");
         assert_eq!(s.name(), "liquid");
     }
 
-    /// A strategy reads the media its architecture takes and the shard can process: never more.
+    /// A strategy reads the media the shard reports it processes (the shard's registry decides
+    /// which media an architecture reads, and its processor which it can).
     #[test]
-    fn media_are_what_the_architecture_reads_and_the_shard_processes() {
+    fn media_are_what_the_shard_reports() {
         let qwen = copy_of("tiny-qwen3", None);
-        let all = StrategyOptions {
-            modalities: Modality::ALL.to_vec(),
-            ..OPTIONS
-        };
-        let taken = |arch: &str, options: &StrategyOptions| {
-            strategy_for(arch, qwen.path(), options)
-                .unwrap_or_else(|e| panic!("{arch}: {e}"))
-                .modalities()
-                .to_vec()
-        };
         for (arch, media) in [
             (
                 "Qwen3_5ForConditionalGeneration",
                 &[Modality::Image, Modality::Video][..],
             ),
-            (
-                "Qwen3_5MoeForConditionalGeneration",
-                &[Modality::Image, Modality::Video],
-            ),
             ("Gemma4ForConditionalGeneration", &[Modality::Image]),
             ("Lfm2VlForConditionalGeneration", &[Modality::Image]),
         ] {
-            assert_eq!(taken(arch, &all), media, "{arch}");
+            let reported = StrategyOptions {
+                modalities: media.to_vec(),
+                ..OPTIONS
+            };
+            let taken = |options: &StrategyOptions| {
+                strategy_for(arch, "next_token", qwen.path(), options)
+                    .unwrap_or_else(|e| panic!("{arch}: {e}"))
+                    .modalities()
+                    .to_vec()
+            };
+            assert_eq!(taken(&reported), media, "{arch}");
             // A folder without a processor: the shard reports none, so nothing is read.
-            assert!(taken(arch, &OPTIONS).is_empty(), "{arch}");
-        }
-        for arch in [
-            "Qwen3ForCausalLM",
-            "Gemma4ForCausalLM",
-            "MistralForCausalLM",
-        ] {
-            assert!(taken(arch, &all).is_empty(), "{arch}");
+            assert!(taken(&OPTIONS).is_empty(), "{arch}");
         }
     }
 
@@ -260,10 +315,16 @@ mod tests {
             (Wording::Sglang, PromptFormat::SGLANG_V1),
         ] {
             let options = StrategyOptions { wording, ..OPTIONS };
-            let s = strategy_for("Qwen3ForCausalLM", qwen.path(), &options).expect("loads");
-            assert_eq!(s.prompt_format(), format);
-            let s = strategy_for("Lfm2VlForConditionalGeneration", qwen.path(), &options)
+            let s = strategy_for("Qwen3ForCausalLM", "next_token", qwen.path(), &options)
                 .expect("loads");
+            assert_eq!(s.prompt_format(), format);
+            let s = strategy_for(
+                "Lfm2VlForConditionalGeneration",
+                "next_token",
+                qwen.path(),
+                &options,
+            )
+            .expect("loads");
             assert_eq!(s.prompt_format(), PromptFormat::LIQUID_D1);
         }
     }
@@ -275,23 +336,24 @@ mod tests {
         let dir = copy_of("tiny-diffusiongemma", None);
         for wording in [Wording::Vllm, Wording::Sglang] {
             let options = StrategyOptions { wording, ..OPTIONS };
-            let s = strategy_for("DiffusionGemmaForBlockDiffusion", dir.path(), &options)
-                .expect("loads");
+            let s = strategy_for(
+                "DiffusionGemmaForBlockDiffusion",
+                "canvas",
+                dir.path(),
+                &options,
+            )
+            .expect("loads");
             assert_eq!(s.name(), "diffusion_gemma_canvas");
             assert_eq!(s.prompt_format(), PromptFormat::DIFFUSION_GEMMA_CANVAS);
             assert!(s.supports_joint());
         }
     }
 
-    /// A Qwen3.5 / Qwen3-Omni folder with `joint_head_config.json` is Clef (its joint-schema strategy,
-    /// which `/info` names), never the plain strategy of its architecture.
+    /// A Qwen3.5 / Qwen3-Omni folder the shard reads pooled (its registry saw the joint-schema
+    /// head) is Clef, its joint-schema strategy (which `/info` names); the router looks at no marker.
     #[test]
-    fn a_marker_file_is_never_read_with_the_plain_strategy() {
+    fn the_shards_pooled_read_kind_picks_the_joint_schema_strategy() {
         let clef = copy_of("tiny-qwen3", Some("joint_head_config.json"));
-        let all = StrategyOptions {
-            modalities: Modality::ALL.to_vec(),
-            ..OPTIONS
-        };
         for (arch, name, media) in [
             (
                 "Qwen3_5ForConditionalGeneration",
@@ -304,21 +366,66 @@ mod tests {
                 &[Modality::Image, Modality::Audio, Modality::Video],
             ),
         ] {
-            let s = strategy_for(arch, clef.path(), &all).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            let reported = StrategyOptions {
+                modalities: media.to_vec(),
+                ..OPTIONS
+            };
+            let s = strategy_for(arch, "pooled", clef.path(), &reported)
+                .unwrap_or_else(|e| panic!("{arch}: {e}"));
             assert_eq!(s.name(), name);
             assert_eq!(s.prompt_format().name, "joint_schema");
             assert_eq!(s.modalities(), media, "{arch}");
         }
-        // Without the marker the same architecture is a plain next-token model; Omni has no plain entry.
-        let plain = copy_of("tiny-qwen3", None);
-        let s = strategy_for("Qwen3_5ForConditionalGeneration", plain.path(), &OPTIONS).unwrap();
-        assert_eq!(s.name(), "next_token");
-        assert!(strategy_for(
-            "Qwen3OmniMoeForConditionalGeneration",
-            plain.path(),
-            &OPTIONS
+        // Read next-token, the same architecture is a plain model; Omni has no next-token strategy.
+        let s = strategy_for(
+            "Qwen3_5ForConditionalGeneration",
+            "next_token",
+            clef.path(),
+            &OPTIONS,
         )
-        .is_err());
+        .unwrap();
+        assert_eq!(s.name(), "next_token");
+        let err = strategy_for(
+            "Qwen3OmniMoeForConditionalGeneration",
+            "next_token",
+            clef.path(),
+            &OPTIONS,
+        )
+        .err()
+        .expect("refused");
+        assert!(matches!(err, RegistryError::KindMismatch { .. }), "{err}");
+    }
+
+    /// A shard and a router that disagree on how a model reads refuse it, naming both sides.
+    #[test]
+    fn a_read_kind_mismatch_is_refused_naming_both() {
+        let qwen = copy_of("tiny-qwen3", None);
+        let refusal = |arch: &str, kind: &str| {
+            strategy_for(arch, kind, qwen.path(), &OPTIONS)
+                .err()
+                .unwrap_or_else(|| panic!("{arch} read {kind} loads"))
+                .to_string()
+        };
+        assert_eq!(
+            refusal("DiffusionGemmaForBlockDiffusion", "next_token"),
+            "architecture 'DiffusionGemmaForBlockDiffusion': the shard computes next_token reads, \
+             and the router's strategies for it read canvas"
+        );
+        assert_eq!(
+            refusal("Qwen3ForCausalLM", "pooled"),
+            "architecture 'Qwen3ForCausalLM': the shard computes pooled reads, \
+             and the router's strategies for it read next_token"
+        );
+        assert_eq!(
+            refusal("MistralForCausalLM", "canvas"),
+            "architecture 'MistralForCausalLM': the shard computes canvas reads, \
+             and the router's strategies for it read next_token"
+        );
+        assert!(refusal("Qwen3ForCausalLM", "diffusion")
+            .contains("the shard reports read kind 'diffusion', which this router does not know"));
+        // A shard that names no kind reads next-token (the proto's default).
+        let s = strategy_for("Qwen3ForCausalLM", "", qwen.path(), &OPTIONS).expect("loads");
+        assert_eq!(s.name(), "next_token");
     }
 
     #[test]
@@ -326,17 +433,24 @@ mod tests {
         let qwen = copy_of("tiny-qwen3", None);
         // A Qwen3 folder under the DiffusionGemma architecture: the canvas strategy loads and refuses,
         // naming the tokens it needs.
-        let err = strategy_for("DiffusionGemmaForBlockDiffusion", qwen.path(), &OPTIONS)
-            .err()
-            .expect("refused");
+        let err = strategy_for(
+            "DiffusionGemmaForBlockDiffusion",
+            "canvas",
+            qwen.path(),
+            &OPTIONS,
+        )
+        .err()
+        .expect("refused")
+        .to_string();
         assert!(
             err.contains("architecture 'DiffusionGemmaForBlockDiffusion'")
                 && err.contains("need the model's '<turn|>' and pad tokens"),
             "{err}"
         );
-        let err = strategy_for("BertForMaskedLM", qwen.path(), &OPTIONS)
+        let err = strategy_for("BertForMaskedLM", "next_token", qwen.path(), &OPTIONS)
             .err()
-            .expect("refused");
+            .expect("refused")
+            .to_string();
         assert!(
             err.contains("no read strategy for architecture 'BertForMaskedLM'")
                 && err.contains("Lfm2VlForConditionalGeneration"),
