@@ -61,7 +61,7 @@ pub(super) async fn drain(
     again: impl Future<Output = &'static str>,
 ) {
     state.draining.store(true, Ordering::SeqCst);
-    let cut = state.config.drain_cut();
+    let cut = state.config.flags.drain_cut();
     tracing::info!(
         in_flight = state.in_flight.count(),
         cut_secs = cut.as_secs_f64(),
@@ -83,7 +83,7 @@ pub(super) async fn drain(
         in_flight = state.in_flight.count(),
         "the drain reached its cut ({} s of the {} s grace): answering the requests still in flight 503",
         cut.as_secs_f64(),
-        state.config.shutdown_grace_secs
+        state.config.flags.shutdown_grace_secs
     );
     state.cut.send_replace(true);
     tokio::select! {
