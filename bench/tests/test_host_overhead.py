@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "host_overhead.py"
-# The serving defaults' ops per layer, measured: 17.0 where `--matmul auto` keeps MKL's GEMM, 20.9 where it picks
+# The serving defaults' ops per layer, measured: 20.0 where `--matmul auto` keeps MKL's GEMM, 23.9 where it picks
 # oneDNN's packed one (its held weights are read through one op more each); eager: 205.5 before the compiled layers,
 # 64.8 with the narrow chain kernel alone; transformers' eager forward: 79.9.
-MAX_OPS_PER_LAYER = 25
+MAX_OPS_PER_LAYER = 26
 
 
 def test_the_proxy_reports_its_fields_and_the_serving_path_stays_few_ops_per_layer() -> None:

@@ -131,7 +131,7 @@ pub struct ShardFlags {
     pub matmul: Matmul,
 
     /// `auto`: the shard runs its decoder's layers between attentions as one compiled graph
-    /// (torch.compile, inductor; attention stays eager between calls), about 17 ops per layer
+    /// (torch.compile, inductor; attention stays eager between calls), about 20 ops per layer
     /// instead of 205, and in bfloat16 or float16 on CPU fuses the eager elementwise chains too
     /// (1.15-1.2x faster reads on an AMX CPU). They compile at load (seconds, cached under the
     /// cache directory) and need a C++ compiler on CPU (the image has one); without it the shard

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto: run the decoder's layers between attentions as one compiled graph (torch.compile, inductor: "
         "out projection, norms, gated MLP, QKV, rotary; attention eager between calls) on every device, which "
-        "cuts the ops per layer from about 205 to 17 (bench/host_overhead.py); in bfloat16 or float16 on CPU the "
+        "cuts the ops per layer from about 205 to 20 (bench/host_overhead.py); in bfloat16 or float16 on CPU the "
         "elementwise chains of eager passes are fused too (1.15-1.2x faster reads on an AMX CPU). They compile at "
         "load (seconds, cached under the cache directory) and need a C++ compiler on CPU, without which the shard "
         "warns and runs eagerly. Labels move by the fused ops' own rounding (float32: about 1e-5 in "

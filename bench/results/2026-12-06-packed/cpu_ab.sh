@@ -2,7 +2,7 @@
 # CPU A/B of one-pass batches against the code before them: decision-bench with A = the checkout in $BASE (main before
 # the change, built with `make install`), B = this checkout, both at their defaults (float32, --matmul auto),
 # Qwen3-0.6B-shaped random weights, 8 questions over 512-token states at concurrency 1 and 16. Run from the
-# repository root; OUT (default bench/results/2026-12-06-packed) gets one JSON per row.
+# repository root; OUT (default bench/results/2026-12-06-packed) gets one JSON per row; LABEL names B in them.
 set -euo pipefail
 BASE=${BASE:?the checkout of the code before, with its own .venv}
 O=${OUT:-bench/results/2026-12-06-packed}
@@ -20,7 +20,7 @@ serve . 39422 after
 for p in 39421 39422; do curl -s "127.0.0.1:$p/info" | python3 -c 'import json,sys; i=json.load(sys.stdin); print(sys.argv[1], i["dtype"], i["matmul"])' "$p"; done
 row() {  # row NAME ARGS...
   .venv/bin/decision-bench --url http://127.0.0.1:39421 --url-b http://127.0.0.1:39422 --tokenizer "$Q" --options 4 \
-    --label "A=before ($(git -C "$BASE" rev-parse --short HEAD)) B=one-pass batches ($(git rev-parse --short HEAD))" \
+    --label "A=before ($(git -C "$BASE" rev-parse --short HEAD)) B=${LABEL:-one-pass batches} ($(git rev-parse --short HEAD))" \
     --duration 1800 --timeout 1800 --json "$O/$1.json" "${@:2}" > /dev/null
   .venv/bin/python -m decision_bench.table "$O/$1.json" | sed -n 3p
 }

@@ -121,7 +121,7 @@ mod tests {
     use tower::ServiceExt as _;
 
     use super::super::testing::{
-        call, get, post_json, state_reading_from_with, test_state, text, HeldShard,
+        call, get, post_json, state_reading_from_with, test_state, text, HeldShard, DECISION_BODIES,
     };
     use std::time::Duration;
 
@@ -132,24 +132,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn requests_still_in_flight_at_the_cut_are_answered_503_before_the_grace_ends() {
         for (grace, cut) in [(10, 7_000), (4, 2_000)] {
-            for (path, body) in [
-                (
-                    "/v1/score",
-                    r#"{"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8]}"#,
-                ),
-                (
-                    "/v1/systemone",
-                    r#"{"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}"#,
-                ),
-                (
-                    "/v1/decisions",
-                    r#"{"model": "m", "input": "s", "questions": [{"type": "predicate", "instructions": "?"}]}"#,
-                ),
-                (
-                    "/v1/decisions",
-                    r#"{"input": "s", "questions": [{"id": "q", "type": "yes_no", "question": "?"}]}"#,
-                ),
-            ] {
+            for (path, body) in DECISION_BODIES {
                 let shard = HeldShard::new();
                 let grace = grace.to_string();
                 let state =

@@ -135,6 +135,7 @@ mod tests {
     use super::super::routes::app;
     use super::super::testing::{
         call, get, post_json, state_reading_from, state_with, test_state, text, HeldShard,
+        DECISION_BODIES,
     };
     use super::*;
 
@@ -307,24 +308,7 @@ mod tests {
     /// answered.
     #[tokio::test]
     async fn a_drain_waits_for_a_slow_request_on_every_decision_route() {
-        for (path, body) in [
-            (
-                "/v1/score",
-                r#"{"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8]}"#,
-            ),
-            (
-                "/v1/systemone",
-                r#"{"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}"#,
-            ),
-            (
-                "/v1/decisions",
-                r#"{"model": "m", "input": "s", "questions": [{"type": "predicate", "instructions": "?"}]}"#,
-            ),
-            (
-                "/v1/decisions",
-                r#"{"input": "s", "questions": [{"id": "q", "type": "yes_no", "question": "?"}]}"#,
-            ),
-        ] {
+        for (path, body) in DECISION_BODIES {
             let shard = HeldShard::new();
             let state = state_reading_from(shard.clone());
             let answer = tokio::spawn(app(state.clone()).oneshot(post_json(path, body)));

@@ -91,6 +91,27 @@ pub(super) fn state_reading_from_with(shard: HeldShard, flags: &[&str]) -> Arc<A
     Arc::new(state)
 }
 
+/// One small valid request per decision route (both `/v1/decisions` shapes): the routes every
+/// decision-prologue behaviour is tested on.
+pub(super) const DECISION_BODIES: [(&str, &str); 4] = [
+    (
+        "/v1/score",
+        r#"{"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8]}"#,
+    ),
+    (
+        "/v1/systemone",
+        r#"{"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}"#,
+    ),
+    (
+        "/v1/decisions",
+        r#"{"model": "m", "input": "s", "questions": [{"type": "predicate", "instructions": "?"}]}"#,
+    ),
+    (
+        "/v1/decisions",
+        r#"{"input": "s", "questions": [{"id": "q", "type": "yes_no", "question": "?"}]}"#,
+    ),
+];
+
 /// A shard that holds every batch until the test lets it go, then gives each label log-probability -1.
 #[derive(Clone)]
 pub(super) struct HeldShard {
