@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::error::DecisionError;
 use crate::ir::{Decision, DecisionRequest, Modality, Usage};
-use crate::limits::Limits;
+use crate::limits::{Budget, Limits};
 use crate::media::{self, Fetcher, MediaBlob, MediaPolicy};
 use crate::prompt::wording::PromptFormat;
 use crate::prompt::{PreparedRead, ReadStrategy};
@@ -17,20 +17,6 @@ use crate::shard::ShardSet;
 /// How long the shards get to answer a Health RPC when a request ran out of time: a shard that
 /// cannot even answer that is frozen or gone (503), one that can is only busy (504).
 pub const TIMEOUT_PROBE: Duration = Duration::from_secs(2);
-
-/// How long a request may take from its parse to its answer, and what set that limit: the
-/// `--request-timeout-secs` flag or the client's own budget header, whichever is shorter. Its 504
-/// and its 529 name the source.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Budget {
-    pub limit: Duration,
-    pub source: &'static str,
-}
-
-impl Budget {
-    /// `--request-timeout-secs`, as its error messages name it.
-    pub const FLAG: &'static str = "request_timeout_secs";
-}
 
 /// A request's answers, and (when asked for) the reads that produced them.
 pub struct Decided {

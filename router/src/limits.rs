@@ -1,6 +1,8 @@
 //! Every request limit in one place; the defaults are the default profile's (spec/API.md §4). The CLI
 //! defaults (`config.rs`) and the profile narrowing (`profile.rs`) read these constants.
 
+use std::time::Duration;
+
 /// Options a choice can label with one letter each (`A` to `Z`): vLLM's and SGLang's option limit.
 pub const LETTER_LABELS: usize = 26;
 /// Levels a score can label with one digit each (`0` to `9`).
@@ -34,4 +36,18 @@ impl Default for Limits {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
+}
+
+/// How long a request may take from its parse to its answer, and what set that limit: the
+/// `--request-timeout-secs` flag or the client's own budget header, whichever is shorter. Its 504
+/// and its 529 name the source.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    pub limit: Duration,
+    pub source: &'static str,
+}
+
+impl Budget {
+    /// `--request-timeout-secs`, as its error messages name it.
+    pub const FLAG: &'static str = "request_timeout_secs";
 }

@@ -15,8 +15,8 @@ use decision_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
-use crate::decide::Budget;
 use crate::error::DecisionError;
+use crate::limits::Budget;
 use crate::read::PreparedRead;
 pub use crate::read::ReadOutcome;
 use crate::shard::ShardSet;

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 
-use crate::decide::Budget;
 use crate::error::DecisionError;
+use crate::limits::Budget;
 
 /// This server's budget header, in seconds.
 pub const REQUEST_TIMEOUT_HEADER: &str = "x-request-timeout";

@@ -12,9 +12,9 @@ use super::responses::Answered;
 use super::state::AppState;
 use crate::api::score::{self, ScoreRequest};
 use crate::api::{self, openai, sglang, systemone};
-use crate::decide::Budget;
 use crate::error::DecisionError;
 use crate::ir::DecisionRequest;
+use crate::limits::Budget;
 use crate::profile::Shape;
 
 /// `POST /v1/systemone`.

@@ -20,8 +20,8 @@ use super::budget;
 use super::request_body;
 use super::responses::{error_response, Answered};
 use super::state::AppState;
-use crate::decide::Budget;
 use crate::error::{DecisionError, FieldError};
+use crate::limits::Budget;
 use crate::profile::Shape;
 
 /// A route that answers decisions (reads on the shards): what it does once the prologue admitted a
