@@ -236,8 +236,10 @@ def _causal_after_past(query: torch.Tensor, new: LayerKV, past: LayerKV, scale: 
 #   That pays only where the products are heavy: `_gemm_chain` is about 18 ops per block of CHAIN_GEMM_ROWS queries
 #   (144 per layer for 512 tokens), and on queries narrower than GEMM_CHAIN_MIN_WIDTH (heads x head_dim) one flash
 #   call was as fast or faster (1 thread, 512-860 tokens: width 64 0.68-0.78x the time, width 128 0.76-0.94x,
-#   width 576 0.82-0.94x, width 2048 0.91-1.00x; /tmp-free rerun: bench/results/2026-12-06-layer-graph/). Narrower
-#   queries (no served model has them; the host-overhead proxy's deep, narrow model does) take one flash call.
+#   width 576 0.82-0.94x, width 2048 0.91-1.00x, on a machine busy with builds:
+#   bench/results/2026-12-06-layer-graph/chain_kernels.py). Narrower queries (no served model has them; the
+#   host-overhead proxy's deep, narrow model does) take one flash call; wider ones keep the GEMM blocks, on the quiet
+#   2-thread Zen 4 measurement above (not re-measured quiet here).
 # Longer chains stay one flash call.
 CHAIN_PIECE_TOKENS = 192
 GEMM_CHAIN_MIN_WIDTH = 512
