@@ -164,6 +164,8 @@ class LayerGraph:
         self._enter = torch.compile(enter, dynamic=None)
         self._step = torch.compile(step, dynamic=None)
         self._leave = torch.compile(finish, dynamic=None)
+        # The eager twin of `_leave`, for the load-time probe's comparison.
+        self.eager_leave = finish
 
     def enter(
         self, index: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -242,9 +244,7 @@ def _probe(graph: LayerGraph, dtype: torch.dtype, device: torch.device) -> None:
             if len(graph.layers) > 1:
                 graph.step(0, hidden, attended, cos, sin)
             left = graph.leave(len(graph.layers) - 1, hidden, attended)
-            eager = graph._leave._torchdynamo_orig_callable(  # type: ignore[attr-defined]
-                hidden, attended, *graph.layers[-1].leaving()
-            )
+            eager = graph.eager_leave(hidden, attended, *graph.layers[-1].leaving())
         tolerance = 1e-4 if dtype == torch.float32 else 5e-2
         if not torch.allclose(left.float(), eager.float(), rtol=tolerance, atol=tolerance):
             raise RuntimeError("the compiled layer computed other numbers than eager torch")
