@@ -147,6 +147,7 @@ def load_model(
         compiled = fused.enable(compile_mode, torch_dtype, device)
         if compile_mode == "auto":
             layers_compiled = decoder.network.compile_layers()
+        decoder.choose_segment_kernel()
     elif parallel.world_size > 1:
         reason = native_refusal or f"{architecture.name} has no tensor-parallel implementation"
         raise UnsupportedModelError(
@@ -174,6 +175,7 @@ def load_model(
                 "mkl_kernels": mkl_kernels(),
                 "compiled_chains": compiled,
                 "compiled_layers": layers_compiled,
+                "segment_attention": loaded.segment_attention,
                 "device": loaded.device_name,
                 "rank": loaded.rank,
                 "world_size": loaded.world_size,

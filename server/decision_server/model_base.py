@@ -123,6 +123,12 @@ class LoadedModel(ABC):
         return False
 
     @property
+    def segment_attention(self) -> str:
+        """How a packed pass attends its segments (`decoder.SEGMENT_KERNELS`); "" where the model takes one dense
+        mask instead (`packs_segments` False)."""
+        return ""
+
+    @property
     @abstractmethod
     def text_config(self) -> Any:
         """The Hugging Face config of the language model (the text part of a multimodal one)."""

@@ -329,6 +329,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             prefix_cache_rule=self._engine.cache_plan.rule,
             compiled_chains=fused.enabled(),
             compiled_layers=model.compiled_layers,
+            segment_attention=model.segment_attention,
             batch_token_budget=self._engine.batch_budget.tokens,
             batch_budget_rule=self._engine.batch_budget.rule,
             read_kind=read_kind(self._engine.name),
