@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=choices.DTYPE_CHOICES,
         default="auto",
-        help="Compute dtype; auto is float32 on CPU and bfloat16 on CUDA.",
+        help="Compute dtype; auto is float32 on CPU and, on a GPU, the checkpoint's bfloat16 or float16 "
+        "(bfloat16 for a float32 checkpoint).",
     )
     serve.add_argument(
         "--read-mode",

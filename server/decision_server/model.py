@@ -99,7 +99,7 @@ def load_model(
     if threads is None and device.type == "cpu" and parallel.world_size > 1:
         # Ranks on one CPU share its cores: each takes its part rather than all of them, which would oversubscribe.
         torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device, config)
     slow_half = device.type == "cpu" and half_gemm_is_slow(torch_dtype)
     family = joint_schema_family(architecture.name, path)
     if family is not None:
