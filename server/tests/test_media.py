@@ -31,7 +31,7 @@ from decision_server.media import (
     decode_video,
     sample_frame_indices,
 )
-from decision_server.media_samples import audio_bytes, video_bytes
+from decision_server.fixtures.media_samples import audio_bytes, video_bytes
 from decision_server.model import load_model
 from decision_server.paths import models_dir
 from decision_server.pb import decision_pb2
