@@ -160,9 +160,12 @@ def joint_schema_family(architecture: str, folder: Path | None) -> JointSchemaFa
     return family
 
 
-def read_kind(engine: str) -> str:
-    """The Read kind the engine computes, reported in Info: the router loads the strategy of that kind."""
-    return {POOLED_ENGINE: POOLED, CANVAS_ENGINE: CANVAS}.get(engine, NEXT_TOKEN)
+def model_read_kind(architecture: str, folder: Path | None) -> str:
+    """The Read kind a model computes, reported in Info (the router loads the strategy of that kind): pooled for a
+    joint-schema folder, else its registry entry's (next-token for every causal LM)."""
+    if joint_schema_family(architecture, folder) is not None:
+        return POOLED
+    return lookup(architecture).reads
 
 
 def lookup(architecture: str) -> Architecture:
@@ -225,21 +228,12 @@ def choose_engine(requested: str, architecture: str, text_config: Any, folder: P
     joint-schema model); refuses tree where it would be silently wrong."""
     if requested not in READ_MODES:
         raise ValueError(f"unknown read mode {requested!r}; choose {', '.join(READ_MODES)}")
-    family = joint_schema_family(architecture, folder)
-    if family is not None:
+    kind = model_read_kind(architecture, folder)
+    if kind != NEXT_TOKEN:
+        # The architecture decides these kinds' one engine; --read-mode names next-token engines only.
         if requested != "auto":
-            raise EngineRefusedError(
-                f"--read-mode {requested} cannot serve {family.name}: its joint-schema head scores every question "
-                "in one pooled read (one backbone pass per prompt). Use --read-mode auto."
-            )
-        return POOLED_ENGINE
-    if lookup(architecture).reads == CANVAS:
-        if requested != "auto":
-            raise EngineRefusedError(
-                f"--read-mode {requested} cannot serve {architecture}: it is a block-diffusion model, read by "
-                "canvas reads (one encoder pass, one bidirectional denoising step). Use --read-mode auto."
-            )
-        return CANVAS_ENGINE
+            raise EngineRefusedError(_kind_refusal(kind, requested, architecture, folder))
+        return POOLED_ENGINE if kind == POOLED else CANVAS_ENGINE
     if requested == "auto":
         return default_engine(text_config)
     if requested == "tree":
@@ -249,3 +243,16 @@ def choose_engine(requested: str, architecture: str, text_config: Any, folder: P
                 f"--read-mode tree cannot serve {architecture}: {reason}. Use --read-mode auto (fork here) or naive."
             )
     return requested
+
+
+def _kind_refusal(kind: str, requested: str, architecture: str, folder: Path | None) -> str:
+    if kind == POOLED:
+        family = joint_schema_family(architecture, folder)
+        return (
+            f"--read-mode {requested} cannot serve {family.name if family else architecture}: its joint-schema head "
+            "scores every question in one pooled read (one backbone pass per prompt). Use --read-mode auto."
+        )
+    return (
+        f"--read-mode {requested} cannot serve {architecture}: it is a block-diffusion model, read by "
+        "canvas reads (one encoder pass, one bidirectional denoising step). Use --read-mode auto."
+    )

@@ -557,8 +557,8 @@ def test_video_and_audio_reads_equal_transformers_on_the_processed_prompt(name: 
 
 
 def test_audio_with_soundtrack_videos_is_refused_and_flash_takes_no_audio() -> None:
-    from decision_server.media import MediaError
     from decision_server.fixtures.media_samples import audio_bytes, video_bytes
+    from decision_server.media import MediaError
 
     omni = load_model(_folder("tiny-clef-omni"), dtype="float32")
     tokenizer = omni.processor.tokenizer  # type: ignore[attr-defined]
