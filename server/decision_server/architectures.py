@@ -27,6 +27,13 @@ POOLED_ENGINE = "pooled"
 NEXT_TOKEN = "next_token"
 CANVAS = "canvas"
 POOLED = "pooled"
+# The one engine of each read kind that --read-mode does not choose (the architecture decides).
+KIND_ENGINES = {CANVAS: CANVAS_ENGINE, POOLED: POOLED_ENGINE}
+# Why `--read-mode tree|fork|naive` cannot read those kinds, as the startup refusal says it.
+KIND_REFUSALS = {
+    POOLED: "its joint-schema head scores every question in one pooled read (one backbone pass per prompt)",
+    CANVAS: "it is a block-diffusion model, read by canvas reads (one encoder pass, one bidirectional denoising step)",
+}
 # The file beside config.json that makes a Qwen3.5 / Qwen3-Omni folder a joint-schema (Clef) checkpoint.
 JOINT_HEAD_MARKER = "joint_head_config.json"
 
@@ -232,8 +239,12 @@ def choose_engine(requested: str, architecture: str, text_config: Any, folder: P
     if kind != NEXT_TOKEN:
         # The architecture decides these kinds' one engine; --read-mode names next-token engines only.
         if requested != "auto":
-            raise EngineRefusedError(_kind_refusal(kind, requested, architecture, folder))
-        return POOLED_ENGINE if kind == POOLED else CANVAS_ENGINE
+            family = joint_schema_family(architecture, folder)
+            subject = family.name if family is not None else architecture
+            raise EngineRefusedError(
+                f"--read-mode {requested} cannot serve {subject}: {KIND_REFUSALS[kind]}. Use --read-mode auto."
+            )
+        return KIND_ENGINES[kind]
     if requested == "auto":
         return default_engine(text_config)
     if requested == "tree":
@@ -243,16 +254,3 @@ def choose_engine(requested: str, architecture: str, text_config: Any, folder: P
                 f"--read-mode tree cannot serve {architecture}: {reason}. Use --read-mode auto (fork here) or naive."
             )
     return requested
-
-
-def _kind_refusal(kind: str, requested: str, architecture: str, folder: Path | None) -> str:
-    if kind == POOLED:
-        family = joint_schema_family(architecture, folder)
-        return (
-            f"--read-mode {requested} cannot serve {family.name if family else architecture}: its joint-schema head "
-            "scores every question in one pooled read (one backbone pass per prompt). Use --read-mode auto."
-        )
-    return (
-        f"--read-mode {requested} cannot serve {architecture}: it is a block-diffusion model, read by "
-        "canvas reads (one encoder pass, one bidirectional denoising step). Use --read-mode auto."
-    )

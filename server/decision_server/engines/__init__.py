@@ -11,6 +11,7 @@ from typing import Any
 from decision_server.architectures import (
     CANVAS,
     CANVAS_ENGINE,
+    KIND_ENGINES,
     NEXT_TOKEN,
     POOLED,
     POOLED_ENGINE,
@@ -79,8 +80,6 @@ ENGINE_TABLE: dict[tuple[str, str], EngineFactory] = {
     (CANVAS, CANVAS_ENGINE): lambda model, *_: CanvasEngine(model),
     (POOLED, POOLED_ENGINE): _pooled,
 }
-# The one engine of the read kinds that --read-mode does not choose (the architecture does).
-KIND_ENGINES = {CANVAS: CANVAS_ENGINE, POOLED: POOLED_ENGINE}
 
 
 def make_engine(
