@@ -122,7 +122,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         """The request decoded by the engine's read kind, its media expanded on the media threads (a read whose media
         cannot be decoded is answered with its error, the others go on), then the batch on the model thread."""
         engine, kind = self._engine, self._kind
-        specs, media_errors = await kind.with_media(kind.specs(request), engine, self._media_threads)
+        specs, media_errors = await kind.with_media(kind.from_pb(request), engine, self._media_threads)
 
         def work() -> decision_pb2.ReadResponse:
             batch = engine.run(specs)
@@ -138,7 +138,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
                     }
                 },
             )
-            return kind.response(specs, batch, media_errors)
+            return kind.to_pb(specs, batch, media_errors)
 
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, work)
 

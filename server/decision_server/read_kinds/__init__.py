@@ -23,7 +23,7 @@ class ReadKind(Protocol):
     # The debug line each batch of this kind logs.
     batch_message: str
 
-    def specs(self, request: decision_pb2.ReadRequest) -> list[Any]:
+    def from_pb(self, request: decision_pb2.ReadRequest) -> list[Any]:
         """The engine's input, one spec per read; a read of another kind is INVALID_ARGUMENT naming it."""
         ...
 
@@ -33,7 +33,7 @@ class ReadKind(Protocol):
         """The specs with their media expanded on `threads`, and the reads whose media failed, by position."""
         ...
 
-    def response(self, specs: list[Any], batch: Any, media_errors: dict[int, MediaError]) -> decision_pb2.ReadResponse:
+    def to_pb(self, specs: list[Any], batch: Any, media_errors: dict[int, MediaError]) -> decision_pb2.ReadResponse:
         """The engine's batch as the proto's results, in request order."""
         ...
 

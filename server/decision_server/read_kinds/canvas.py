@@ -77,7 +77,7 @@ class CanvasReads:
     name = CANVAS
     batch_message = "canvas batch"
 
-    def specs(self, request: decision_pb2.ReadRequest) -> list[CanvasSpec]:
+    def from_pb(self, request: decision_pb2.ReadRequest) -> list[CanvasSpec]:
         for read in request.reads:
             if read.media:
                 raise InvalidReadError(read.id, "canvas reads take no media on this shard")
@@ -88,7 +88,7 @@ class CanvasReads:
     ) -> tuple[list[CanvasSpec], dict[int, MediaError]]:
         return specs, {}
 
-    def response(
+    def to_pb(
         self, specs: list[CanvasSpec], batch: CanvasBatchOutcome, media_errors: dict[int, MediaError]
     ) -> decision_pb2.ReadResponse:
         return canvas_response(specs, batch)

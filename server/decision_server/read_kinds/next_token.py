@@ -69,7 +69,7 @@ class NextTokenReads:
     name = NEXT_TOKEN
     batch_message = "read batch"
 
-    def specs(self, request: decision_pb2.ReadRequest) -> list[ReadSpec]:
+    def from_pb(self, request: decision_pb2.ReadRequest) -> list[ReadSpec]:
         return read_specs(request)
 
     async def with_media(
@@ -84,7 +84,7 @@ class NextTokenReads:
             raise InvalidReadError(first.id, "this model folder has no processor: it reads no media")
         return await expand_media(specs, lambda spec: processor.prepare(spec.id, spec.prompt, spec.media), threads)
 
-    def response(
+    def to_pb(
         self, specs: list[ReadSpec], batch: BatchOutcome, media_errors: dict[int, MediaError]
     ) -> decision_pb2.ReadResponse:
         return read_response(specs, batch, media_errors)

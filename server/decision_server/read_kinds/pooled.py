@@ -68,7 +68,7 @@ class PooledReads:
     name = POOLED
     batch_message = "pooled batch"
 
-    def specs(self, request: decision_pb2.ReadRequest) -> list[PooledSpec]:
+    def from_pb(self, request: decision_pb2.ReadRequest) -> list[PooledSpec]:
         return [pooled_spec(read) for read in request.reads]
 
     async def with_media(
@@ -86,7 +86,7 @@ class PooledReads:
             specs, lambda spec: model.prepare_pooled_media(spec.id, spec.prompt, spec.media_range, spec.media), threads
         )
 
-    def response(
+    def to_pb(
         self, specs: list[PooledSpec], batch: PooledBatchOutcome, media_errors: dict[int, MediaError]
     ) -> decision_pb2.ReadResponse:
         return pooled_response(specs, batch, media_errors)
