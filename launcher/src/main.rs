@@ -5,6 +5,7 @@ mod allocator;
 mod binaries;
 mod child;
 mod config;
+mod download;
 mod export;
 mod launch;
 mod logging;
