@@ -10,6 +10,7 @@ fetched again, and config.json comes last, so a snapshot holding it is complete 
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import sys
 import threading
@@ -118,6 +119,12 @@ def download(
 
     repo, rev = split_model_id(model_id, revision)
     where = f"{repo}@{rev}"
+    # No telemetry unless the operator turns it on: without this huggingface_hub also fetches an "agent harness"
+    # registry from the endpoint and adds the torch version to its user agent.
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    # One progress line every few seconds, not a log line per HTTP request.
+    for name in ("httpx", "httpx2", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     # Imported here: huggingface_hub reads HF_ENDPOINT, HF_HUB_OFFLINE and the cache location at import.
     import httpx2
     from huggingface_hub import HfApi, constants, snapshot_download

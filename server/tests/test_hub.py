@@ -243,6 +243,9 @@ def test_only_what_a_server_loads_is_fetched_and_a_cut_is_resumed(hub: tuple[Hub
     assert "5 of 5 files" in result.stderr and "consolidated.pth" in result.stderr
     assert "(100 %)" in result.stderr and "/s, ETA" in result.stderr
     assert f"downloaded org/tiny@main into {folder}" in result.stderr
+    others = [p for _, p, _ in state.requests if p.startswith("/api/") and not p.startswith("/api/models/org/tiny/")]
+    assert others == [], "only the model's own routes: no telemetry"
+    assert "HTTP Request" not in result.stderr, "no log line per request"
 
     # Again: everything is there, no file is fetched twice.
     state.requests.clear()
