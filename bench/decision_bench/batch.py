@@ -5,7 +5,8 @@ Each output line is `{"id", "line", "status", "body"}` for an answer (any HTTP s
 `{"id", "line", "error"}` for a line that was never answered: not JSON, no usable id, a duplicate id, over
 --max-line-bytes, an unknown route, or a server that could not be reached. Lines are written as answers arrive
 (`line` is the input line number), each flushed whole, so a run that is stopped resumes where it was: ids already in
-OUT (and id-less lines already reported) are skipped. Blank input lines are ignored.
+OUT (and id-less lines already reported) are skipped. Blank input lines are ignored. With --launch instead of --url
+it starts decision-launcher for the run and stops it at the end (`launched.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import queue
 import random
+import shlex
 import sys
 import threading
 import time
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from decision_bench.launched import LaunchError, launched
 from decision_bench.runner import Endpoint, Reply
 
 DEFAULT_ROUTE = "/v1/systemone"
@@ -214,6 +217,7 @@ class Tally:
     def __init__(self, total_lines: int) -> None:
         self.total = total_lines
         self.started = time.monotonic()
+        self.finished: float | None = None  # when the last line was written (a launched server's stop is not counted)
         self.lock = threading.Lock()
         self.written = 0  # lines this run wrote
         self.skipped = 0  # lines an earlier run wrote
@@ -249,7 +253,7 @@ class Tally:
 
     def summary(self) -> str:
         with self.lock:
-            elapsed = time.monotonic() - self.started
+            elapsed = (self.finished or time.monotonic()) - self.started
             statuses = ", ".join(f"{count} x {status}" for status, count in sorted(self.statuses.items()))
             errors = ", ".join(f"{count} {kind}" for kind, count in sorted(self.errors.items()))
             return (
@@ -274,7 +278,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("input", type=Path, metavar="IN.jsonl", help="Requests, one JSON object a line")
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.jsonl", help="Answers (appended)")
-    parser.add_argument("--url", required=True, help="The server, e.g. http://127.0.0.1:3000")
+    server = parser.add_mutually_exclusive_group(required=True)
+    server.add_argument("--url", help="A running server, e.g. http://127.0.0.1:3000")
+    server.add_argument(
+        "--launch",
+        nargs="?",
+        const="",
+        metavar="'LAUNCHER ARGS'",
+        help="Start decision-launcher for this run instead (on a free loopback port, stopped at the end; its output "
+        "goes to OUT.jsonl.launcher.log), with these arguments: --launch alone serves the embedded default model, "
+        "--launch='--model-id Qwen/Qwen3-0.6B' another",
+    )
+    parser.add_argument(
+        "--launch-timeout", type=float, default=900.0, help="Seconds the launched server may take to be healthy"
+    )
+    parser.add_argument("--launcher", help=argparse.SUPPRESS)  # the program --launch starts (tests)
     parser.add_argument("--concurrency", type=int, default=8, help="Requests in flight (default 8)")
     parser.add_argument("--retries", type=int, default=5, help="Tries after the first on 429/503/529 or no answer")
     parser.add_argument(
@@ -374,6 +392,7 @@ def run(args: argparse.Namespace, stderr: IO[str]) -> Tally:
                 jobs.put(None)
             for thread in workers:
                 thread.join()
+            tally.finished = time.monotonic()
             stop.set()
             if reporter.is_alive():
                 reporter.join()
@@ -384,8 +403,17 @@ def run(args: argparse.Namespace, stderr: IO[str]) -> Tally:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        tally = run(args, sys.stderr)
-    except (OSError, ValueError) as e:
+        if args.launch is None:
+            tally = run(args, sys.stderr)
+        else:
+            if not args.input.is_file():  # before a server takes minutes to start
+                raise FileNotFoundError(f"no such file: {args.input}")
+            log = args.output.with_name(args.output.name + ".launcher.log")
+            print(f"decision-batch: starting decision-launcher {args.launch} (output in {log})", file=sys.stderr)
+            with launched(shlex.split(args.launch), log, args.launch_timeout, args.launcher) as url:
+                args.url = url
+                tally = run(args, sys.stderr)
+    except (OSError, ValueError, LaunchError) as e:
         print(f"decision-batch: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -224,3 +225,91 @@ def test_an_unusable_url_or_input_stops_before_anything_is_written(tmp_path: Pat
     assert not out.exists()
     with pytest.raises(SystemExit):
         batch.parse_args([str(source), "-o", str(out), "--url", "http://x", "--concurrency", "0"])
+
+
+FAKE_LAUNCHER = """#!{python}
+import json, signal, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+argv = sys.argv[1:]
+marker = argv[argv.index("--marker") + 1]
+with open(marker, "w") as f:
+    json.dump(argv, f)
+if "--die" in argv:
+    print("cannot load the model: no config.json")
+    sys.exit(1)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, payload):
+        self.send_response(200)
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self):
+        self._reply(b"ok")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self._reply(b'{{"answers": {{}}}}')
+
+
+def stop(*_):
+    with open(marker + ".stopped", "w") as f:
+        f.write("SIGTERM")
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+HTTPServer(("127.0.0.1", int(argv[argv.index("--port") + 1])), Handler).serve_forever()
+"""
+
+
+def fake_launcher(tmp_path: Path) -> Path:
+    program = tmp_path / "decision-launcher"
+    program.write_text(FAKE_LAUNCHER.format(python=sys.executable))
+    program.chmod(0o755)
+    return program
+
+
+def test_launch_starts_a_server_for_the_run_and_stops_it(tmp_path: Path) -> None:
+    source, out, marker = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "argv.json"
+    source.write_bytes(request("a") + b"\n" + request("b") + b"\n")
+    launch = f"--launch=--model-id org/x --marker {marker}"
+    code = batch.main([str(source), "-o", str(out), launch, "--launcher", str(fake_launcher(tmp_path))])
+    assert code == 0
+    assert sorted((r["id"], r["status"]) for r in map(json.loads, out.read_text().splitlines())) == [
+        ("a", 200),
+        ("b", 200),
+    ]
+    argv = json.loads(marker.read_text())
+    assert argv[:4] == ["--model-id", "org/x", "--marker", str(marker)]
+    assert argv[4:6] == ["--hostname", "127.0.0.1"] and argv[6] == "--port"
+    assert argv[8] == "--uds-path" and "decision-batch-" in argv[9], "its own shard sockets"
+    assert not Path(argv[9]).parent.exists(), "the socket folder is removed at the end"
+    assert (tmp_path / "argv.json.stopped").read_text() == "SIGTERM", "the server is stopped at the end"
+
+
+def test_a_launched_server_that_dies_stops_the_run_with_its_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, out, marker = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "argv.json"
+    source.write_bytes(request("a") + b"\n")
+    launch = f"--launch=--die --marker {marker}"
+    code = batch.main([str(source), "-o", str(out), launch, "--launcher", str(fake_launcher(tmp_path))])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "exited with status 1" in err and "cannot load the model: no config.json" in err, err
+    assert not out.exists(), "nothing is written when no server came up"
+    missing = batch.main([str(tmp_path / "absent.jsonl"), "-o", str(out), launch, "--launcher", "/nonexistent"])
+    assert missing == 2 and "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        batch.parse_args([str(source), "-o", str(out)])  # neither --url nor --launch
+    with pytest.raises(SystemExit):
+        batch.parse_args([str(source), "-o", str(out), "--url", "http://x", "--launch"])
