@@ -134,7 +134,8 @@ pub fn resolve(
         not_for(format!("the local folder {id}"))?;
         return local_folder(as_path).map(Resolution::Ready);
     }
-    if looks_like_path(id) {
+    // A revision may hold slashes (`refs/pr/1`); the repository part decides whether a path was meant.
+    if looks_like_path(id.split('@').next().unwrap_or(id)) {
         return Err(ModelError::NoSuchDirectory { id: id.to_owned() });
     }
     let (repo, revision) = split_revision(id, revision)?;
@@ -455,6 +456,14 @@ mod tests {
             "an unknown tag is downloaded"
         );
         assert_eq!(dir_of("org/name", Some("../../x")), None);
+        fs::create_dir_all(repo.join("refs").join("refs").join("pr")).expect("mkdir");
+        fs::write(repo.join("refs").join("refs").join("pr").join("1"), &old).expect("ref");
+        assert_eq!(
+            dir_of("org/name@refs/pr/1", None),
+            snapshot(&old),
+            "a pull request's ref"
+        );
+        assert_eq!(dir_of("org/name@refs/pr/2", None), None);
     }
 
     #[test]

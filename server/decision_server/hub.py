@@ -151,8 +151,8 @@ def download(
         if "config.json" not in files:
             raise HubError(f"{where} on {endpoint} has no config.json: it is not a Hugging Face model folder")
         commit = info.sha or rev
-        snapshot = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
-        have = {name for name in files if (snapshot / "snapshots" / commit / name).is_file()}
+        storage = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+        have = {name for name in files if (storage / "snapshots" / commit / name).is_file()}
         total = sum(siblings[name] for name in files)
         to_fetch = sum(siblings[name] for name in files if name not in have)
         skipped = sorted(set(siblings) - set(files))
@@ -161,7 +161,7 @@ def download(
             f"files, {size_text(to_fetch)} of {size_text(total)}"
             + (f"; not fetched (not loaded by a server): {', '.join(skipped)}" if skipped else "")
         )
-        progress = Progress(snapshot / "blobs", to_fetch, where, write)
+        progress = Progress(storage / "blobs", to_fetch, where, write)
         progress.start()
         done = threading.Event()
         reporter = threading.Thread(target=progress.report_until, args=(done, progress_every), daemon=True)
@@ -198,7 +198,7 @@ def download(
         raise HubError(f"{where}: downloading from {endpoint} failed: {e}") from e
     # `revision=commit` stored no ref for a branch or tag name; the launcher finds the snapshot through it.
     if rev != commit:
-        ref = snapshot / "refs" / rev
+        ref = storage / "refs" / rev
         ref.parent.mkdir(parents=True, exist_ok=True)
         ref.write_text(commit)
     write(f"downloaded {where} into {path}")
