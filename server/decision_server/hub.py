@@ -4,7 +4,8 @@ tokenizer and processor files, safetensors weights) into the Hugging Face cache,
 The launcher runs it when `--model-id ORG/NAME[@REVISION]` is not in the cache. huggingface_hub (transformers' own
 dependency) does the transfer and reads its usual environment: HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE / HF_HOME,
 HF_HUB_OFFLINE. A connection cut mid-file is resumed with a range request; files already in the cache are never
-fetched again, and config.json comes last, so a snapshot holding it is complete (that is how the launcher finds one).
+fetched again (a file cut by stopping the process starts over: huggingface_hub 2.4 keeps no partial file across
+processes), and config.json comes last, so a snapshot holding it is complete (that is how the launcher finds one).
 """
 
 from __future__ import annotations
