@@ -61,6 +61,14 @@ def size_text(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def duration_text(seconds: float) -> str:
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, secs = divmod(whole, 60)
+    return f"{minutes} min {secs:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 @dataclass
 class Progress:
     """Bytes arriving in a cache folder's blobs/ (huggingface_hub writes every file there, partial ones too)."""
@@ -92,7 +100,7 @@ class Progress:
         elapsed = time.monotonic() - self.started
         rate = got / elapsed if elapsed > 0 else 0.0
         share = 100 * got / self.to_fetch if self.to_fetch else 100.0
-        eta = f"{(self.to_fetch - got) / rate:.0f} s" if rate > 0 else "?"
+        eta = duration_text((self.to_fetch - got) / rate) if rate > 0 else "?"
         return (
             f"downloading {self.where}: {size_text(got)} of {size_text(self.to_fetch)} ({share:.0f} %), "
             f"{size_text(rate)}/s, ETA {eta}"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from decision_server.hub import needed_files, split_model_id
+from decision_server.hub import duration_text, needed_files, split_model_id
 
 TOKEN = "hf_good"
 
@@ -34,6 +34,7 @@ class Repo:
 class Hub:
     repos: dict[str, Repo]
     cut_once: set[str] = field(default_factory=set)  # files whose first GET stops half way
+    failing: set[str] = field(default_factory=set)  # files whose GET answers 500
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)  # method, path, Range
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -144,6 +145,10 @@ class HubHandler(BaseHTTPRequestHandler):
         with self.hub.lock:
             cut = name in self.hub.cut_once
             self.hub.cut_once.discard(name)
+            failing = name in self.hub.failing
+        if failing:
+            self._send(500, b"storage unavailable")
+            return
         if cut:
             # The whole length promised, half of it sent, the connection closed: the client must ask for the rest.
             self.send_response(status)
@@ -255,6 +260,31 @@ def test_only_what_a_server_loads_is_fetched_and_a_cut_is_resumed(hub: tuple[Hub
     assert not [r for r in state.requests if r[0] == "GET" and "/resolve/" in r[1]], state.requests
 
 
+def test_a_failed_run_leaves_no_config_and_the_next_fetches_only_what_is_missing(
+    hub: tuple[Hub, str], tmp_path: Path
+) -> None:
+    state, endpoint = hub
+    state.failing.add("tokenizer.json")
+    cache = tmp_path / "hub"
+    failed = download(endpoint, cache, "org/tiny")
+    assert failed.returncode == 3 and "org/tiny@main" in failed.stderr and "500" in failed.stderr, failed.stderr
+    folder = cache / "models--org--tiny" / "snapshots" / MAIN
+    kept = set(snapshot_files(folder)) if folder.exists() else set()
+    assert "config.json" not in kept and "tokenizer.json" not in kept, "a snapshot without config.json is not served"
+    assert not (cache / "models--org--tiny" / "refs" / "main").exists()
+
+    state.failing.clear()
+    state.requests.clear()
+    again = download(endpoint, cache, "org/tiny")
+    assert again.returncode == 0, again.stderr
+    fetched = {path.rsplit("/", 1)[1] for method, path, _ in state.requests if method == "GET" and "/resolve/" in path}
+    assert (
+        fetched
+        == {"config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "model.safetensors"} - kept
+    )
+    assert f"{5 - len(kept)} of 5 files" in again.stderr
+
+
 def test_a_revision_by_tag_suffix_or_flag(hub: tuple[Hub, str], tmp_path: Path) -> None:
     _, endpoint = hub
     cache = tmp_path / "hub"
@@ -334,3 +364,9 @@ def test_the_files_a_server_loads() -> None:
     assert split_model_id("org/name@v2", None) == ("org/name", "v2")
     assert split_model_id("org/name", "dev") == ("org/name", "dev")
     assert split_model_id("org/name", None) == ("org/name", "main")
+    assert [duration_text(s) for s in (0.4, 59.6, 61, 3600 * 80 + 49 * 60 + 5)] == [
+        "0 s",
+        "1 min 00 s",
+        "1 min 01 s",
+        "80 h 49 min",
+    ]
