@@ -91,6 +91,10 @@ pub struct Config {
     #[arg(long, hide = true)]
     pub print_flags: bool,
 
+    /// Print docs/configuration.md, the reference of every flag generated from these definitions, and exit.
+    #[arg(long, hide = true)]
+    pub print_configuration_reference: bool,
+
     /// The router flags given on the command line or in the environment, as router argv.
     #[arg(skip)]
     pub router_argv: Vec<OsString>,

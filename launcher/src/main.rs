@@ -11,6 +11,7 @@ mod launch;
 mod logging;
 mod mkl_dispatch;
 mod model;
+mod reference;
 mod router;
 mod shard;
 
@@ -28,6 +29,10 @@ async fn main() -> ExitCode {
     let config = Config::parse_cli();
     if config.print_flags {
         println!("{}", Config::flags_json());
+        return ExitCode::SUCCESS;
+    }
+    if config.print_configuration_reference {
+        print!("{}", reference::configuration_markdown());
         return ExitCode::SUCCESS;
     }
     if let Err(err) = config.validate() {
