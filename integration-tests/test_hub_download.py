@@ -5,6 +5,8 @@ Offline (HF_HUB_OFFLINE=1) and for an unknown repository the launcher stops at o
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -57,6 +59,12 @@ def test_a_hub_model_is_downloaded_once_and_served(
         answer = httpx2.post(f"{launcher.url}/v1/systemone", json=QUESTION, timeout=120)
         assert answer.status_code == 200, answer.text
         assert 0.0 <= answer.json()["answers"]["urgent"]["noul"] <= 1.0
+        # The downloaded model reads images: examples/image_input.py runs here (the suite's own model reads none).
+        example = Path(__file__).resolve().parent.parent / "examples" / "image_input.py"
+        image = subprocess.run(
+            [sys.executable, str(example), "--url", launcher.url], capture_output=True, text=True, timeout=120
+        )
+        assert image.returncode == 0 and "damaged: P(true) = " in image.stdout, f"{image.stdout}\n{image.stderr}"
         launcher.stop(grace_s=20.0)
 
         # Cached: found offline, the Hub never asked (resolving is enough; loading it again would only cost time).
