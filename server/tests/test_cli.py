@@ -159,7 +159,7 @@ def test_the_batch_budget_flag_takes_a_positive_token_count_or_stays_auto(capsys
 def test_help_lists_every_command() -> None:
     finished = subprocess.run([*COMMAND, "--help"], capture_output=True, text=True, timeout=60)
     assert finished.returncode == 0
-    for command in ("serve", "export-default", "export-gguf", "make-fixture"):
+    for command in ("serve", "export-default", "download", "export-gguf", "make-fixture"):
         assert command in finished.stdout
 
 
