@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -51,13 +52,28 @@ class ServeConfig:
 
 
 def remove_stale_socket(path: Path) -> None:
-    """A socket left by a killed shard would make bind fail; anything that is not a socket is left alone."""
+    """A socket left by a killed shard would make bind fail; anything that is not a socket is left alone, and a
+    socket another process still listens on is refused: replacing it would silently hand that server's router this
+    shard (two launchers on one machine with the default `--uds-path`)."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(mode):
         raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except OSError:
+        pass  # nobody listens: a stale socket
+    else:
+        raise FileExistsError(
+            f"{path} is the socket of a running shard (another server on this machine?); give this one its own "
+            "--uds-path (the launcher's UDS_PATH)"
+        )
+    finally:
+        probe.close()
     path.unlink()
 
 

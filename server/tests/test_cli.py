@@ -172,6 +172,23 @@ def test_only_sockets_are_removed_as_stale(tmp_path: Path) -> None:
     remove_stale_socket(tmp_path / "absent.sock")  # nothing there: nothing to do
 
 
+def test_a_socket_a_shard_still_listens_on_is_refused_and_a_stale_one_removed(tmp_path: Path) -> None:
+    # Two launchers on one machine with the default --uds-path: the second shard replaced the first's socket, and both
+    # routers read from it (found comparing a float32 and a bfloat16 server: every answer agreed to 3e-6).
+    live = tmp_path / "live.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(live))
+    listener.listen(1)
+    try:
+        with pytest.raises(FileExistsError, match="socket of a running shard.*--uds-path"):
+            remove_stale_socket(live)
+        assert live.exists()
+    finally:
+        listener.close()
+    remove_stale_socket(live)  # closed: what a killed shard leaves behind
+    assert not live.exists()
+
+
 def fake_topology(root: Path, siblings: dict[int, str]) -> Path:
     """A sysfs cpu folder where cpu N's thread_siblings_list reads `siblings[N]`."""
     for cpu, text in siblings.items():
