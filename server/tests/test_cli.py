@@ -180,7 +180,7 @@ def test_a_socket_a_shard_still_listens_on_is_refused_and_a_stale_one_removed(tm
     listener.bind(str(live))
     listener.listen(1)
     try:
-        with pytest.raises(FileExistsError, match="socket of a running shard.*--uds-path"):
+        with pytest.raises(FileExistsError, match=r"socket of a running shard.*--uds-path"):
             remove_stale_socket(live)
         assert live.exists()
     finally:
