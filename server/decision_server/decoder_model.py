@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from decision_server.checkpoint import Checkpoint
-from decision_server.decoder import Attention, DecoderLM, DecoderShape, LayerKV, SegmentPlan
+from decision_server.decoder import Attention, DecoderLM, DecoderShape, LayerKV, SegmentPlan, SegmentRows
 from decision_server.distributed import ParallelConfig, ShardGroup, join_group, partition
 from decision_server.layers import resolve_matmul, vocab_parallel_scores, widen_fits_memory
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
@@ -257,30 +257,46 @@ def load_decoder_model(
 
 
 def _flex_probe(network: DecoderLM, dtype: torch.dtype, device: torch.device) -> float:
-    """The largest difference between FlexAttention and per-segment SDPA over a small packed layout with this
-    model's heads (random queries and keys): two requests, one after cached keys, a question tree on each state."""
+    """The largest difference between FlexAttention and per-segment SDPA on small packed layouts with this model's
+    heads (random queries and keys), every pass and kept-rows form a served batch takes, so that their kernels are
+    compiled here, at load, and never while serving: two requests with a question tree each, one after cached keys
+    (several tiles); one short request (one tile); 8 kept rows and 1."""
     attention = network.layers[0].attention
     assert isinstance(attention, Attention)
     tree = np.tri(24, dtype=bool)
     tree[12:, 4:12] = False  # two branches after a shared stem of 4 tokens
-    layout = SegmentLayout(
+    layouts = (
         (
-            AttentionSegment(0, 150, ()),
-            AttentionSegment(150, 174, (KeyRange(NEW, 0, 150),), tree),
-            AttentionSegment(174, 300, (KeyRange(PAST, 0, 40),)),
-            AttentionSegment(300, 324, (KeyRange(PAST, 0, 40), KeyRange(NEW, 174, 300)), tree),
-        )
+            40,
+            SegmentLayout(
+                (
+                    AttentionSegment(0, 150, ()),
+                    AttentionSegment(150, 174, (KeyRange(NEW, 0, 150),), tree),
+                    AttentionSegment(174, 300, (KeyRange(PAST, 0, 40),)),
+                    AttentionSegment(300, 324, (KeyRange(PAST, 0, 40), KeyRange(NEW, 174, 300)), tree),
+                )
+            ),
+        ),
+        (0, SegmentLayout((AttentionSegment(0, 36, ()), AttentionSegment(36, 60, (KeyRange(NEW, 0, 36),), tree)))),
     )
     generator = torch.Generator().manual_seed(0)
 
     def random(heads: int, tokens: int) -> torch.Tensor:
         return torch.randn(heads, tokens, attention.head_dim, generator=generator).to(device=device, dtype=dtype)
 
-    query = random(attention.heads, layout.tokens)
-    new = LayerKV(random(attention.kv_heads, layout.tokens), random(attention.kv_heads, layout.tokens))
-    past = LayerKV(random(attention.kv_heads, 40), random(attention.kv_heads, 40))
+    differences: list[torch.Tensor] = []
     scale = attention.head_dim**-0.5
-    with torch.inference_mode():
-        flex = SegmentPlan.of(layout, 40, dtype, device, "flex").attend(query, new, past, scale)
-        sdpa = SegmentPlan.of(layout, 40, dtype, device, "sdpa").attend(query, new, past, scale)
-    return float((flex.float() - sdpa.float()).abs().max().item())
+    for past_length, layout in layouts:
+        query = random(attention.heads, layout.tokens)
+        new = LayerKV(random(attention.kv_heads, layout.tokens), random(attention.kv_heads, layout.tokens))
+        past = LayerKV(random(attention.kv_heads, past_length), random(attention.kv_heads, past_length))
+        with torch.inference_mode():
+            plans = [SegmentPlan.of(layout, past_length, dtype, device, kernel) for kernel in ("flex", "sdpa")]
+            outputs = [plan.attend(query, new, past, scale) for plan in plans]
+            for keep in (list(range(layout.tokens - 8, layout.tokens)), [layout.tokens - 1]):
+                kept = [SegmentRows.of(keep, plan, layout, device) for plan in plans]
+                outputs += [rows.attend(query, new, past, scale) for rows in kept]
+        differences += [
+            (flex.float() - sdpa.float()).abs().max() for flex, sdpa in zip(outputs[0::2], outputs[1::2], strict=True)
+        ]
+    return float(torch.stack(differences).max().item())  # NaN stays NaN

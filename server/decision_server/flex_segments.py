@@ -23,6 +23,8 @@ from .segments import PAST, SegmentLayout
 
 # FlexAttention's tile: queries and keys are cut in blocks of this many rows.
 BLOCK = 128
+# Columns of the range table at least (a segment sees at most a cached prefix and its state: 2 ranges, rarely more).
+MIN_RANGES = 4
 
 
 @functools.cache
@@ -45,6 +47,7 @@ class FlexSegments:
 
     block_mask: Any  # torch.nn.attention.flex_attention.BlockMask
     past_length: int
+    rows: int  # query rows (the block mask has 2 where there is 1)
 
     @classmethod
     def of(
@@ -58,10 +61,15 @@ class FlexSegments:
         keys = past_length + tokens
         starts = np.array([segment.start for segment in layout.segments], dtype=np.int64)
         lengths = np.array([len(segment) for segment in layout.segments], dtype=np.int64)
-        own_start = starts + past_length
         segment_of = np.repeat(np.arange(len(starts)), lengths)
         ranges = [_key_ranges(segment.past, past_length) for segment in layout.segments]
-        width = 1 << max(0, max((len(r) for r in ranges), default=1) - 1).bit_length()
+        # Every table keeps at least 2 entries and the range table at least MIN_RANGES columns, so that one compiled
+        # kernel (dynamic shapes specialise sizes 0 and 1) serves every pass: one segment or many, trees or none.
+        if len(starts) == 1:
+            starts, lengths = np.append(starts, tokens), np.append(lengths, 0)
+            ranges.append([])
+        own_start = starts + past_length
+        width = max(MIN_RANGES, 1 << max(0, max(len(r) for r in ranges) - 1).bit_length())
         low = np.zeros((len(starts), width), dtype=np.int64)
         high = np.zeros((len(starts), width), dtype=np.int64)
         for number, pieces in enumerate(ranges):
@@ -80,6 +88,9 @@ class FlexSegments:
             trees.append(segment.tree.reshape(-1))
             at += segment.tree.size
         query_tokens = np.arange(tokens) if rows is None else np.asarray(rows, dtype=np.int64)
+        query_rows = len(query_tokens)
+        if query_rows == 1:  # one kept row: read twice (`attend` returns one)
+            query_tokens = np.repeat(query_tokens, 2)
         partial, full = _block_lists(query_tokens, segment_of, starts, own_start, ranges, is_tree, keys)
 
         def tensor(array: np.ndarray, dtype: torch.dtype = torch.int32) -> torch.Tensor:
@@ -93,7 +104,7 @@ class FlexSegments:
             tree_base=tensor(tree_base),
             length=tensor(lengths),
             is_tree=tensor(is_tree, torch.bool),
-            tree=tensor(np.concatenate(trees) if trees else np.zeros(1, dtype=bool), torch.bool),
+            tree=tensor(np.concatenate(trees) if trees else np.zeros(2, dtype=bool), torch.bool),
             range_low=tensor(low),
             range_high=tensor(high),
         )
@@ -108,12 +119,14 @@ class FlexSegments:
             seq_lengths=(len(query_tokens), keys),
             compute_q_blocks=False,
         )
-        return cls(block_mask, past_length)
+        return cls(block_mask, past_length, query_rows)
 
     def attend(self, query: torch.Tensor, new_keys: torch.Tensor, new_values: torch.Tensor, past: Any) -> torch.Tensor:
         """Attention (heads, rows, head_dim) of `query` (heads, rows, head_dim) over `past` (a `decoder.LayerKV` or
         None) and the pass's own keys/values (kv_heads, tokens, head_dim)."""
         keys, values = new_keys, new_values
+        if query.shape[1] == 1:
+            query = torch.cat((query, query), dim=1)
         if self.past_length:
             keys = torch.cat((past.keys, keys), dim=1)
             values = torch.cat((past.values, values), dim=1)
@@ -125,7 +138,7 @@ class FlexSegments:
             scale=query.shape[-1] ** -0.5,
             enable_gqa=query.shape[0] != keys.shape[0],
         )
-        return attended[0]
+        return attended[0, :, : self.rows]
 
 
 def _key_ranges(past: Sequence[Any], past_length: int) -> list[tuple[int, int]]:

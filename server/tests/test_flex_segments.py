@@ -4,6 +4,7 @@ the tree engine builds (causal states after cached prefixes, question trees seei
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -161,3 +162,35 @@ def test_off_cpu_the_shard_takes_flex_only_where_its_probe_passes(
     monkeypatch.setattr(tiny_qwen3, "device", torch.device("cuda"))
     assert tiny_qwen3.choose_segment_kernel() == chosen
     assert tiny_qwen3.segment_attention == chosen
+
+
+@pytest.mark.parametrize("rows", [None, [0], [57]], ids=["all-rows", "first-row", "one-kept-row"])
+def test_one_segment_and_one_row_are_padded_to_the_tables_every_pass_shares(
+    monkeypatch: pytest.MonkeyPatch, rows: list[int] | None
+) -> None:
+    # Dynamic shapes specialise sizes 0 and 1: a pass of one segment or one kept row must still take the tables of
+    # the kernel compiled at load (2+ segments, 2+ rows, MIN_RANGES columns), and answer for its own rows only.
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from decision_server import flex_segments
+
+    monkeypatch.setattr(flex_segments, "kernel", lambda device_type: flex_attention)
+    layout = SegmentLayout((AttentionSegment(0, 60, (KeyRange(PAST, 5, 30),)),))
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(4, 60, 16, generator=generator)
+    keys, values = torch.randn(2, 100, 16, generator=generator), torch.randn(2, 100, 16, generator=generator)
+    allowed = torch.from_numpy(layout.dense_allowed(40))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query[None], keys[None], values[None], attn_mask=allowed[None, None], enable_gqa=True
+    )[0]
+
+    past = SimpleNamespace(keys=keys[:, :40], values=values[:, :40])
+    mask = FlexSegments.of(layout, 40, torch.device("cpu"), rows=rows)
+    mod = mask.block_mask.mask_mod
+    tables = {name: cell.cell_contents for name, cell in zip(mod.__code__.co_freevars, mod.__closure__, strict=True)}
+    assert tables["start"].shape[0] >= 2 and tables["query_token"].shape[0] >= 2 and tables["tree"].shape[0] >= 2
+    assert tables["range_low"].shape[1] >= flex_segments.MIN_RANGES
+    chosen = list(range(60)) if rows is None else rows
+    got = mask.attend(query[:, chosen], keys[:, 40:], values[:, 40:], past)
+    assert got.shape == (4, len(chosen), 16)
+    torch.testing.assert_close(got, expected[:, chosen], atol=2e-5, rtol=1e-5)
