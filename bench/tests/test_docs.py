@@ -1,9 +1,12 @@
-"""The repository's Markdown: the README stays a front page (at most 10 KB, the two set-up commands first), and every
+"""The repository's Markdown: the README stays a front page (at most 10 KB, the two set-up commands first, its curl
+request the one the container test sends), and every
 relative link in the README, docs/, CONTRIBUTING, CHANGELOG and examples/ resolves to a file of this repository and,
 with a #fragment, to one of its headings. Reads files only: no server, well under a second."""
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 from pathlib import Path
 
@@ -77,6 +80,23 @@ def test_the_readme_starts_with_the_two_set_up_commands_unchanged() -> None:
     first_block = re.search(r"```bash\n(.*?)```", text, re.S)
     assert first_block is not None and text.index("```") < text.index("\n## ")
     assert first_block.group(1).splitlines() == FIRST_COMMANDS
+
+
+def test_the_readme_request_is_the_one_the_container_test_sends() -> None:
+    # integration-tests/test_container.py sends README_BODY to the image; the README shows that request.
+    text = README.read_text(encoding="utf-8")
+    curl = re.search(r"curl -s localhost:3000/v1/systemone .*? -d '(.*?)'\n", text, re.S)
+    assert curl is not None, "the README's curl request to /v1/systemone"
+    module = ast.parse((ROOT / "integration-tests/test_container.py").read_text(encoding="utf-8"))
+    sent = next(
+        ast.literal_eval(node.value)
+        for node in module.body
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and node.target.id == "README_BODY"
+        and node.value is not None
+    )
+    assert json.loads(curl.group(1)) == sent
 
 
 @pytest.mark.parametrize("path", LINKED_FILES, ids=lambda p: str(p.relative_to(ROOT)))
