@@ -1,7 +1,7 @@
 """The repository's Markdown: the README stays a front page (at most 10 KB, the two set-up commands first, its curl
-request the one the container test sends), and every
-relative link in the README, docs/, CONTRIBUTING, CHANGELOG and examples/ resolves to a file of this repository and,
-with a #fragment, to one of its headings. Reads files only: no server, well under a second."""
+request the one the container test sends), and every relative link in the README, docs/, CONTRIBUTING, CHANGELOG
+and examples/ resolves to a file of this repository and, with a #fragment, to one of its headings. Reads files
+only: no server, a few seconds."""
 
 from __future__ import annotations
 
