@@ -80,9 +80,12 @@ class FlexSegments:
         is_tree = np.zeros(len(starts), dtype=bool)
         at = 0
         for number, segment in enumerate(layout.segments):
-            if segment.tree is None or np.array_equal(segment.tree, np.tri(len(segment), dtype=bool)):
+            if segment.tree is None:
                 continue
-            if np.triu(segment.tree, 1).any():
+            causal = _causal(len(segment))
+            if np.array_equal(segment.tree, causal):
+                continue
+            if (segment.tree & ~causal).any():
                 raise ValueError(f"segment {segment.start}..{segment.end}: a token sees a later token")
             is_tree[number], tree_base[number] = True, at
             trees.append(segment.tree.reshape(-1))
@@ -91,7 +94,7 @@ class FlexSegments:
         query_rows = len(query_tokens)
         if query_rows == 1:  # one kept row: read twice (`attend` returns one)
             query_tokens = np.repeat(query_tokens, 2)
-        partial, full = _block_lists(query_tokens, segment_of, starts, own_start, ranges, is_tree, keys)
+        partial, full = _block_lists(query_tokens, segment_of, starts, own_start, low, high, is_tree, keys)
 
         def tensor(array: np.ndarray, dtype: torch.dtype = torch.int32) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
@@ -139,6 +142,14 @@ class FlexSegments:
             enable_gqa=query.shape[0] != keys.shape[0],
         )
         return attended[0, :, : self.rows]
+
+
+@functools.lru_cache(maxsize=64)
+def _causal(size: int) -> np.ndarray:
+    """(size, size) booleans, row i sees 0..i (kept: a batch's question trees come in a few sizes)."""
+    causal = np.tri(size, dtype=bool)
+    causal.flags.writeable = False
+    return causal
 
 
 def _key_ranges(past: Sequence[Any], past_length: int) -> list[tuple[int, int]]:
@@ -196,42 +207,52 @@ def _block_lists(
     segment_of: np.ndarray,
     starts: np.ndarray,
     own_start: np.ndarray,
-    ranges: list[list[tuple[int, int]]],
+    low: np.ndarray,
+    high: np.ndarray,
     is_tree: np.ndarray,
     keys: int,
 ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """Per block of query rows, the key blocks allowed in part and those allowed whole, as FlexAttention's
-    (counts (query blocks,), indices (query blocks, key blocks)) pairs."""
-    query_blocks = -(-len(query_tokens) // BLOCK)
+    (counts (query blocks,), indices (query blocks, key blocks)) pairs.
+
+    Array work only (a batch of 64 requests has hundreds of query blocks): the rows are grouped into (query block,
+    segment) pairs, each pair's key intervals become key-block spans, and the spans of a block's pairs are joined
+    (any pair touches the tile) and intersected (every row sees the tile whole)."""
+    block = np.arange(len(query_tokens)) // BLOCK
+    segment = segment_of[query_tokens]
+    order = np.lexsort((query_tokens, segment, block))
+    block, segment, token = block[order], segment[order], query_tokens[order]
+    heads = np.flatnonzero(np.r_[True, (block[1:] != block[:-1]) | (segment[1:] != segment[:-1])])
+    pair_segment = segment[heads]
+    first = np.minimum.reduceat(token, heads) - starts[pair_segment]
+    last = np.maximum.reduceat(token, heads) - starts[pair_segment]
+    own = own_start[pair_segment]
+    own_whole_end = np.where(is_tree[pair_segment], own, own + first + 1)  # a tree's own tiles are never whole
+    span_low = np.concatenate((low[pair_segment], own[:, None]), axis=1)
+    touched = _spans(span_low, np.concatenate((high[pair_segment], (own + last + 1)[:, None]), axis=1), keys, False)
+    whole = _spans(span_low, np.concatenate((high[pair_segment], own_whole_end[:, None]), axis=1), keys, True)
+    block_heads = np.flatnonzero(np.r_[True, block[heads][1:] != block[heads][:-1]])
+    touched = np.logical_or.reduceat(touched, block_heads, axis=0)
+    whole = np.logical_and.reduceat(whole, block_heads, axis=0) & touched
+    return _listed(touched & ~whole), _listed(whole)
+
+
+def _spans(low: np.ndarray, high: np.ndarray, keys: int, whole: bool) -> np.ndarray:
+    """(pairs, key blocks) booleans: the key blocks each pair's intervals [low, high) touch, or with `whole` lie
+    wholly inside one of them (the last block ends at `keys`, however short it is)."""
     key_blocks = -(-keys // BLOCK)
-    lists = {kind: (np.zeros(query_blocks, np.int64), np.zeros((query_blocks, key_blocks), np.int64)) for kind in "pf"}
-    for block in range(query_blocks):
-        block_tokens = query_tokens[block * BLOCK : (block + 1) * BLOCK]
-        block_segments = segment_of[block_tokens]
-        touched = np.zeros(key_blocks, dtype=bool)
-        whole = np.ones(key_blocks, dtype=bool)
-        for segment in np.unique(block_segments):
-            mine = block_tokens[block_segments == segment]
-            first, last = int(mine.min()) - starts[segment], int(mine.max()) - starts[segment]
-            seen = np.zeros(key_blocks, dtype=bool)
-            for low, high in ranges[segment]:
-                touched[low // BLOCK : (high - 1) // BLOCK + 1] = True
-                seen[_inside(low, high, keys)] = True
-            own = int(own_start[segment])
-            touched[own // BLOCK : (own + last) // BLOCK + 1] = True
-            if not is_tree[segment]:
-                seen[_inside(own, own + first + 1, keys)] = True
-            whole &= seen
-        whole &= touched
-        for kind, chosen in (("p", touched & ~whole), ("f", whole)):
-            indices = np.flatnonzero(chosen)
-            lists[kind][0][block] = len(indices)
-            lists[kind][1][block, : len(indices)] = indices
-    return lists["p"], lists["f"]
+    if whole:
+        first = -(-low // BLOCK)
+        end = np.where(high >= keys, key_blocks, high // BLOCK)
+    else:
+        first, end = low // BLOCK, (high - 1) // BLOCK + 1
+    pair, slot = np.nonzero((high > low) & (end > first))
+    counts = np.zeros((low.shape[0], key_blocks + 1), dtype=np.int32)
+    np.add.at(counts, (pair, first[pair, slot]), 1)
+    np.add.at(counts, (pair, end[pair, slot]), -1)
+    return np.cumsum(counts, axis=1)[:, :key_blocks] > 0
 
 
-def _inside(low: int, high: int, keys: int) -> slice:
-    """The key blocks wholly inside keys [low, high) (the last block ends at `keys`, however short it is)."""
-    first = -(-low // BLOCK)
-    end = keys // BLOCK + 1 if high >= keys else high // BLOCK
-    return slice(first, max(first, end))
+def _listed(chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A (query blocks, key blocks) boolean table as (counts, indices): each row's chosen blocks first, ascending."""
+    return chosen.sum(axis=1), np.argsort(~chosen, axis=1, kind="stable")
