@@ -37,6 +37,11 @@ impl Kind {
     /// Every kind, in the order label sets are checked and listed.
     pub const ALL: [Kind; 3] = [Kind::Choice, Kind::YesNo, Kind::Score];
 
+    /// Its place in `ALL` (tables keyed by kind are arrays in that order).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The kind as messages name it ("this model cannot answer yes/no questions …").
     pub fn name(self) -> &'static str {
         match self {
@@ -115,6 +120,13 @@ mod tests {
             let probe = crate::ir::QuestionKind::probe(kind);
             assert_eq!(probe.kind(), kind);
             assert!(probe.arity() <= kind.labels().len(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn index_is_the_place_in_all() {
+        for (i, kind) in Kind::ALL.into_iter().enumerate() {
+            assert_eq!(kind.index(), i);
         }
     }
 

@@ -114,8 +114,7 @@ impl LabelVocabulary {
 
     /// The token of each of a kind's single-token labels, or why this model cannot read them.
     pub fn single(&self, kind: Kind) -> &Result<Vec<u32>, LabelError> {
-        let at = Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
-        &self.singles[at]
+        &self.singles[kind.index()]
     }
 
     /// The label token sequence of each of `n` answers under a scheme, or why this model cannot read them.
