@@ -70,10 +70,10 @@ COPY server/pyproject.toml server/pyproject.toml
 COPY bench/pyproject.toml bench/pyproject.toml
 COPY integration-tests/pyproject.toml integration-tests/pyproject.toml
 # Only the shard's runtime packages, at the lock's versions and hashes, compiled to bytecode here (the image's user
-# cannot write it, and a layer that never changes after this step stays cached downstream). Dropped: triton
-# (torch.compile's GPU code generator, which the shard never calls; about 1 GB) and every test, benchmark and client
-# package. The shard itself lives apart in /opt/shard (a .pth line), so editing it never re-copies these 5 GB.
-RUN /opt/uv/bin/uv export -q --frozen --package decision-server --no-emit-workspace --no-emit-package triton \
+# cannot write it, and a layer that never changes after this step stays cached downstream). triton is in: on a GPU
+# torch.compile generates the compiled layers (`layer_graph`) and the one-call segment attention (`flex_segments`)
+# with it. Dropped: every test, benchmark and client package. The shard itself lives apart in /opt/shard (a .pth line), so editing it never re-copies these 5 GB.
+RUN /opt/uv/bin/uv export -q --frozen --package decision-server --no-emit-workspace \
         --format requirements-txt -o /tmp/runtime.txt \
  && /opt/uv/bin/uv export -q --frozen --all-packages --no-emit-workspace --format requirements-txt -o /tmp/all.txt \
  && python3 -m venv --without-pip /opt/venv \

@@ -96,7 +96,7 @@ PROCESSOR_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl
 DIFFUSION_FIXTURES := tiny-diffusiongemma
 # Joint-schema (Clef-Flash, Clef-Omni): tiny Qwen3.5 / Qwen3-Omni thinker backbones with a random head of a small config.
 CLEF_FIXTURES := tiny-clef-flash tiny-clef-omni
-# Their builder's revision (fixtures_clef.CLEF_FIXTURE_REVISION), recorded in each folder's completion marker; a cached
+# Their builder's revision (decision_server/fixtures/clef.py, CLEF_FIXTURE_REVISION), recorded in each folder's completion marker; a cached
 # copy of another revision is rebuilt.
 CLEF_FIXTURE_REVISION := 2
 fixtures: venv

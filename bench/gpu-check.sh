@@ -46,20 +46,28 @@ FIXTURE=/tmp/gpu-models/tiny-qwen3 python3 - <<'EOF' | tee -a "$LOG"
 import os, torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.engines import make_engine
 from decision_server.engines.types import ReadSpec
 
 folder = Path(os.environ["FIXTURE"])
 prompts = [[1, 5, 9, 13, 17, 21, 25], [1, 5, 9, 13, 40, 41], [1, 5, 9, 13, 17, 21, 25, 30]]
+# Four more requests with distinct 150-token states, two questions each: one packed pass of many segments.
+g = torch.Generator().manual_seed(0)
+for _ in range(4):
+    state = [1, *torch.randint(10, 400, (150,), generator=g).tolist()]
+    prompts += [state + [60, 61], state + [62, 63, 64]]
 labels = ((3,), (4,), (7, 8))
 for dtype, tol, compile_mode in (("float32", 1e-4, "off"), ("bfloat16", 5e-2, "off"), ("bfloat16", 5e-2, "auto")):
     # --compile auto: the layers between attentions as compiled graphs (layer_graph), the serving default.
-    model = load_model(folder, dtype=dtype, compile_mode=compile_mode)
+    model = load_model(folder, LoadOptions(dtype=dtype, compile_mode=compile_mode))
     assert model.device_name.startswith("cuda"), model.device_name
-    print(f"{dtype} compile {compile_mode}: compiled layers {model.compiled_layers}")
+    print(f"{dtype} compile {compile_mode}: compiled layers {model.compiled_layers}, segment attention {model.segment_attention}")
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to("cuda").eval()
-    for mode in ("tree", "naive"):
+    # tree with the kernel chosen at load (flex where its probe passed), tree with SDPA per segment, and naive.
+    chosen = model.segment_attention
+    for mode, kernel in (("tree", chosen), ("tree", "sdpa"), ("naive", chosen)):
+        model.segment_kernel = kernel
         engine = make_engine(mode, model)
         specs = [ReadSpec(id=i, prompt=tuple(p), labels=labels) for i, p in enumerate(prompts)]
         outcomes = engine.run(specs).outcomes
@@ -72,7 +80,8 @@ for dtype, tol, compile_mode in (("float32", 1e-4, "off"), ("bfloat16", 5e-2, "o
                 start = len(spec.prompt) - 1
                 want = sum(float(lp[start + k, t]) for k, t in enumerate(label))
                 worst = max(worst, abs(got - want))
-        print(f"{dtype} {compile_mode} {mode}: max |dlogprob| {worst:.2e} (tolerance {tol})", "ok" if worst < tol else "FAILED")
+        print(f"{dtype} {compile_mode} {mode} {kernel}: max |dlogprob| {worst:.2e} (tolerance {tol})", "ok" if worst < tol else "FAILED")
+    model.segment_kernel = chosen
 EOF
 
 echo "== 4. decision-bench, --num-shard 1, bfloat16, Qwen3-0.6B shape (bench/gpu-workloads.sh)" | tee -a "$LOG"

@@ -285,7 +285,7 @@ def _data_url(mime: str, data: bytes) -> str:
 def test_videos_and_audio_as_the_seeds_say(served: tuple[str, Launcher]) -> None:
     """Flash: videos read (soundtracks ignored), audio a 400; Omni: audio read, and audio clips together with
     videos that all have soundtracks a 400 naming the clip."""
-    from decision_server.media_samples import audio_bytes, video_bytes
+    from decision_server.fixtures.media_samples import audio_bytes, video_bytes
 
     name, launcher = served
     url = f"{launcher.url}/v1/systemone"

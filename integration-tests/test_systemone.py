@@ -406,6 +406,8 @@ def test_operations_endpoints(
     # serving default, so the whole container suite reads through the compiled layers (`--compile auto`).
     container = request.node.callspec.params["server_url"] == "container"
     assert server_info["compiled_layers"] is container, server_info
+    # On CPU packed passes attend with the split kernels (FlexAttention and per-segment SDPA are the off-CPU forms).
+    assert server_info["segment_attention"] == "split", server_info
     metrics = http.get("/metrics")
     assert metrics.status_code == 200, metrics.text[:500]
     assert "# TYPE" in metrics.text, metrics.text[:500]

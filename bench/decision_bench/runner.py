@@ -45,6 +45,7 @@ class Reply:
     body: bytes
     server_timing: dict[str, float]  # {} when the server sends no Server-Timing header
     retry_after: float | None = None  # seconds, from a Retry-After header in delta-seconds form
+    request_id: str | None = None  # the server's x-request-id (or x-typesafe-request-id)
 
 
 @dataclass
@@ -78,8 +79,11 @@ class Endpoint:
             self._connection = factory(self._host, self._port, timeout=self._timeout)
         return self._connection
 
-    def request(self, method: str, path: str, body: bytes | None = None) -> Reply:
+    def request(
+        self, method: str, path: str, body: bytes | None = None, extra_headers: dict[str, str] | None = None
+    ) -> Reply:
         headers = {"content-type": "application/json"} if body is not None else {}
+        headers.update(extra_headers or {})
         for attempt in (0, 1):
             connection = self._connect()
             try:
@@ -93,6 +97,7 @@ class Endpoint:
                     response.read(),
                     server_timing.parse(timing),
                     float(retry_after) if retry_after and retry_after.strip().isdigit() else None,
+                    response.headers.get("x-request-id") or response.headers.get("x-typesafe-request-id"),
                 )
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 # A keep-alive connection the server closed while idle: reconnect once, then give up.

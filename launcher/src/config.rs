@@ -17,11 +17,17 @@ use crate::mkl_dispatch::MklDispatch;
 #[derive(Parser, Debug, Clone)]
 #[command(name = "decision-launcher", version)]
 pub struct Config {
-    /// Model to serve: a local Hugging Face folder, or an ORG/NAME id found (offline) in the local
-    /// Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub). Without it the
-    /// embedded default, SmolLM2-135M-Instruct, is converted once into the cache dir and served.
+    /// Model to serve: a local Hugging Face folder, or a Hub id ORG/NAME[@REVISION] looked up in the local
+    /// Hugging Face cache ($HF_HUB_CACHE, $HF_HOME/hub or ~/.cache/huggingface/hub) and downloaded into it
+    /// when missing (config, tokenizer files and safetensors only; HF_TOKEN for private and gated models,
+    /// HF_ENDPOINT for a mirror; HF_HUB_OFFLINE=1 forbids downloads). Without it the embedded default,
+    /// SmolLM2-135M-Instruct, is converted once into the cache dir and served.
     #[arg(long, env = "MODEL_ID")]
     pub model_id: Option<String>,
+
+    /// Revision of a Hub --model-id: a branch, tag or commit (default main). The same as ORG/NAME@REVISION.
+    #[arg(long, env = "REVISION")]
+    pub revision: Option<String>,
 
     /// Number of tensor-parallel shards (ranks), one process each, every one holding its slice of
     /// the weights: on CUDA rank R uses GPU R, on CPU all ranks share the machine. Above 1 only
@@ -84,6 +90,10 @@ pub struct Config {
     /// Print every flag's name and env var as JSON and exit (the test harness's list of env vars to clear).
     #[arg(long, hide = true)]
     pub print_flags: bool,
+
+    /// Print docs/configuration.md, the reference of every flag generated from these definitions, and exit.
+    #[arg(long, hide = true)]
+    pub print_configuration_reference: bool,
 
     /// The router flags given on the command line or in the environment, as router argv.
     #[arg(skip)]

@@ -10,6 +10,7 @@ use crate::allocator::{self, TcmallocMissing};
 use crate::binaries::{self, MissingBinary, ROUTER_BINARY, SHARD_BINARY};
 use crate::child::{ChildExit, Children, SpawnError};
 use crate::config::{Config, ConfigError};
+use crate::download::{self, DownloadError};
 use crate::export::{self, ExportError};
 use crate::mkl_dispatch::{self, LibraryMissing};
 use crate::model::{self, ModelError, Resolution};
@@ -26,6 +27,8 @@ pub enum LaunchError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Export(#[from] ExportError),
+    #[error(transparent)]
+    Download(#[from] DownloadError),
     #[error(transparent)]
     Shard(#[from] ShardError),
     #[error(transparent)]
@@ -116,8 +119,15 @@ async fn start_and_supervise(
 
     let cache_dir = config.cache_dir()?;
     let hub_cache = model::hub_cache_dir(|name| std::env::var_os(name));
-    let model = match model::resolve(config.model_id.as_deref(), &cache_dir, hub_cache.as_deref())?
-    {
+    let resolve = || {
+        model::resolve(
+            config.model_id.as_deref(),
+            config.revision.as_deref(),
+            &cache_dir,
+            hub_cache.as_deref(),
+        )
+    };
+    let model = match resolve()? {
         Resolution::Ready(model) => model,
         Resolution::NeedsExport(model) => {
             tokio::select! {
@@ -125,6 +135,23 @@ async fn start_and_supervise(
                 signal = signals.recv() => return Ok(stopping(signal)),
             }
             model
+        }
+        Resolution::NeedsDownload(hub) => {
+            let offline = model::hub_offline(|name| std::env::var_os(name));
+            tokio::select! {
+                result = download::run(children, &server_bin, &hub, offline) => result?,
+                signal = signals.recv() => return Ok(stopping(signal)),
+            }
+            match resolve()? {
+                Resolution::Ready(model) => model,
+                _ => {
+                    return Err(DownloadError::NotInCache {
+                        model: hub.display(),
+                        cache_repo: hub.cache_repo,
+                    }
+                    .into())
+                }
+            }
         }
     };
     let served_model_name = config

@@ -5,11 +5,13 @@ mod allocator;
 mod binaries;
 mod child;
 mod config;
+mod download;
 mod export;
 mod launch;
 mod logging;
 mod mkl_dispatch;
 mod model;
+mod reference;
 mod router;
 mod shard;
 
@@ -27,6 +29,10 @@ async fn main() -> ExitCode {
     let config = Config::parse_cli();
     if config.print_flags {
         println!("{}", Config::flags_json());
+        return ExitCode::SUCCESS;
+    }
+    if config.print_configuration_reference {
+        print!("{}", reference::configuration_markdown());
         return ExitCode::SUCCESS;
     }
     if let Err(err) = config.validate() {

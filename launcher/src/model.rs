@@ -1,5 +1,6 @@
 //! Turns `--model-id` into a local model folder and a served name: the embedded default, a folder
-//! on disk, or a Hugging Face id found offline in the local HF cache. Nothing here touches the network.
+//! on disk, or a Hugging Face id (`ORG/NAME[@REVISION]`) found in the local HF cache, or else named
+//! for download (`download.rs`). Nothing here touches the network.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,38 @@ pub enum Resolution {
     Ready(Model),
     /// The embedded default has not been converted into `dir` yet (or a conversion was interrupted).
     NeedsExport(Model),
+    /// A Hub id the cache lacks (at that revision): `decision-server download` fetches it.
+    NeedsDownload(HubModel),
+}
+
+/// A model on the Hugging Face Hub: its repository id and the revision asked for (a branch, tag or commit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HubModel {
+    pub repo: String,
+    pub revision: Option<String>,
+    /// The cache folder its snapshots go to (`{hub}/models--{org}--{name}`).
+    pub cache_repo: PathBuf,
+}
+
+impl HubModel {
+    /// `org/name@rev` as written in logs and errors (`@main` when no revision was named).
+    pub fn display(&self) -> String {
+        format!(
+            "{}@{}",
+            self.repo,
+            self.revision.as_deref().unwrap_or("main")
+        )
+    }
+}
+
+/// Whether `HF_HUB_OFFLINE` forbids downloads, read as huggingface_hub reads it.
+pub fn hub_offline(env: impl Fn(&str) -> Option<OsString>) -> bool {
+    env("HF_HUB_OFFLINE").is_some_and(|v| {
+        matches!(
+            v.to_string_lossy().trim().to_ascii_uppercase().as_str(),
+            "1" | "ON" | "YES" | "TRUE"
+        )
+    })
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -30,19 +63,27 @@ pub enum ModelError {
     #[error("--model-id {id}: no such directory")]
     NoSuchDirectory { id: String },
     #[error(
-        "--model-id {id}: not found (models are only looked up offline); looked in:\n  {} (as a local directory)\n  {}",
-        local.display(),
-        hub_repo.as_ref().map_or_else(|| "no Hugging Face cache: none of HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME, HOME is set".to_owned(), |p| format!("{} (Hugging Face cache)", p.display()))
+        "--model-id {id}: not a local directory ({}), and there is no Hugging Face cache to find it in or \
+         download it to: none of HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME, HOME is set",
+        local.display()
     )]
-    NotFound {
-        id: String,
-        local: PathBuf,
-        hub_repo: Option<PathBuf>,
-    },
+    NoHubCache { id: String, local: PathBuf },
     #[error(
-        "--model-id {id}: found {repo} in the Hugging Face cache, but it has no snapshot with a config.json"
+        "--model-id {id}: not in the Hugging Face cache ({}), and HF_HUB_OFFLINE=1 forbids downloading it; unset it \
+         (make exports it) or download the model first",
+        cache_repo.display()
     )]
-    NoSnapshot { id: String, repo: PathBuf },
+    OfflineNotCached { id: String, cache_repo: PathBuf },
+    #[error("--model-id {id} names revision {in_id:?} but --revision says {flag:?}")]
+    ConflictingRevision {
+        id: String,
+        in_id: String,
+        flag: String,
+    },
+    #[error("--revision {revision} applies to Hugging Face ids (ORG/NAME), not to {what}")]
+    RevisionNotApplicable { revision: String, what: String },
+    #[error("--model-id {id}: an empty revision after '@'")]
+    EmptyRevision { id: String },
 }
 
 /// Where the Hugging Face hub cache lives, following huggingface_hub's own precedence:
@@ -60,13 +101,23 @@ pub fn hub_cache_dir(env: impl Fn(&str) -> Option<OsString>) -> Option<PathBuf> 
     Some(cache_root.join("huggingface").join("hub"))
 }
 
-/// Resolves `--model-id` (or its absence) against the launcher cache and the HF hub cache.
+/// Resolves `--model-id` and `--revision` (or their absence) against the launcher cache and the HF hub cache.
 pub fn resolve(
     model_id: Option<&str>,
+    revision: Option<&str>,
     cache_dir: &Path,
     hub_cache: Option<&Path>,
 ) -> Result<Resolution, ModelError> {
+    let not_for = |what: String| {
+        revision.map_or(Ok(()), |revision| {
+            Err(ModelError::RevisionNotApplicable {
+                revision: revision.to_owned(),
+                what,
+            })
+        })
+    };
     let Some(id) = model_id else {
+        not_for(format!("the embedded default ({DEFAULT_MODEL_NAME})"))?;
         let model = Model {
             dir: cache_dir.join("models").join(DEFAULT_MODEL_NAME),
             served_name: DEFAULT_MODEL_NAME.to_owned(),
@@ -80,12 +131,36 @@ pub fn resolve(
 
     let as_path = Path::new(id);
     if as_path.is_dir() {
+        not_for(format!("the local folder {id}"))?;
         return local_folder(as_path).map(Resolution::Ready);
     }
-    if looks_like_path(id) {
+    // A revision may hold slashes (`refs/pr/1`); the repository part decides whether a path was meant.
+    if looks_like_path(id.split('@').next().unwrap_or(id)) {
         return Err(ModelError::NoSuchDirectory { id: id.to_owned() });
     }
-    hub_snapshot(id, hub_cache).map(Resolution::Ready)
+    let (repo, revision) = split_revision(id, revision)?;
+    hub_snapshot(repo, revision, hub_cache)
+}
+
+/// `org/name@rev` → (`org/name`, `rev`); `--revision` may repeat the id's revision, not contradict it.
+fn split_revision<'a>(
+    id: &'a str,
+    flag: Option<&'a str>,
+) -> Result<(&'a str, Option<&'a str>), ModelError> {
+    let Some((repo, in_id)) = id.split_once('@') else {
+        return Ok((id, flag));
+    };
+    if in_id.is_empty() {
+        return Err(ModelError::EmptyRevision { id: id.to_owned() });
+    }
+    match flag {
+        Some(flag) if flag != in_id => Err(ModelError::ConflictingRevision {
+            id: id.to_owned(),
+            in_id: in_id.to_owned(),
+            flag: flag.to_owned(),
+        }),
+        _ => Ok((repo, Some(in_id))),
+    }
 }
 
 /// A converted default needs all three parts; a half-written folder is converted again.
@@ -127,34 +202,52 @@ fn looks_like_path(id: &str) -> bool {
         || id.matches('/').count() > 1
 }
 
-/// `{hub}/models--{org}--{name}/snapshots/{refs/main}`, else the newest snapshot with a config.json.
-fn hub_snapshot(id: &str, hub_cache: Option<&Path>) -> Result<Model, ModelError> {
-    let not_found = |hub_repo: Option<PathBuf>| {
-        let local = std::env::current_dir().map_or_else(|_| PathBuf::from(id), |cwd| cwd.join(id));
-        ModelError::NotFound {
-            id: id.to_owned(),
-            local,
-            hub_repo,
-        }
-    };
+/// `{hub}/models--{org}--{name}/snapshots/{refs/REV}` (or `snapshots/REV` for a commit); without a revision
+/// `refs/main`, else the newest snapshot with a config.json. None found: the model needs a download.
+fn hub_snapshot(
+    repo_id: &str,
+    revision: Option<&str>,
+    hub_cache: Option<&Path>,
+) -> Result<Resolution, ModelError> {
     let Some(hub) = hub_cache else {
-        return Err(not_found(None));
+        // No cache huggingface_hub would write to either: nothing to download into.
+        let local = std::env::current_dir()
+            .map_or_else(|_| PathBuf::from(repo_id), |cwd| cwd.join(repo_id));
+        return Err(ModelError::NoHubCache {
+            id: repo_id.to_owned(),
+            local,
+        });
     };
-    let repo = hub.join(format!("models--{}", id.replace('/', "--")));
-    if !repo.is_dir() {
-        return Err(not_found(Some(repo)));
-    }
-
-    let model = |dir: PathBuf| Model {
-        dir,
-        served_name: id.to_owned(),
+    let repo = hub.join(format!("models--{}", repo_id.replace('/', "--")));
+    let model = |dir: PathBuf| {
+        Resolution::Ready(Model {
+            dir,
+            served_name: repo_id.to_owned(),
+        })
     };
     let snapshots = repo.join("snapshots");
-    let pinned = std::fs::read_to_string(repo.join("refs").join("main"))
-        .ok()
-        .map(|rev| snapshots.join(rev.trim()))
-        .filter(|dir| dir.join("config.json").is_file());
-    if let Some(dir) = pinned {
+    let complete = |dir: &PathBuf| dir.join("config.json").is_file();
+    let by_ref = |name: &str| {
+        std::fs::read_to_string(repo.join("refs").join(name))
+            .ok()
+            .map(|rev| snapshots.join(rev.trim()))
+            .filter(complete)
+    };
+    let download = || {
+        Ok(Resolution::NeedsDownload(HubModel {
+            repo: repo_id.to_owned(),
+            revision: revision.map(str::to_owned),
+            cache_repo: repo.clone(),
+        }))
+    };
+    if let Some(revision) = revision {
+        // A branch or tag has a ref file; a commit is a snapshot folder's own name.
+        let found = by_ref(revision).or_else(|| {
+            Some(snapshots.join(revision)).filter(|dir| !revision.contains('/') && complete(dir))
+        });
+        return found.map_or_else(download, |dir| Ok(model(dir)));
+    }
+    if let Some(dir) = by_ref("main") {
         return Ok(model(dir));
     }
 
@@ -163,7 +256,7 @@ fn hub_snapshot(id: &str, hub_cache: Option<&Path>) -> Result<Model, ModelError>
         .flatten()
         .flatten()
         .map(|entry| entry.path())
-        .filter(|dir| dir.join("config.json").is_file())
+        .filter(complete)
         .max_by_key(|dir| {
             let modified = dir
                 .metadata()
@@ -171,10 +264,7 @@ fn hub_snapshot(id: &str, hub_cache: Option<&Path>) -> Result<Model, ModelError>
                 .unwrap_or(SystemTime::UNIX_EPOCH);
             (modified, dir.clone())
         });
-    newest.map(model).ok_or_else(|| ModelError::NoSnapshot {
-        id: id.to_owned(),
-        repo,
-    })
+    newest.map_or_else(download, |dir| Ok(model(dir)))
 }
 
 #[cfg(test)]
@@ -193,7 +283,7 @@ mod tests {
         let dir = tmp.path().join("my-model");
         hf_folder(&dir);
         let id = dir.to_str().expect("utf-8 temp path");
-        let resolved = resolve(Some(id), tmp.path(), None).expect("resolves");
+        let resolved = resolve(Some(id), None, tmp.path(), None).expect("resolves");
         assert_eq!(
             resolved,
             Resolution::Ready(Model {
@@ -204,7 +294,7 @@ mod tests {
 
         let with_slash = format!("{id}/");
         let Resolution::Ready(model) =
-            resolve(Some(&with_slash), tmp.path(), None).expect("resolves")
+            resolve(Some(&with_slash), None, tmp.path(), None).expect("resolves")
         else {
             panic!("a local folder never needs an export");
         };
@@ -216,7 +306,7 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("weights-only");
         fs::create_dir_all(&dir).expect("mkdir");
-        let err = resolve(dir.to_str(), tmp.path(), None).expect_err("no config.json");
+        let err = resolve(dir.to_str(), None, tmp.path(), None).expect_err("no config.json");
         assert_eq!(err, ModelError::MissingConfig { dir: dir.clone() });
         assert!(err.to_string().contains("config.json"));
         assert!(err.to_string().contains("weights-only"));
@@ -226,7 +316,8 @@ mod tests {
     fn missing_path_is_not_looked_up_in_the_hub() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let missing = tmp.path().join("nope");
-        let err = resolve(missing.to_str(), tmp.path(), Some(tmp.path())).expect_err("missing");
+        let err =
+            resolve(missing.to_str(), None, tmp.path(), Some(tmp.path())).expect_err("missing");
         assert!(matches!(err, ModelError::NoSuchDirectory { .. }), "{err}");
     }
 
@@ -241,6 +332,7 @@ mod tests {
 
         let resolved = resolve(
             Some("Qwen/Qwen3-0.6B"),
+            None,
             Path::new("/unused"),
             Some(hub.path()),
         )
@@ -263,42 +355,156 @@ mod tests {
             .join("snapshots")
             .join("cafe");
         hf_folder(&snapshot);
-        let Resolution::Ready(model) =
-            resolve(Some("org/name"), Path::new("/unused"), Some(hub.path())).expect("found")
-        else {
+        let Resolution::Ready(model) = resolve(
+            Some("org/name"),
+            None,
+            Path::new("/unused"),
+            Some(hub.path()),
+        )
+        .expect("found") else {
             panic!("hub models never need an export");
         };
         assert_eq!(model.dir, snapshot);
     }
 
     #[test]
-    fn hub_repo_without_usable_snapshot_says_so() {
+    fn hub_repo_without_usable_snapshot_needs_a_download() {
+        // A download cut before its config.json (written last) left a snapshot without one.
         let hub = tempfile::tempdir().expect("tempdir");
-        fs::create_dir_all(
-            hub.path()
-                .join("models--org--name")
-                .join("snapshots")
-                .join("x"),
+        let repo = hub.path().join("models--org--name");
+        fs::create_dir_all(repo.join("snapshots").join("x")).expect("mkdir");
+        let resolved = resolve(
+            Some("org/name"),
+            None,
+            Path::new("/unused"),
+            Some(hub.path()),
         )
-        .expect("mkdir");
-        let err = resolve(Some("org/name"), Path::new("/unused"), Some(hub.path()))
-            .expect_err("snapshot lacks config.json");
-        assert!(matches!(err, ModelError::NoSnapshot { .. }), "{err}");
+        .expect("resolves");
+        assert_eq!(
+            resolved,
+            Resolution::NeedsDownload(HubModel {
+                repo: "org/name".into(),
+                revision: None,
+                cache_repo: repo,
+            })
+        );
     }
 
     #[test]
-    fn unknown_hub_id_lists_where_it_looked() {
+    fn unknown_hub_id_needs_a_download_into_the_hub_cache() {
         let hub = tempfile::tempdir().expect("tempdir");
-        let err = resolve(Some("org/absent"), Path::new("/unused"), Some(hub.path()))
-            .expect_err("not in the cache");
-        let message = err.to_string();
-        assert!(message.contains("org/absent"), "{message}");
-        assert!(message.contains("offline"), "{message}");
-        let expected = hub.path().join("models--org--absent");
-        assert!(
-            message.contains(&expected.display().to_string()),
-            "{message}"
+        let Resolution::NeedsDownload(model) = resolve(
+            Some("org/absent@v2"),
+            None,
+            Path::new("/unused"),
+            Some(hub.path()),
+        )
+        .expect("resolves") else {
+            panic!("not in the cache")
+        };
+        assert_eq!(model.repo, "org/absent");
+        assert_eq!(model.revision.as_deref(), Some("v2"));
+        assert_eq!(model.display(), "org/absent@v2");
+        assert_eq!(model.cache_repo, hub.path().join("models--org--absent"));
+        let err = resolve(Some("org/absent"), None, Path::new("/unused"), None)
+            .expect_err("no cache at all");
+        assert!(matches!(err, ModelError::NoHubCache { .. }), "{err}");
+        assert!(err.to_string().contains("org/absent"), "{err}");
+    }
+
+    #[test]
+    fn a_revision_picks_its_ref_or_its_commit_and_never_another_snapshot() {
+        let hub = tempfile::tempdir().expect("tempdir");
+        let repo = hub.path().join("models--org--name");
+        let main = "a".repeat(40);
+        let old = "b".repeat(40);
+        hf_folder(&repo.join("snapshots").join(&main));
+        hf_folder(&repo.join("snapshots").join(&old));
+        fs::create_dir_all(repo.join("refs")).expect("mkdir refs");
+        fs::write(repo.join("refs").join("main"), &main).expect("write ref");
+        fs::write(repo.join("refs").join("v1"), &old).expect("write ref");
+        let dir_of = |id: &str, flag: Option<&str>| match resolve(
+            Some(id),
+            flag,
+            Path::new("/unused"),
+            Some(hub.path()),
+        )
+        .expect("resolves")
+        {
+            Resolution::Ready(model) => {
+                assert_eq!(
+                    model.served_name, "org/name",
+                    "the revision is not in the name"
+                );
+                Some(model.dir)
+            }
+            Resolution::NeedsDownload(model) => {
+                assert_eq!(model.repo, "org/name");
+                None
+            }
+            other => panic!("{other:?}"),
+        };
+        let snapshot = |rev: &str| Some(repo.join("snapshots").join(rev));
+        assert_eq!(dir_of("org/name", None), snapshot(&main));
+        assert_eq!(dir_of("org/name@v1", None), snapshot(&old));
+        assert_eq!(dir_of("org/name", Some("v1")), snapshot(&old));
+        assert_eq!(dir_of("org/name@v1", Some("v1")), snapshot(&old));
+        assert_eq!(dir_of(&format!("org/name@{old}"), None), snapshot(&old));
+        assert_eq!(
+            dir_of("org/name@v2", None),
+            None,
+            "an unknown tag is downloaded"
         );
+        assert_eq!(dir_of("org/name", Some("../../x")), None);
+        fs::create_dir_all(repo.join("refs").join("refs").join("pr")).expect("mkdir");
+        fs::write(repo.join("refs").join("refs").join("pr").join("1"), &old).expect("ref");
+        assert_eq!(
+            dir_of("org/name@refs/pr/1", None),
+            snapshot(&old),
+            "a pull request's ref"
+        );
+        assert_eq!(dir_of("org/name@refs/pr/2", None), None);
+    }
+
+    #[test]
+    fn a_revision_that_contradicts_or_does_not_apply_is_refused() {
+        let hub = tempfile::tempdir().expect("tempdir");
+        let err = resolve(
+            Some("org/name@v1"),
+            Some("v2"),
+            Path::new("/u"),
+            Some(hub.path()),
+        )
+        .expect_err("two revisions");
+        assert_eq!(
+            err.to_string(),
+            "--model-id org/name@v1 names revision \"v1\" but --revision says \"v2\""
+        );
+        let err =
+            resolve(Some("org/name@"), None, Path::new("/u"), Some(hub.path())).expect_err("empty");
+        assert!(matches!(err, ModelError::EmptyRevision { .. }), "{err}");
+        let err = resolve(None, Some("v1"), Path::new("/u"), None).expect_err("default model");
+        assert!(err.to_string().contains("SmolLM2-135M-Instruct"), "{err}");
+        let folder = tempfile::tempdir().expect("tempdir");
+        hf_folder(folder.path());
+        let err = resolve(folder.path().to_str(), Some("v1"), Path::new("/u"), None)
+            .expect_err("local folder");
+        assert!(
+            matches!(err, ModelError::RevisionNotApplicable { .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn hf_hub_offline_is_read_as_huggingface_hub_reads_it() {
+        let with = |value: &'static str| move |_: &str| Some(OsString::from(value));
+        for on in ["1", "true", "TRUE", "yes", "On"] {
+            assert!(hub_offline(with(on)), "{on}");
+        }
+        for off in ["0", "", "false", "no"] {
+            assert!(!hub_offline(with(off)), "{off}");
+        }
+        assert!(!hub_offline(|_: &str| None));
     }
 
     #[test]
@@ -310,21 +516,21 @@ mod tests {
             served_name: DEFAULT_MODEL_NAME.into(),
         };
         assert_eq!(
-            resolve(None, cache.path(), None),
+            resolve(None, None, cache.path(), None),
             Ok(Resolution::NeedsExport(expected.clone()))
         );
 
         hf_folder(&dir);
         fs::write(dir.join("tokenizer.json"), "{}").expect("write tokenizer");
         assert_eq!(
-            resolve(None, cache.path(), None),
+            resolve(None, None, cache.path(), None),
             Ok(Resolution::NeedsExport(expected.clone())),
             "no weights yet"
         );
 
         fs::write(dir.join("model.safetensors"), b"").expect("write weights");
         assert_eq!(
-            resolve(None, cache.path(), None),
+            resolve(None, None, cache.path(), None),
             Ok(Resolution::Ready(expected))
         );
     }

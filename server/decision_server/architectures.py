@@ -27,6 +27,13 @@ POOLED_ENGINE = "pooled"
 NEXT_TOKEN = "next_token"
 CANVAS = "canvas"
 POOLED = "pooled"
+# The one engine of each read kind that --read-mode does not choose (the architecture decides).
+KIND_ENGINES = {CANVAS: CANVAS_ENGINE, POOLED: POOLED_ENGINE}
+# Why `--read-mode tree|fork|naive` cannot read those kinds, as the startup refusal says it.
+KIND_REFUSALS = {
+    POOLED: "its joint-schema head scores every question in one pooled read (one backbone pass per prompt)",
+    CANVAS: "it is a block-diffusion model, read by canvas reads (one encoder pass, one bidirectional denoising step)",
+}
 # The file beside config.json that makes a Qwen3.5 / Qwen3-Omni folder a joint-schema (Clef) checkpoint.
 JOINT_HEAD_MARKER = "joint_head_config.json"
 
@@ -160,9 +167,12 @@ def joint_schema_family(architecture: str, folder: Path | None) -> JointSchemaFa
     return family
 
 
-def read_kind(engine: str) -> str:
-    """The Read kind the engine computes, reported in Info: the router loads the strategy of that kind."""
-    return {POOLED_ENGINE: POOLED, CANVAS_ENGINE: CANVAS}.get(engine, NEXT_TOKEN)
+def model_read_kind(architecture: str, folder: Path | None) -> str:
+    """The Read kind a model computes, reported in Info (the router loads the strategy of that kind): pooled for a
+    joint-schema folder, else its registry entry's (next-token for every causal LM)."""
+    if joint_schema_family(architecture, folder) is not None:
+        return POOLED
+    return lookup(architecture).reads
 
 
 def lookup(architecture: str) -> Architecture:
@@ -225,21 +235,16 @@ def choose_engine(requested: str, architecture: str, text_config: Any, folder: P
     joint-schema model); refuses tree where it would be silently wrong."""
     if requested not in READ_MODES:
         raise ValueError(f"unknown read mode {requested!r}; choose {', '.join(READ_MODES)}")
-    family = joint_schema_family(architecture, folder)
-    if family is not None:
+    kind = model_read_kind(architecture, folder)
+    if kind != NEXT_TOKEN:
+        # The architecture decides these kinds' one engine; --read-mode names next-token engines only.
         if requested != "auto":
+            family = joint_schema_family(architecture, folder)
+            subject = family.name if family is not None else architecture
             raise EngineRefusedError(
-                f"--read-mode {requested} cannot serve {family.name}: its joint-schema head scores every question "
-                "in one pooled read (one backbone pass per prompt). Use --read-mode auto."
+                f"--read-mode {requested} cannot serve {subject}: {KIND_REFUSALS[kind]}. Use --read-mode auto."
             )
-        return POOLED_ENGINE
-    if lookup(architecture).reads == CANVAS:
-        if requested != "auto":
-            raise EngineRefusedError(
-                f"--read-mode {requested} cannot serve {architecture}: it is a block-diffusion model, read by "
-                "canvas reads (one encoder pass, one bidirectional denoising step). Use --read-mode auto."
-            )
-        return CANVAS_ENGINE
+        return KIND_ENGINES[kind]
     if requested == "auto":
         return default_engine(text_config)
     if requested == "tree":

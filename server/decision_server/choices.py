@@ -3,7 +3,8 @@ and the modules that act on an option (model_base, layers, fused, architectures)
 
 from __future__ import annotations
 
-# `--dtype`: the weights' dtype; auto is float32 on CPU and bfloat16 on CUDA (`model_base.resolve_dtype`).
+# `--dtype`: the weights' dtype; auto is float32 on CPU and the checkpoint's half precision elsewhere
+# (`model_base.resolve_dtype`).
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto", *DTYPE_NAMES)
 

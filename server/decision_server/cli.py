@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=choices.DTYPE_CHOICES,
         default="auto",
-        help="Compute dtype; auto is float32 on CPU and bfloat16 on CUDA.",
+        help="Compute dtype; auto is float32 on CPU and, on a GPU, the checkpoint's bfloat16 or float16 "
+        "(bfloat16 for a float32 checkpoint).",
     )
     serve.add_argument(
         "--read-mode",
@@ -176,6 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="Output folder (default: $DECISION_CACHE_DIR/models/<name>)."
     )
 
+    download = commands.add_parser(
+        "download",
+        help="Download what a server loads of a Hugging Face Hub model (configs, tokenizer files, safetensors) into "
+        "the Hugging Face cache, with progress lines on stderr; prints the snapshot folder. Reads HF_ENDPOINT, "
+        "HF_TOKEN and HF_HUB_CACHE/HF_HOME; refused under HF_HUB_OFFLINE=1.",
+    )
+    download.add_argument("model_id", metavar="ORG/NAME[@REVISION]", help="The model's id on the Hub.")
+    download.add_argument(
+        "--revision", default=None, help="Branch, tag or commit (default: the id's @REVISION, else main)."
+    )
+    download.add_argument(
+        "--progress-every", type=float, default=2.0, help="Seconds between progress lines (default 2)."
+    )
+
     export_gguf = commands.add_parser("export-gguf", help="Convert any GGUF checkpoint to an HF folder.")
     export_gguf.add_argument("gguf_path", type=Path, metavar="GGUF_PATH", help="The .gguf file to convert.")
     export_gguf.add_argument("--out", type=Path, required=True, help="Output folder.")
@@ -235,8 +250,10 @@ def set_openmp_wait_policy(environ: MutableMapping[str, str], threads: int | Non
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level.upper())
-    # Nothing the shard does may reach a model hub; every model is a local folder or a packaged file.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Nothing the shard does may reach a model hub; every model is a local folder or a packaged file. `download` is
+    # the one command that does, when the operator asked for a Hub model (and it obeys their HF_HUB_OFFLINE).
+    if args.command != "download":
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
     set_openmp_wait_policy(os.environ, getattr(args, "threads", None), getattr(args, "world_size", 1))
     keep_compiled_kernels()
     try:
@@ -283,6 +300,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from decision_server.export import export_default
 
         print(export_default(args.out))
+        return 0
+    if args.command == "download":
+        from decision_server.hub import HubError, download
+
+        try:
+            print(download(args.model_id, args.revision, progress_every=args.progress_every))
+        except HubError as e:
+            print(f"decision-server download: {e}", file=sys.stderr)
+            return 3
         return 0
     if args.command == "export-gguf":
         from decision_server.export import export_gguf

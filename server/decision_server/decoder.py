@@ -17,6 +17,7 @@ from torch import nn
 from decision_server import fused, layer_graph
 from decision_server.checkpoint import Checkpoint
 from decision_server.distributed import ShardGroup, partition
+from decision_server.flex_segments import FlexSegments
 from decision_server.layers import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -488,28 +489,48 @@ class _SegmentRun:
     mask: torch.Tensor | None
 
 
+# How a packed pass attends its segments (`SegmentPlan`): "split", the CPU kernels the decoder splits passes into;
+# "sdpa", one SDPA call per segment; "flex", one FlexAttention call per layer for all segments (`flex_segments`).
+SEGMENT_KERNELS = ("split", "sdpa", "flex")
+
+
 @dataclass(frozen=True)
 class SegmentPlan:
-    """A `segments.SegmentLayout` ready for one pass's layers: every segment attended on its own (no product
-    between unrelated requests is ever computed), each layer's output assembled in stream order.
+    """A `segments.SegmentLayout` ready for one pass's layers: every segment attended on its own keys (no product
+    between unrelated requests is ever computed), each layer's output in stream order.
 
-    On CPU the segments use the kernels the decoder already splits passes into (`_causal_chain`,
-    `_causal_after_past`, `_tree_after_past`); elsewhere (CUDA) one SDPA call per segment with its own mask, over
-    its past and its own keys only. Both compute the same attention: the CPU path is what CI runs, and the SDPA
-    path is run on CPU by the tests too (`dense=True`)."""
+    `kernel` (SEGMENT_KERNELS): on CPU the segments use the kernels the decoder already splits passes into
+    (`_causal_chain`, `_causal_after_past`, `_tree_after_past`); off CPU one FlexAttention call per layer whose block
+    mask skips every tile between requests (`flex_segments`; `DecoderModel.choose_segment_kernel` probes it at load),
+    or one SDPA call per segment with its own mask, over its past and its own keys only. All compute the same
+    attention, and the tests run each on CPU."""
 
     runs: tuple[_SegmentRun, ...]
-    split_kernels: bool
+    kernel: str
+    past_length: int
+    flex: FlexSegments | None
+
+    @property
+    def split_kernels(self) -> bool:
+        return self.kernel == "split"
 
     @classmethod
     def of(
-        cls, layout: SegmentLayout, past_length: int, dtype: torch.dtype, device: torch.device, dense: bool = False
+        cls, layout: SegmentLayout, past_length: int, dtype: torch.dtype, device: torch.device, kernel: str = "split"
     ) -> SegmentPlan:
+        if kernel not in SEGMENT_KERNELS:
+            raise ValueError(f"segment kernel must be one of {', '.join(SEGMENT_KERNELS)}, got {kernel!r}")
+        if kernel == "split" and device.type != "cpu":
+            raise ValueError(f"the split segment kernels run on CPU only, not on {device.type}")
         layout.check(past_length)
-        split_kernels = device.type == "cpu" and not dense
+        split_kernels = kernel == "split"
         runs = []
         for segment in layout.segments:
             seen = segment.past_length
+            past = tuple((piece.source == NEW, piece.start, piece.end) for piece in segment.past)
+            if kernel == "flex":
+                runs.append(_SegmentRun(segment.start, segment.end, past, segment.tree is None, None, None))
+                continue
             tree = None if segment.tree is None else torch.from_numpy(segment.tree)
             causal = tree is None or bool(torch.equal(tree, torch.ones_like(tree).tril()))
             split = None
@@ -520,9 +541,9 @@ class SegmentPlan:
                 own = torch.from_numpy(segment.own_allowed())
                 allowed = torch.cat((torch.ones(len(segment), seen, dtype=torch.bool), own), dim=1)
                 mask = allowed.to(device)[None, None]
-            past = tuple((piece.source == NEW, piece.start, piece.end) for piece in segment.past)
             runs.append(_SegmentRun(segment.start, segment.end, past, causal, split, mask))
-        return cls(tuple(runs), split_kernels)
+        flex = FlexSegments.of(layout, past_length, device) if kernel == "flex" else None
+        return cls(tuple(runs), kernel, past_length, flex)
 
     @staticmethod
     def past_of(run: _SegmentRun, past: LayerKV | None, new: LayerKV) -> LayerKV | None:
@@ -542,6 +563,8 @@ class SegmentPlan:
 
     def attend(self, query: torch.Tensor, new: LayerKV, past: LayerKV | None, scale: float) -> torch.Tensor:
         """Attention of every token of the pass, (heads, tokens, head_dim), segment by segment."""
+        if self.flex is not None:
+            return self.flex.attend(query, new.keys, new.values, past)
         parts = []
         for run in self.runs:
             q = query[:, run.start : run.end]
@@ -587,6 +610,7 @@ class SegmentRows:
     index: torch.Tensor
     plan: SegmentPlan
     groups: tuple[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor], ...]  # (run, slots, local rows, mask)
+    flex: FlexSegments | None = None  # the plan's FlexAttention block mask for these rows (then no `groups`)
 
     @classmethod
     def of(
@@ -596,6 +620,11 @@ class SegmentRows:
         wanted = list(keep)
         if bucket and wanted:
             wanted += wanted[-1:] * (gemm_rows(len(wanted)) - len(wanted))
+        index = torch.tensor(wanted, dtype=torch.long, device=device)
+        if plan.flex is not None:
+            return cls(
+                index, plan, (), FlexSegments.of(layout, plan.past_length, device, rows=wanted) if wanted else None
+            )
         starts = [run.start for run in plan.runs]
         slots_of: dict[int, list[int]] = {}
         for slot, token in enumerate(wanted):
@@ -614,10 +643,12 @@ class SegmentRows:
                     mask.to(device)[None, None],
                 )
             )
-        return cls(torch.tensor(wanted, dtype=torch.long, device=device), plan, tuple(groups))
+        return cls(index, plan, tuple(groups))
 
     def attend(self, query: torch.Tensor, new: LayerKV, past: LayerKV | None, scale: float) -> torch.Tensor:
         """Attention output of the kept rows, (heads, rows, head_dim) in `index` order."""
+        if self.flex is not None:
+            return self.flex.attend(query.index_select(1, self.index), new.keys, new.values, past)
         out = query.new_empty(query.shape[0], self.index.shape[0], query.shape[2])
         for number, slots, local, mask in self.groups:
             run = self.plan.runs[number]
@@ -1014,12 +1045,12 @@ class DecoderLM(nn.Module):
         past: list[LayerKV] | None,
         keep: torch.Tensor | None = None,
         segments: SegmentLayout | None = None,
-        dense_segments: bool = False,
+        segment_kernel: str | None = None,
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Final-norm hidden states of a packed sequence, and each layer's new keys/values (of every token).
 
         `segments` (with no `mask`): the pass packs many reads, each segment attended on its own keys only
-        (`SegmentPlan`; `dense_segments` runs them with the SDPA calls used off CPU, for tests).
+        (`SegmentPlan` with `segment_kernel`, SEGMENT_KERNELS: None is "split" on CPU and "sdpa" elsewhere).
 
         `mask` (1, 1, tokens, past + tokens), booleans, True = may attend; None = causal. The hidden states are
         (tokens, hidden), or with `keep` (token indices) those rows only, in that order: the last layer then
@@ -1038,7 +1069,8 @@ class DecoderLM(nn.Module):
         if segments is not None:
             if mask is not None:
                 raise ValueError("a packed pass takes segments or a mask, not both")
-            plan = SegmentPlan.of(segments, past_length, hidden.dtype, hidden.device, dense_segments)
+            kernel = segment_kernel or ("split" if hidden.device.type == "cpu" else "sdpa")
+            plan = SegmentPlan.of(segments, past_length, hidden.dtype, hidden.device, kernel)
             layer_mask = plan
             if keep is not None:
                 rows = SegmentRows.of(keep.tolist(), plan, segments, hidden.device, self.bucket_rows)

@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from decision_server.checkpoint import Checkpoint
-from decision_server.decoder import DecoderLM, DecoderShape, LayerKV
+from decision_server.decoder import Attention, DecoderLM, DecoderShape, LayerKV, SegmentPlan, SegmentRows
 from decision_server.distributed import ParallelConfig, ShardGroup, join_group, partition
 from decision_server.layers import resolve_matmul, vocab_parallel_scores, widen_fits_memory
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import free_memory_bytes
+from decision_server.segments import NEW, PAST, AttentionSegment, KeyRange, SegmentLayout
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +69,33 @@ class DecoderModel(LoadedModel):
     def agree_min(self, value: int) -> int:
         return int(self.group.all_reduce_min(torch.tensor([value], dtype=torch.int64, device=self.device)).item())
 
-    # The SDPA form of segment attention (`decoder.SegmentPlan`) everywhere, as off CPU; tests set it on CPU.
-    dense_segments: bool = False
+    # How packed passes attend their segments (`decoder.SEGMENT_KERNELS`): "split" on CPU; off CPU "flex" where
+    # `choose_segment_kernel` found FlexAttention working at load, else "sdpa". Tests set each on CPU.
+    segment_kernel: str = "split"
+
+    @property
+    def segment_attention(self) -> str:
+        return self.segment_kernel
+
+    def choose_segment_kernel(self) -> str:
+        """Sets `segment_kernel` for this device and returns it: off CPU one FlexAttention call per layer, if its
+        compiled kernel builds here and equals the per-segment SDPA calls on a small packed layout (a cached prefix,
+        two requests, a question tree); otherwise (logged) those SDPA calls."""
+        if self.device.type == "cpu":
+            self.segment_kernel = "split"
+            return self.segment_kernel
+        try:
+            worst = _flex_probe(self.network, self.dtype, self.device)
+            tolerance = 1e-4 if self.dtype == torch.float32 else 3e-2
+            if not worst <= tolerance:
+                raise ValueError(f"FlexAttention differs from SDPA by {worst:.2e} (tolerance {tolerance})")
+            self.segment_kernel = "flex"
+        except Exception as err:  # any failure to build or run the kernel: the SDPA calls serve
+            logger.warning(
+                "segment attention falls back to one SDPA call per segment", extra={"fields": {"why": str(err)}}
+            )
+            self.segment_kernel = "sdpa"
+        return self.segment_kernel
 
     def packs_segments(self) -> bool:
         return True
@@ -119,7 +145,7 @@ class DecoderModel(LoadedModel):
                 past = [LayerKV(keys[layer], values[layer]) for layer in range(keys.shape[0])]
             keep = torch.tensor(request.keep, dtype=torch.long, device=device)
             kept, new = self.network.hidden_states(
-                ids, positions, request.attention_mask, past, keep, request.segments, self.dense_segments
+                ids, positions, request.attention_mask, past, keep, request.segments, self.segment_kernel
             )
             label_logprobs, greedy = self._scores_in_pieces(kept, request)
             scored = ScoredPass(label_logprobs=label_logprobs, greedy_tokens=greedy)
@@ -228,3 +254,49 @@ def load_decoder_model(
         },
     )
     return model
+
+
+def _flex_probe(network: DecoderLM, dtype: torch.dtype, device: torch.device) -> float:
+    """The largest difference between FlexAttention and per-segment SDPA on small packed layouts with this model's
+    heads (random queries and keys), every pass and kept-rows form a served batch takes, so that their kernels are
+    compiled here, at load, and never while serving: two requests with a question tree each, one after cached keys
+    (several tiles); one short request (one tile); 8 kept rows and 1."""
+    attention = network.layers[0].attention
+    assert isinstance(attention, Attention)
+    tree = np.tri(24, dtype=bool)
+    tree[12:, 4:12] = False  # two branches after a shared stem of 4 tokens
+    layouts = (
+        (
+            40,
+            SegmentLayout(
+                (
+                    AttentionSegment(0, 150, ()),
+                    AttentionSegment(150, 174, (KeyRange(NEW, 0, 150),), tree),
+                    AttentionSegment(174, 300, (KeyRange(PAST, 0, 40),)),
+                    AttentionSegment(300, 324, (KeyRange(PAST, 0, 40), KeyRange(NEW, 174, 300)), tree),
+                )
+            ),
+        ),
+        (0, SegmentLayout((AttentionSegment(0, 36, ()), AttentionSegment(36, 60, (KeyRange(NEW, 0, 36),), tree)))),
+    )
+    generator = torch.Generator().manual_seed(0)
+
+    def random(heads: int, tokens: int) -> torch.Tensor:
+        return torch.randn(heads, tokens, attention.head_dim, generator=generator).to(device=device, dtype=dtype)
+
+    differences: list[torch.Tensor] = []
+    scale = attention.head_dim**-0.5
+    for past_length, layout in layouts:
+        query = random(attention.heads, layout.tokens)
+        new = LayerKV(random(attention.kv_heads, layout.tokens), random(attention.kv_heads, layout.tokens))
+        past = LayerKV(random(attention.kv_heads, past_length), random(attention.kv_heads, past_length))
+        with torch.inference_mode():
+            plans = [SegmentPlan.of(layout, past_length, dtype, device, kernel) for kernel in ("flex", "sdpa")]
+            outputs = [plan.attend(query, new, past, scale) for plan in plans]
+            for keep in (list(range(layout.tokens - 8, layout.tokens)), [layout.tokens - 1]):
+                kept = [SegmentRows.of(keep, plan, layout, device) for plan in plans]
+                outputs += [rows.attend(query, new, past, scale) for rows in kept]
+        differences += [
+            (flex.float() - sdpa.float()).abs().max() for flex, sdpa in zip(outputs[0::2], outputs[1::2], strict=True)
+        ]
+    return float(torch.stack(differences).max().item())  # NaN stays NaN

@@ -37,6 +37,17 @@ class PooledQuestion:
     options: tuple[tuple[int, int], ...]
 
 
+@dataclass
+class PooledScores:
+    """One pooled read's head output and where its time went."""
+
+    logits: list[list[float]]
+    tokens: int
+    media_tokens: int
+    backbone_seconds: float
+    head_seconds: float
+
+
 class EvidenceRouting(nn.Module):
     """Options attend to the prompt's memory: `x += MHA(LN x, LN mem, LN mem); x += FFN(LN x)`."""
 

@@ -18,7 +18,7 @@ import torch
 from decision_server.architectures import JointSchemaFamily, joint_schema_family
 from decision_server.distributed import ParallelConfig, ShardGroup, join_group
 from decision_server.engines.types import InvalidReadError
-from decision_server.joint_head import JointSchemaHead, PooledQuestion, load_head
+from decision_server.joint_head import JointSchemaHead, PooledQuestion, PooledScores, load_head
 from decision_server.media import (
     AUDIO,
     IMAGE,
@@ -40,17 +40,6 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class PooledScores:
-    """One pooled read's head output and where its time went."""
-
-    logits: list[list[float]]
-    tokens: int
-    media_tokens: int
-    backbone_seconds: float
-    head_seconds: float
-
-
-@dataclass
 class JointSchemaModel(TransformersModel):
     """A Clef checkpoint: transformers' backbone, its output embedding (the head's lexical table) and the head."""
 
@@ -58,6 +47,8 @@ class JointSchemaModel(TransformersModel):
     family: JointSchemaFamily | None = None
     processor: Any = None
     pooled_modalities: tuple[str, ...] = field(default_factory=tuple)
+    # Whether the video processor takes `cap_pixels_per_frame` (checked once at load).
+    caps_frame_pixels: bool = False
     # Above world size 1 the backbone is split by transformers' tensor-parallel plan over this group; the head (and
     # the vision and audio towers) run whole on every rank, on the backbone's replicated final hidden states.
     group: ShardGroup | None = None
@@ -275,7 +266,7 @@ class JointSchemaModel(TransformersModel):
             # Frames sampled at 2 fps already (decode_video): the processor places them in time from the metadata.
             kwargs["video_metadata"] = [video.metadata() for video in videos]
             kwargs["do_sample_frames"] = False
-            if hasattr(getattr(self.processor, "video_processor", None), "cap_pixels_per_frame"):
+            if self.caps_frame_pixels:
                 # transformers' default said out loud, as the next-token media reads do (it warns otherwise).
                 kwargs["cap_pixels_per_frame"] = False
         if audio:
@@ -428,6 +419,8 @@ def load_joint_schema_model(
         model.pooled_modalities = tuple(
             m for m in sorted(family.media) if getattr(model.processor, parts[m], None) is not None
         )
+        video_processor = getattr(model.processor, "video_processor", None)
+        model.caps_frame_pixels = hasattr(video_processor, "cap_pixels_per_frame")
     logger.info(
         "joint-schema head loaded",
         extra={

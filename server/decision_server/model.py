@@ -110,7 +110,7 @@ def load_model(path: Path, options: LoadOptions | None = None) -> LoadedModel:
     if threads is None and device.type == "cpu" and parallel.world_size > 1:
         # Ranks on one CPU share its cores: each takes its part rather than all of them, which would oversubscribe.
         torch.set_num_threads(max(1, torch.get_num_threads() // parallel.world_size))
-    torch_dtype = resolve_dtype(dtype, device)
+    torch_dtype = resolve_dtype(dtype, device, config)
     slow_half = device.type == "cpu" and half_gemm_is_slow(torch_dtype)
     family = joint_schema_family(architecture.name, path)
     if family is not None:
@@ -158,6 +158,7 @@ def load_model(path: Path, options: LoadOptions | None = None) -> LoadedModel:
         compiled = fused.enable(compile_mode, torch_dtype, device)
         if compile_mode == "auto":
             layers_compiled = decoder.network.compile_layers()
+        decoder.choose_segment_kernel()
     elif parallel.world_size > 1:
         reason = native_refusal or f"{architecture.name} has no tensor-parallel implementation"
         raise UnsupportedModelError(
@@ -185,6 +186,7 @@ def load_model(path: Path, options: LoadOptions | None = None) -> LoadedModel:
                 "mkl_kernels": mkl_kernels(),
                 "compiled_chains": compiled,
                 "compiled_layers": layers_compiled,
+                "segment_attention": loaded.segment_attention,
                 "device": loaded.device_name,
                 "rank": loaded.rank,
                 "world_size": loaded.world_size,

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from decision_server import choices
+from decision_server.joint_head import PooledQuestion, PooledScores
+from decision_server.media import MediaItem, MediaPrompt
 from decision_server.prefix_cache import KeyValues
 from decision_server.segments import SegmentLayout
 
@@ -22,10 +25,21 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
-    """`auto` is float32 on CPU (bfloat16 matmuls are slow and lossy there) and bfloat16 on CUDA."""
+def resolve_dtype(requested: str, device: torch.device, config: Any = None) -> torch.dtype:
+    """`auto` off CPU is the checkpoint's own half precision (its config's `dtype`: bfloat16 or float16), and
+    bfloat16 for a float32 checkpoint or one that names none, as vLLM and SGLang serve them; on CPU it is float32.
+
+    Why not the faster dtype on CPU too: bfloat16's decisions agree with float32's on 95.3 % of a generated
+    workload's questions (SmolLM2, docs/benchmarks.md "Defaults that win"), under the 99.9 % a CPU default must
+    keep; where the CPU has fast bfloat16 GEMMs, `--matmul auto` already takes their speed in float32 (`split`)."""
     if requested == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cpu":
+            return torch.float32
+        text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+        named = getattr(text, "dtype", None) or getattr(config, "dtype", None)
+        if isinstance(named, str):
+            named = DTYPES.get(named)
+        return named if named in (torch.bfloat16, torch.float16) else torch.bfloat16
     if requested not in DTYPES:
         raise ValueError(f"unsupported dtype {requested!r}; choose auto, {', '.join(DTYPES)}")
     return DTYPES[requested]
@@ -123,6 +137,12 @@ class LoadedModel(ABC):
         return False
 
     @property
+    def segment_attention(self) -> str:
+        """How a packed pass attends its segments (`decoder.SEGMENT_KERNELS`); "" where the model takes one dense
+        mask instead (`packs_segments` False)."""
+        return ""
+
+    @property
     @abstractmethod
     def text_config(self) -> Any:
         """The Hugging Face config of the language model (the text part of a multimodal one)."""
@@ -144,6 +164,10 @@ class LoadedModel(ABC):
     def modalities(self) -> tuple[str, ...]:
         """The media kinds this model folder processes (a processor ships beside the weights); none by default."""
         return ()
+
+    def media_processor(self) -> MediaPreparing | None:
+        """The folder's processor for next-token reads with media (`multimodal.MediaProcessor`); none by default."""
+        return None
 
     def new_state(self) -> ModelState:
         """The state before any token, for `continue_state`."""
@@ -253,3 +277,86 @@ class LoadedModel(ABC):
         """Attention type per layer ("full_attention", "sliding_attention", ...), when the config lists them."""
         layer_types = getattr(self.text_config, "layer_types", None)
         return list(layer_types) if layer_types is not None else None
+
+
+class MediaPreparing(Protocol):
+    """A folder's processor: a prompt's placeholders and its media expanded into the ids and tensors a forward takes
+    (`multimodal.MediaProcessor`). Safe to call from several threads."""
+
+    def prepare(self, read_id: int, prompt: Sequence[int], items: Sequence[MediaItem]) -> MediaPrompt: ...
+
+
+@runtime_checkable
+class MediaScoring(Protocol):
+    """A model that reads a processed media prompt in one plain forward (`engines/media.py`): transformers' modeling."""
+
+    max_position_embeddings: int
+
+    def score_media(self, prompt: MediaPrompt, extra: list[int], request: ScoreRequest) -> ScoredPass: ...
+
+    def synchronize(self) -> None: ...
+
+
+@runtime_checkable
+class PooledScoring(Protocol):
+    """A joint-schema model (Clef): a backbone pass per prompt scored by the checkpoint's head (`engines/pooled.py`)."""
+
+    max_position_embeddings: int
+
+    @property
+    def token_limit(self) -> int: ...
+
+    def score_pooled(
+        self, input_ids: Sequence[int], questions: Sequence[PooledQuestion], media: MediaPrompt | None = None
+    ) -> PooledScores: ...
+
+    def score_pooled_padded(
+        self, reads: Sequence[tuple[Sequence[int], Sequence[PooledQuestion]]]
+    ) -> list[PooledScores]: ...
+
+    def prepare_pooled_media(
+        self, read_id: int, prompt: Sequence[int], media_range: tuple[int, int], items: Sequence[MediaItem]
+    ) -> MediaPrompt: ...
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a loaded model can do beyond plain passes, found once (`capabilities_of`) when its engine is built right
+    after loading; engines and read kinds read these fields and never probe the model for a method while reads run."""
+
+    # `score` takes `ScoreRequest.segments`: the tree engine runs a batch as one forward pass.
+    packs_segments: bool = False
+    # Why cached keys/values cannot be reused as-is (`LoadedModel.supports_prefix_cache`), None when they can.
+    prefix_cache_refusal: str | None = "off: the model was not probed"
+    # Reads with media: the model's plain forward over a processed prompt, and the folder's processor.
+    media_scoring: MediaScoring | None = None
+    media_processor: MediaPreparing | None = None
+    # The joint-schema head (pooled reads).
+    pooled: PooledScoring | None = None
+    # A block-diffusion module (transformers' `…ForBlockDiffusion`: `module.model.encoder` and `.decoder`).
+    block_diffusion: Any = None
+
+    def summary(self) -> dict[str, Any]:
+        """The capabilities as log fields."""
+        return {
+            "packs_segments": self.packs_segments,
+            "prefix_cache": self.prefix_cache_refusal or "reusable",
+            "media": self.media_processor is not None,
+            "joint_head": self.pooled is not None,
+            "block_diffusion": self.block_diffusion is not None,
+        }
+
+
+def capabilities_of(model: LoadedModel) -> Capabilities:
+    """Every capability of `model`, each checked once against its protocol."""
+    module = getattr(model, "module", None)
+    inner = getattr(module, "model", None)
+    diffusion = all(getattr(inner, part, None) is not None for part in ("encoder", "decoder"))
+    return Capabilities(
+        packs_segments=model.packs_segments(),
+        prefix_cache_refusal=model.supports_prefix_cache(),
+        media_scoring=model if isinstance(model, MediaScoring) else None,
+        media_processor=model.media_processor(),
+        pooled=model if isinstance(model, PooledScoring) else None,
+        block_diffusion=module if module is not None and inner is not None and diffusion else None,
+    )

@@ -131,6 +131,8 @@ class MediaProcessor:
         )
         # Frames are patched in groups of this many: a video with fewer cannot be read.
         self.temporal_patch = int(getattr(video_processor, "temporal_patch_size", 1) or 1)
+        # Whether the video processor takes `cap_pixels_per_frame` (checked once here, not per read).
+        self.caps_frame_pixels = hasattr(video_processor, "cap_pixels_per_frame")
         self._decoded: OrderedDict[str, tuple[Any, int]] = OrderedDict()
         self._decoded_bytes = 0
         self._blocks: OrderedDict[Any, ProcessedBlock] = OrderedDict()
@@ -219,7 +221,7 @@ class MediaProcessor:
             # Frames sampled already (2 fps, decode_video): the processor places them in time from the metadata.
             kwargs["video_metadata"] = [video.metadata() for video in videos]
             kwargs["do_sample_frames"] = False
-            if hasattr(self.processor.video_processor, "cap_pixels_per_frame"):
+            if self.caps_frame_pixels:
                 # transformers' default, said out loud (it warns on every call otherwise): frames are not capped per
                 # frame as qwen-vl-utils does; vLLM 0.32 calls the processor with the same default.
                 kwargs["cap_pixels_per_frame"] = False

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -17,17 +18,10 @@ import grpc
 
 from decision_server.architectures import architecture_of, choose_engine
 from decision_server.distributed import ParallelConfig
-from decision_server.engines import (
-    CanvasEngine,
-    CanvasRowSpec,
-    CanvasSpec,
-    Engine,
-    PooledEngine,
-    PooledSpec,
-    make_engine,
-)
-from decision_server.model import LoadedModel, LoadOptions, ScoreRequest, dtype_name, load_config, load_model
+from decision_server.engines import AnyEngine, make_engine
+from decision_server.model import LoadedModel, LoadOptions, dtype_name, load_config, load_model
 from decision_server.pb import decision_pb2_grpc
+from decision_server.read_kinds import read_kind_of
 from decision_server.service import DecisionShardService, new_model_thread
 from decision_server.telemetry import tracing_for
 
@@ -70,13 +64,28 @@ class ServeConfig:
 
 
 def remove_stale_socket(path: Path) -> None:
-    """A socket left by a killed shard would make bind fail; anything that is not a socket is left alone."""
+    """A socket left by a killed shard would make bind fail; anything that is not a socket is left alone, and a
+    socket another process still listens on is refused: replacing it would silently hand that server's router this
+    shard (two launchers on one machine with the default `--uds-path`)."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(mode):
         raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+    except OSError:
+        pass  # nobody listens: a stale socket
+    else:
+        raise FileExistsError(
+            f"{path} is the socket of a running shard (another server on this machine?); give this one its own "
+            "--uds-path (the launcher's UDS_PATH)"
+        )
+    finally:
+        probe.close()
     path.unlink()
 
 
@@ -95,20 +104,12 @@ def build_server(service: DecisionShardService, uds_path: Path) -> grpc.aio.Serv
     return server
 
 
-def warm_up(model: LoadedModel, engine: Engine | CanvasEngine | PooledEngine) -> None:
-    """One tiny forward and a probe, so the first real read does not pay for lazy kernel set-up.
+def warm_up(model: LoadedModel, engine: AnyEngine) -> None:
+    """One tiny read of the engine's kind and a probe, so the first real read does not pay for lazy kernel set-up.
     With tensor parallelism every rank runs it at startup, so it also proves the collectives work."""
-    if isinstance(engine, CanvasEngine):
-        # A block-diffusion model has no plain causal forward: warm up the encoder and one canvas step.
-        row = CanvasRowSpec(position=0, tokens=(0,), group_sizes=(1,))
-        engine.run([CanvasSpec(id=0, prompt=(0, 0), canvas=(0,) * 16, rows=(row,))])
-    elif isinstance(engine, PooledEngine):
-        # The backbone and the head once, on a four-token prompt with one two-option question.
-        engine.run([PooledSpec(id=0, prompt=(0, 0, 0, 0), questions=((0, (-4, -3), ((-3, -2), (-2, -1))),))])
-    else:
-        model.score(ScoreRequest(token_ids=[0, 0], keep=[1], label_rows=[0], label_tokens=[0], greedy_rows=[0]))
+    read_kind_of(engine).warm_up(model, engine)
     model.probe()
-    cache = getattr(engine, "prefix_cache", None)
+    cache = engine.prefix_cache
     if cache is not None and model.device.type == "cpu":
         seconds = cache.prefault()
         logger.info(
@@ -173,6 +174,7 @@ async def serve(config: ServeConfig) -> None:
                     "prefix_cache": engine.cache_plan.rule,
                     "batch_token_budget": engine.batch_budget.tokens,
                     "batch_budget": engine.batch_budget.rule,
+                    "capabilities": engine.capabilities.summary(),
                     "rank": model.rank,
                     "world_size": model.world_size,
                     "weight_bytes": model.weight_bytes(),

@@ -62,6 +62,9 @@ class TransformersModel(LoadedModel):
     def modalities(self) -> tuple[str, ...]:
         return self.media.modalities if self.media is not None else ()
 
+    def media_processor(self) -> MediaProcessor | None:
+        return self.media
+
     def score_media(self, prompt: MediaPrompt, extra: Sequence[int], request: ScoreRequest) -> ScoredPass:
         """One plain forward over a processed media prompt followed by `extra` tokens (a multi-token label's
         prefix); `request` says which rows to read, counted over the whole sequence. Positions are the model's own

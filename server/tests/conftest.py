@@ -211,3 +211,16 @@ def greedy_token(result: decision_pb2.ReadResult) -> int:
 def random_tokens(generator: torch.Generator, count: int, vocab: int, low: int = 0) -> list[int]:
     values: list[int] = torch.randint(low, vocab, (count,), generator=generator).tolist()
     return values
+
+
+def use_segment_kernel(monkeypatch: pytest.MonkeyPatch, model: Any, kernel: str) -> None:
+    """Packed passes of `model` attend with `kernel` (`decoder.SEGMENT_KERNELS`). FlexAttention runs eagerly here:
+    on CPU its compiled kernel costs a compile per shape (`flex_segments.kernel`), and test_flex_segments holds the
+    compiled kernel to the same block mask; eager FlexAttention evaluates the same mask function on every pair."""
+    monkeypatch.setattr(model, "segment_kernel", kernel)
+    if kernel == "flex":
+        from torch.nn.attention.flex_attention import flex_attention
+
+        from decision_server import flex_segments
+
+        monkeypatch.setattr(flex_segments, "kernel", lambda device_type: flex_attention)

@@ -24,7 +24,7 @@ from decision_server.engines import TreeEngine, make_engine
 from decision_server.model_base import LoadedModel
 from decision_server.pb import decision_pb2
 from decision_server.prefix_cache import CachePlan
-from decision_server.service import read_specs
+from decision_server.read_kinds.next_token import read_specs
 
 GIB = 1 << 30
 # Qwen3-0.6B's text config: the model of the GPU check (docs/benchmarks.md).

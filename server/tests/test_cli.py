@@ -159,7 +159,7 @@ def test_the_batch_budget_flag_takes_a_positive_token_count_or_stays_auto(capsys
 def test_help_lists_every_command() -> None:
     finished = subprocess.run([*COMMAND, "--help"], capture_output=True, text=True, timeout=60)
     assert finished.returncode == 0
-    for command in ("serve", "export-default", "export-gguf", "make-fixture"):
+    for command in ("serve", "export-default", "download", "export-gguf", "make-fixture"):
         assert command in finished.stdout
 
 
@@ -170,6 +170,23 @@ def test_only_sockets_are_removed_as_stale(tmp_path: Path) -> None:
         remove_stale_socket(regular)
     assert regular.read_text() == "keep me"
     remove_stale_socket(tmp_path / "absent.sock")  # nothing there: nothing to do
+
+
+def test_a_socket_a_shard_still_listens_on_is_refused_and_a_stale_one_removed(tmp_path: Path) -> None:
+    # Two launchers on one machine with the default --uds-path: the second shard replaced the first's socket, and both
+    # routers read from it (found comparing a float32 and a bfloat16 server: every answer agreed to 3e-6).
+    live = tmp_path / "live.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(live))
+    listener.listen(1)
+    try:
+        with pytest.raises(FileExistsError, match=r"socket of a running shard.*--uds-path"):
+            remove_stale_socket(live)
+        assert live.exists()
+    finally:
+        listener.close()
+    remove_stale_socket(live)  # closed: what a killed shard leaves behind
+    assert not live.exists()
 
 
 def fake_topology(root: Path, siblings: dict[int, str]) -> Path:

@@ -9,7 +9,7 @@ import grpc
 import pytest
 from conftest import label_logprobs, read_request
 
-from decision_server.engines import BatchOutcome, Engine, ReadSpec
+from decision_server.engines import BatchOutcome, NextTokenEngine, ReadSpec
 from decision_server.model import LoadedModel
 from decision_server.pb import decision_pb2
 
@@ -57,7 +57,7 @@ def test_empty_batch_gives_empty_response(tiny_qwen3: LoadedModel, shard: Any) -
     assert response.forward_micros == 0
 
 
-class ExplodingEngine(Engine):
+class ExplodingEngine(NextTokenEngine):
     name = "exploding"
 
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
@@ -88,7 +88,7 @@ def test_non_finite_health_probe_is_an_error(
     assert "health probe on cpu returned nan" in failure.value.details()
 
 
-class SlowEngine(Engine):
+class SlowEngine(NextTokenEngine):
     """Holds the model thread for a while, like a large batch would."""
 
     name = "slow"

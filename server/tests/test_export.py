@@ -197,7 +197,7 @@ def test_folder_of_another_revision_is_rebuilt(tmp_path: Path) -> None:
 
 def test_makefile_checks_the_clef_fixture_revision() -> None:
     """`make fixtures` skips a cached Clef folder by its marker's revision; it must be the builder's."""
-    from decision_server.fixtures_clef import CLEF_FIXTURE_REVISION
+    from decision_server.fixtures.clef import CLEF_FIXTURE_REVISION
 
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     assert f"CLEF_FIXTURE_REVISION := {CLEF_FIXTURE_REVISION}\n" in makefile

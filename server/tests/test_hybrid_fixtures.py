@@ -16,7 +16,7 @@ import torch
 from decision_server import cli
 from decision_server.atomic import MARKER_NAME
 from decision_server.fixtures import FIXTURE_NAMES, make_fixture
-from decision_server.fixtures_hybrid import (
+from decision_server.fixtures.hybrid import (
     HYBRID_FIXTURE_FILES,
     HYBRID_FIXTURES,
     QWEN3_5_INSTALL_HINT,

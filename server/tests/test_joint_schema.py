@@ -515,7 +515,7 @@ def _item(kind: str, data: bytes, index: int = 0) -> Any:
 def test_video_and_audio_reads_equal_transformers_on_the_processed_prompt(name: str, kinds: tuple[str, ...]) -> None:
     """Flash reads videos (2 fps, soundtracks ignored); Omni reads audio, and a video's soundtrack with it when every
     video has one. The whole read equals transformers' backbone on the processor's output plus the reference head."""
-    from decision_server.media_samples import audio_bytes, video_bytes
+    from decision_server.fixtures.media_samples import audio_bytes, video_bytes
 
     folder = _folder(name)
     model = load_model(folder, LoadOptions(dtype="float32"))
@@ -557,8 +557,8 @@ def test_video_and_audio_reads_equal_transformers_on_the_processed_prompt(name: 
 
 
 def test_audio_with_soundtrack_videos_is_refused_and_flash_takes_no_audio() -> None:
+    from decision_server.fixtures.media_samples import audio_bytes, video_bytes
     from decision_server.media import MediaError
-    from decision_server.media_samples import audio_bytes, video_bytes
 
     omni = load_model(_folder("tiny-clef-omni"), LoadOptions(dtype="float32"))
     tokenizer = omni.processor.tokenizer  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import reference_sequence_logprob
+from conftest import reference_sequence_logprob, use_segment_kernel
 from test_packed_batches import assert_equals_transformers, many_requests
 
 from decision_server import layer_graph
@@ -50,12 +50,12 @@ def test_compile_auto_compiles_the_layers_and_off_does_not(compiled_qwen3: Decod
     assert tiny_qwen3.network.graph is None  # load_model's default, `--compile off`
 
 
-@pytest.mark.parametrize("dense", [False, True], ids=["cpu-kernels", "sdpa-per-segment"])
+@pytest.mark.parametrize("kernel", ["split", "sdpa", "flex"], ids=["cpu-kernels", "sdpa-per-segment", "flex-one-call"])
 def test_a_packed_batch_through_the_compiled_layers_equals_transformers(
-    compiled_qwen3: DecoderModel, tiny_qwen3_reference: Any, monkeypatch: pytest.MonkeyPatch, dense: bool
+    compiled_qwen3: DecoderModel, tiny_qwen3_reference: Any, monkeypatch: pytest.MonkeyPatch, kernel: str
 ) -> None:
     """Many requests in one pass (segments, a shared head from the prefix cache, trees of questions, kept rows)."""
-    monkeypatch.setattr(compiled_qwen3, "dense_segments", dense)
+    use_segment_kernel(monkeypatch, compiled_qwen3, kernel)
     steps = count_steps(compiled_qwen3, monkeypatch)
     engine = TreeEngine(compiled_qwen3, prefix_cache=PrefixCache(64 << 20), min_split_tokens=64)
     cold = many_requests(requests=6, state_tokens=90, questions=3)

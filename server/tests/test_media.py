@@ -19,6 +19,7 @@ from conftest import running_shard
 from PIL import Image
 
 from decision_server.fixtures import make_fixture
+from decision_server.fixtures.media_samples import audio_bytes, video_bytes
 from decision_server.media import (
     AUDIO,
     IMAGE,
@@ -31,7 +32,6 @@ from decision_server.media import (
     decode_video,
     sample_frame_indices,
 )
-from decision_server.media_samples import audio_bytes, video_bytes
 from decision_server.model import LoadOptions, load_model
 from decision_server.paths import models_dir
 from decision_server.pb import decision_pb2

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import reference_sequence_logprob
+from conftest import reference_sequence_logprob, use_segment_kernel
 
 from decision_server.engines import ReadSpec, TreeEngine
 from decision_server.engines.tree import DEFAULT_MAX_LOGIT_ROWS
@@ -47,11 +47,11 @@ def assert_equals_transformers(reference: Any, reads: list[ReadSpec], outcomes: 
         assert outcome.label_logprobs == pytest.approx(expected, abs=tolerance)
 
 
-@pytest.mark.parametrize("dense", [False, True], ids=["cpu-kernels", "sdpa-per-segment"])
+@pytest.mark.parametrize("kernel", ["split", "sdpa", "flex"], ids=["cpu-kernels", "sdpa-per-segment", "flex-one-call"])
 def test_a_batch_of_requests_is_one_pass_equal_to_transformers(
-    tiny_qwen3: LoadedModel, tiny_qwen3_reference: Any, monkeypatch: pytest.MonkeyPatch, dense: bool
+    tiny_qwen3: LoadedModel, tiny_qwen3_reference: Any, monkeypatch: pytest.MonkeyPatch, kernel: str
 ) -> None:
-    monkeypatch.setattr(tiny_qwen3, "dense_segments", dense)
+    use_segment_kernel(monkeypatch, tiny_qwen3, kernel)
     cache = PrefixCache(64 << 20)
     engine = TreeEngine(tiny_qwen3, prefix_cache=cache, min_split_tokens=64)
     cold = many_requests(requests=6, state_tokens=90, questions=3)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import greedy_token, label_logprobs, read_request
+from conftest import greedy_token, label_logprobs, read_request, use_segment_kernel
 from prompts import QUESTIONS, STATES, label_tokens, prompt_tokens
 
 from decision_server.engines import NaiveEngine, ReadSpec, TreeEngine
@@ -69,13 +69,14 @@ PLANS = {"one-pass": (10**9, 10**9), "default": (32, 256), "split": (4, 16), "br
 
 
 # How the decoder runs a batch: one packed pass with its CPU kernels per segment; the same pass with one SDPA call per
-# segment (what runs off CPU); or, as a model without segments (transformers' modeling), planned passes in turn.
-KERNELS = ("packed", "packed-sdpa", "passes")
+# segment, or with one FlexAttention call per layer (what runs off CPU); or, as a model without segments
+# (transformers' modeling), planned passes in turn.
+KERNELS = ("packed", "packed-sdpa", "packed-flex", "passes")
 
 
 def with_kernel(monkeypatch: pytest.MonkeyPatch, model: LoadedModel, kernel: str) -> None:
-    if kernel == "packed-sdpa":
-        monkeypatch.setattr(model, "dense_segments", True)
+    if kernel in ("packed-sdpa", "packed-flex"):
+        use_segment_kernel(monkeypatch, model, kernel.removeprefix("packed-"))
     if kernel == "passes":
         monkeypatch.setattr(model, "packs_segments", lambda: False)
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 from decision_server.architectures import lookup
+from decision_server.fixtures.media_samples import audio_bytes, video_bytes
 from decision_server.media import AUDIO, IMAGE, VIDEO, MediaItem, decode_audio
-from decision_server.media_samples import audio_bytes, video_bytes
 from decision_server.multimodal import MediaProcessor
 from decision_server.paths import models_dir
 from PIL import Image

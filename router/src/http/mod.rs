@@ -33,6 +33,6 @@ mod state;
 mod testing;
 
 pub use lifecycle::run;
-pub use middleware::REQUEST_ID_HEADER;
+pub use middleware::{REQUEST_ID_HEADER, X_REQUEST_ID_HEADER};
 pub use routes::app;
 pub use state::{build_state, AppState, InFlight, InFlightGuard};

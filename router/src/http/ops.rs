@@ -96,6 +96,7 @@ pub(super) async fn info_handler(
         "matmul": info.matmul,
         "compiled_chains": info.compiled_chains,
         "compiled_layers": info.compiled_layers,
+        "segment_attention": info.segment_attention,
         "read_strategy": state.decider.strategy.as_ref().map(|s| s.name()).unwrap_or("none"),
         "modalities": state.decider.strategy.as_ref().map(|s| s.modalities().iter().map(|m| m.field()).collect::<Vec<_>>()).unwrap_or_default(),
         "prompt_format": state.decider.prompt_format().map(|f| json!({"name": f.name, "version": f.version})),

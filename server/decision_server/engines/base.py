@@ -1,18 +1,47 @@
-"""The interface every engine implements, with the input checks they all share.
-Checks run before any tensor work so a bad read fails the RPC with a clear message, never a device error."""
+"""The `Engine` protocol every engine satisfies (tree, fork, naive, canvas, pooled), and the base of the next-token
+engines with the input checks they share. Checks run before any tensor work so a bad read fails the RPC with a clear
+message, never a device error."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 import torch
 
 from decision_server.batch_budget import BatchBudget
 from decision_server.engines.media import run_media_read
 from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadSpec
-from decision_server.model_base import LoadedModel
-from decision_server.prefix_cache import CachePlan
+from decision_server.model_base import Capabilities, LoadedModel, capabilities_of
+from decision_server.prefix_cache import CachePlan, PrefixCache
+
+SpecT = TypeVar("SpecT", contravariant=True)
+BatchT = TypeVar("BatchT", covariant=True)
+
+
+class Engine(Protocol[SpecT, BatchT]):
+    """How a batch of reads of one kind becomes forward passes on one loaded model. `make_engine` builds one from
+    the table keyed by (read kind, mode); the read kind (`read_kinds/`) turns protobuf into its specs and its batch
+    back into protobuf, so an engine never sees protobuf."""
+
+    # What Info reports as `engine`, and the proto read kind the engine computes (`read_kinds.READ_KINDS`).
+    name: str
+    read_kind: str
+    # The prefix cache plan and the packed tokens of one forward pass (`make_engine` sets both); Info reports them.
+    cache_plan: CachePlan
+    batch_budget: BatchBudget
+    # The model's capabilities, resolved once when the engine was built for it.
+    capabilities: Capabilities
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The cache of earlier batches' prefixes, where the engine keeps one (warm-up touches its memory)."""
+        ...
+
+    def run(self, reads: Sequence[SpecT]) -> BatchT:
+        """Checks every read, then runs them; outcomes in request order."""
+        ...
 
 
 def validate_read(read: ReadSpec, token_limit: int, max_positions: int) -> None:
@@ -45,25 +74,25 @@ def validate_read(read: ReadSpec, token_limit: int, max_positions: int) -> None:
         )
 
 
-class Engine(ABC):
+class NextTokenEngine(ABC):
     """Executes a batch of next-token reads on one loaded model: which forward passes run, over which tokens, and
     what each shares with the others. Every engine computes the same log-probabilities; they differ in speed."""
 
     name: str
-    # The proto read kind these engines compute.
     read_kind = "next_token"
-    # The prefix cache it runs with (`make_engine` sets it); Info reports it.
     cache_plan = CachePlan.off("off")
-    # The packed tokens one forward pass may hold (`make_engine` sets it); Info reports it to the router.
     batch_budget = BatchBudget(0, "unset")
+    prefix_cache: PrefixCache | None = None
 
     def __init__(self, model: LoadedModel) -> None:
         self.model = model
+        self.capabilities = capabilities_of(model)
 
     def run(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
+        media_model = self.capabilities.media_scoring
         for read in reads:
             validate_read(read, self.model.token_limit, self.model.max_position_embeddings)
-            if read.media and not hasattr(self.model, "score_media"):
+            if read.media and media_model is None:
                 raise InvalidReadError(read.id, "this model reads no media")
         if not reads:
             return BatchOutcome(outcomes=[])
@@ -75,9 +104,9 @@ class Engine(ABC):
                 return batch
             # Reads with media run on their own (engines/media.py); results keep the batch's read order.
             text_outcomes = iter(batch.outcomes)
+            assert media_model is not None  # every read with media was checked above
             batch.outcomes = [
-                run_media_read(self.model, read, batch) if read.media else next(text_outcomes)  # type: ignore[arg-type]
-                for read in reads
+                run_media_read(media_model, read, batch) if read.media else next(text_outcomes) for read in reads
             ]
             return batch
 

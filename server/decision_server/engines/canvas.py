@@ -19,8 +19,8 @@ from decision_server.engines.types import (
     CanvasSpec,
     InvalidReadError,
 )
-from decision_server.model_base import LoadedModel
-from decision_server.prefix_cache import CachePlan
+from decision_server.model_base import LoadedModel, capabilities_of
+from decision_server.prefix_cache import CachePlan, PrefixCache
 
 READ_KIND = "canvas"
 # Prompts sharing fewer leading tokens than this are encoded whole: a copied cache would cost more than it saves.
@@ -109,11 +109,12 @@ class CanvasEngine:
     read_kind = READ_KIND
     cache_plan = CachePlan.off("off")
     batch_budget = BatchBudget(0, "unset")
+    prefix_cache: PrefixCache | None = None
 
     def __init__(self, model: LoadedModel) -> None:
-        module = getattr(model, "module", None)
-        inner = getattr(module, "model", None)
-        if module is None or inner is None or not hasattr(inner, "encoder") or not hasattr(inner, "decoder"):
+        self.capabilities = capabilities_of(model)
+        module = self.capabilities.block_diffusion
+        if module is None:
             raise ValueError(f"{model.architecture}: canvas reads need a block-diffusion model (encoder and decoder)")
         self.model = model
         self._module = module

@@ -11,7 +11,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from decision_server.engines.base import Engine
+from decision_server.engines.base import NextTokenEngine
 from decision_server.engines.tree import NodeScores, PlacedRead, TokenTrie, place_read, read_outcomes
 from decision_server.engines.types import BatchOutcome, ReadSpec
 from decision_server.model_base import ModelState, ScoreRequest
@@ -37,7 +37,7 @@ class _Wanted:
         return node in self.labels or node in self.answers
 
 
-class ForkEngine(Engine):
+class ForkEngine(NextTokenEngine):
     name = "fork"
 
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:

@@ -6,22 +6,13 @@ reads with the same token ids but different images can never be mixed up; the sa
 from __future__ import annotations
 
 import time
-from typing import Protocol
 
 from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadOutcome, ReadSpec
 from decision_server.media import MediaPrompt
-from decision_server.model_base import ScoredPass, ScoreRequest
+from decision_server.model_base import MediaScoring, ScoredPass, ScoreRequest
 
 
-class MediaModel(Protocol):
-    max_position_embeddings: int
-
-    def score_media(self, prompt: MediaPrompt, extra: list[int], request: ScoreRequest) -> ScoredPass: ...
-
-    def synchronize(self) -> None: ...
-
-
-def run_media_read(model: MediaModel, read: ReadSpec, batch: BatchOutcome) -> ReadOutcome:
+def run_media_read(model: MediaScoring, read: ReadSpec, batch: BatchOutcome) -> ReadOutcome:
     prompt = read.media_prompt
     if prompt is None:
         raise InvalidReadError(read.id, "a read with media reached the engine unprocessed")
@@ -78,7 +69,7 @@ def run_media_read(model: MediaModel, read: ReadSpec, batch: BatchOutcome) -> Re
 
 
 def _forward(
-    model: MediaModel, prompt: MediaPrompt, extra: list[int], request: ScoreRequest, batch: BatchOutcome
+    model: MediaScoring, prompt: MediaPrompt, extra: list[int], request: ScoreRequest, batch: BatchOutcome
 ) -> ScoredPass:
     started = time.perf_counter()
     scored = model.score_media(prompt, extra, request)

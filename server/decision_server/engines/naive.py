@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from decision_server.engines.base import Engine
+from decision_server.engines.base import NextTokenEngine
 from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec
 from decision_server.model_base import ScoredPass, ScoreRequest
 
 
-class NaiveEngine(Engine):
+class NaiveEngine(NextTokenEngine):
     name = "naive"
 
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
 from decision_server.batch_budget import BatchBudget
 from decision_server.engines.types import InvalidReadError
-from decision_server.joint_head import QUESTION_TYPES, PooledQuestion
+from decision_server.joint_head import QUESTION_TYPES, PooledQuestion, PooledScores
 from decision_server.media import MediaItem, MediaPrompt
-from decision_server.prefix_cache import CachePlan
-
-if TYPE_CHECKING:
-    from decision_server.joint_schema import PooledScores
+from decision_server.model_base import Capabilities, PooledScoring
+from decision_server.prefix_cache import CachePlan, PrefixCache
 
 READ_KIND = "pooled"
 # Padded tokens (reads x the longest) of one shared forward when none is given; `make_engine` gives the shard's batch
@@ -54,19 +51,6 @@ class PooledBatchOutcome:
     forward_passes: int = 0
     packed_tokens: int = 0
     stats: dict[str, float] = field(default_factory=dict)
-
-
-class PooledModel(Protocol):
-    max_position_embeddings: int
-    token_limit: int
-
-    def score_pooled(
-        self, input_ids: Sequence[int], questions: Sequence[PooledQuestion], media: MediaPrompt | None = None
-    ) -> PooledScores: ...
-
-    def score_pooled_padded(
-        self, reads: Sequence[tuple[Sequence[int], Sequence[PooledQuestion]]]
-    ) -> list[PooledScores]: ...
 
 
 def padded_groups(lengths: Sequence[int], budget: int = PADDED_TOKENS) -> list[list[int]]:
@@ -108,13 +92,17 @@ def absolute_questions(read: PooledSpec, length: int) -> list[PooledQuestion]:
 class PooledEngine:
     """Runs pooled reads; `name` is what Info reports."""
 
-    name = "pooled"
+    name = READ_KIND
+    read_kind = READ_KIND
     cache_plan = CachePlan.off("off")
     batch_budget = BatchBudget(0, "unset")
+    prefix_cache: PrefixCache | None = None
 
-    def __init__(self, model: PooledModel, padded_tokens: int = PADDED_TOKENS) -> None:
+    def __init__(self, model: PooledScoring, padded_tokens: int = PADDED_TOKENS) -> None:
         self.model = model
         self.padded_tokens = padded_tokens
+        # The head is what this engine needs of a model; its media go through `model.prepare_pooled_media`.
+        self.capabilities = Capabilities(prefix_cache_refusal="off: pooled reads keep no prefixes", pooled=model)
 
     def run(self, reads: Sequence[PooledSpec]) -> PooledBatchOutcome:
         # Every read is checked before any forward: one bad read fails the batch without wasted work.

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from decision_server.architectures import EngineRefusedError, tree_refusal
-from decision_server.engines.base import Engine
+from decision_server.engines.base import NextTokenEngine
 from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
@@ -370,7 +370,7 @@ class NodeScores:
         self.greedy.update(other.greedy)
 
 
-class TreeEngine(Engine):
+class TreeEngine(NextTokenEngine):
     name = "tree"
 
     def __init__(
@@ -388,10 +388,10 @@ class TreeEngine(Engine):
             raise EngineRefusedError(f"tree reads cannot serve {model.architecture}: {reason}")
         if max_logit_rows is None:
             # A model that packs segments computes its logits in pieces of rows (`DecoderModel._scores_in_pieces`).
-            max_logit_rows = max_packed_tokens if model.packs_segments() else DEFAULT_MAX_LOGIT_ROWS
+            max_logit_rows = max_packed_tokens if self.capabilities.packs_segments else DEFAULT_MAX_LOGIT_ROWS
         if max_packed_tokens < 1 or max_logit_rows < 1:
             raise ValueError("tree read budgets must be positive")
-        if prefix_cache is not None and (reason := model.supports_prefix_cache()) is not None:
+        if prefix_cache is not None and (reason := self.capabilities.prefix_cache_refusal) is not None:
             raise ValueError(f"prefix cache unavailable for {model.architecture}: {reason}")
         self.max_packed_tokens = max_packed_tokens
         self.max_logit_rows = max_logit_rows
@@ -426,7 +426,7 @@ class TreeEngine(Engine):
         trie = TokenTrie()
         prompt_tokens = rows = 0
         holds_state = False
-        one_state = self.prefix_cache is not None and not self.model.packs_segments()
+        one_state = self.prefix_cache is not None and not self.capabilities.packs_segments
         for read in reads:
             read_rows = 1 + sum(len(label) - 1 for label in read.labels)
             added = trie.missing_nodes(read, labels=False)
@@ -471,7 +471,7 @@ class TreeEngine(Engine):
         }
         if self._single_pass(trie, cached_of_root):
             scores = self._run_single_pass(trie, placed, prefixes, batch)
-        elif self.model.packs_segments():
+        elif self.capabilities.packs_segments:
             scores = self._run_packed(trie, placed, prefixes, cached_of_root, batch)
         else:
             scores = self._run_passes(trie, placed, cached_of_root, batch)
@@ -482,7 +482,7 @@ class TreeEngine(Engine):
     def _single_pass(self, trie: TokenTrie, cached_of_root: dict[int, CachedPrefix]) -> bool:
         """One dense-mask pass over everything: for models whose keys cannot be reused across passes (sliding
         windows, recurrent layers), and when the planner would make just one pass anyway."""
-        if self.model.supports_prefix_cache() is not None:
+        if self.capabilities.prefix_cache_refusal is not None:
             return True
         if trie.is_chain():
             return not cached_of_root
