@@ -46,7 +46,7 @@ FIXTURE=/tmp/gpu-models/tiny-qwen3 python3 - <<'EOF' | tee -a "$LOG"
 import os, torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.engines import make_engine
 from decision_server.engines.types import ReadSpec
 
@@ -60,7 +60,7 @@ for _ in range(4):
 labels = ((3,), (4,), (7, 8))
 for dtype, tol, compile_mode in (("float32", 1e-4, "off"), ("bfloat16", 5e-2, "off"), ("bfloat16", 5e-2, "auto")):
     # --compile auto: the layers between attentions as compiled graphs (layer_graph), the serving default.
-    model = load_model(folder, dtype=dtype, compile_mode=compile_mode)
+    model = load_model(folder, LoadOptions(dtype=dtype, compile_mode=compile_mode))
     assert model.device_name.startswith("cuda"), model.device_name
     print(f"{dtype} compile {compile_mode}: compiled layers {model.compiled_layers}, segment attention {model.segment_attention}")
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to("cuda").eval()

@@ -13,11 +13,11 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "server" / "bench"))
 from reads_bench import make_reads
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from transformers import AutoModelForCausalLM
 
 folder = Path(os.environ.get("FIXTURE", "/tmp/gpu-models/qwen3-0.6b"))
-model = load_model(folder, dtype="bfloat16")
+model = load_model(folder, LoadOptions(dtype="bfloat16"))
 tree = TreeEngine(model)
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 for _ in range(3):

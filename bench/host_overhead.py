@@ -90,14 +90,14 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     from decision_server.engines import ReadSpec, make_engine
-    from decision_server.model import load_model
+    from decision_server.model import LoadOptions, load_model
     from transformers import AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         build(folder, dtype)
         # The shard picks its device as serving does (CUDA where there is one).
-        ours = load_model(folder, dtype=args.dtype, matmul=args.matmul, compile_mode=args.compile)
+        ours = load_model(folder, LoadOptions(dtype=args.dtype, matmul=args.matmul, compile_mode=args.compile))
         device = ours.device
         engine = make_engine("auto", ours, 0)
         reference = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()

@@ -100,11 +100,11 @@ class InProcess:
 
     def __init__(self, name: str) -> None:
         from decision_server.engines import make_engine
-        from decision_server.model import load_model
+        from decision_server.model import LoadOptions, load_model
 
         torch.set_num_threads(1)
         self.folder = cache_dir() / "models" / name
-        self.model = load_model(self.folder, dtype="float32")
+        self.model = load_model(self.folder, LoadOptions(dtype="float32"))
         self.engine = make_engine("auto", self.model)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(self.folder)
 

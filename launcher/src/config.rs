@@ -690,11 +690,20 @@ impl fmt::Display for CacheSize {
     }
 }
 
-fn parse_cache_size(text: &str) -> Result<CacheSize, String> {
+/// A `--prefix-cache-mb` that is neither auto nor a whole number of MiB.
+#[derive(Debug, thiserror::Error)]
+#[error("expected auto or a whole number of MiB, got {text:?}")]
+pub struct CacheSizeError {
+    text: String,
+}
+
+fn parse_cache_size(text: &str) -> Result<CacheSize, CacheSizeError> {
     if text == "auto" {
         return Ok(CacheSize::Auto);
     }
     text.parse()
         .map(CacheSize::Mib)
-        .map_err(|_| format!("expected auto or a whole number of MiB, got {text:?}"))
+        .map_err(|_| CacheSizeError {
+            text: text.to_owned(),
+        })
 }

@@ -214,7 +214,7 @@ pub async fn wait_ready(
                     return Ok(());
                 }
                 Ok(Ok(probe)) => return Err(ShardError::UnhealthyProbe { rank, probe }),
-                Ok(Err(err)) => last_error = err,
+                Ok(Err(err)) => last_error = err.to_string(),
                 Err(_) => last_error = format!("Health RPC unanswered after {} s", ATTEMPT_TIMEOUT.as_secs()),
             },
         }
@@ -233,15 +233,30 @@ pub async fn wait_ready(
     }
 }
 
-/// One readiness attempt: connect and call Health. The error says which step failed.
-async fn health(socket: &Path) -> Result<f64, String> {
+/// Why one readiness attempt failed: the step, and what it said.
+#[derive(Debug, thiserror::Error)]
+enum HealthAttemptError {
+    /// The socket could not be connected to (the cause chain: no such file, refused).
+    #[error("connect: {0}")]
+    Connect(String),
+    /// The call's gRPC status: its code as tonic writes it, and the shard's message.
+    #[error("Health RPC: {code}: {message}")]
+    Rpc { code: String, message: String },
+}
+
+/// One readiness attempt: connect and call Health.
+async fn health(socket: &Path) -> Result<f64, HealthAttemptError> {
     let mut client = decision_proto::connect_uds(socket)
         .await
-        .map_err(|err| format!("connect: {}", error_chain(&err)))?;
-    let response = client
-        .health(HealthRequest {})
-        .await
-        .map_err(|status| format!("Health RPC: {}: {}", status.code(), status.message()))?;
+        .map_err(|err| HealthAttemptError::Connect(error_chain(&err)))?;
+    let response =
+        client
+            .health(HealthRequest {})
+            .await
+            .map_err(|status| HealthAttemptError::Rpc {
+                code: status.code().to_string(),
+                message: status.message().to_owned(),
+            })?;
     Ok(response.into_inner().probe)
 }
 

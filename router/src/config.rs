@@ -291,9 +291,18 @@ pub struct RouterFlags {
     pub json_output: bool,
 }
 
-fn positive_seconds(value: &str) -> Result<f64, String> {
+/// A media duration flag that is not a positive, finite number of seconds.
+#[derive(Debug, thiserror::Error)]
+#[error("'{value}' is not a positive number of seconds")]
+pub struct NotPositiveSeconds {
+    value: String,
+}
+
+fn positive_seconds(value: &str) -> Result<f64, NotPositiveSeconds> {
     match value.parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 => Ok(s),
-        _ => Err(format!("'{value}' is not a positive number of seconds")),
+        _ => Err(NotPositiveSeconds {
+            value: value.to_owned(),
+        }),
     }
 }

@@ -9,7 +9,7 @@ use crate::ir::{Decision, DecisionRequest, Modality, Usage};
 use crate::limits::{Budget, Limits};
 use crate::media::{self, Fetcher, MediaBlob, MediaPolicy};
 use crate::prompt::wording::PromptFormat;
-use crate::prompt::{PreparedRead, ReadStrategy};
+use crate::prompt::{PreparedRead, ReadStrategy, RegistryError};
 use crate::queue::{Queue, ReadTiming};
 use crate::read::ReadMedia;
 use crate::shard::ShardSet;
@@ -28,7 +28,7 @@ pub struct Decided {
 }
 
 pub struct Decider {
-    pub strategy: Result<Arc<dyn ReadStrategy>, String>,
+    pub strategy: Result<Arc<dyn ReadStrategy>, Arc<RegistryError>>,
     pub queue: Queue,
     pub limits: Limits,
     /// Media limits and fetch rules (`--max-media-*`, `--media-allow-hosts`) and the client that
@@ -104,7 +104,7 @@ impl Decider {
         let strategy = self
             .strategy
             .as_ref()
-            .map_err(|reason| DecisionError::NotServable(reason.clone()))?
+            .map_err(|reason| DecisionError::NotServable(reason.to_string()))?
             .clone();
         crate::prompt::check_media(strategy.as_ref(), &request)?;
         if request.joint && !strategy.supports_joint() {
@@ -212,7 +212,7 @@ impl Decider {
     ) -> Result<(Vec<crate::read::ReadOutcome>, ReadTiming), DecisionError> {
         self.strategy
             .as_ref()
-            .map_err(|reason| DecisionError::NotServable(reason.clone()))?;
+            .map_err(|reason| DecisionError::NotServable(reason.to_string()))?;
         let arrival = self.queue.arrival();
         let tokens = unique_prompt_tokens(&reads);
         if tokens > self.limits.max_input_tokens {

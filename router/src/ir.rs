@@ -3,6 +3,8 @@
 
 use serde_json::Value;
 
+use crate::question_kind::Kind;
+
 /// One decision request, independent of the wire shape it arrived in.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecisionRequest {
@@ -115,6 +117,32 @@ impl QuestionKind {
     pub fn score(levels: Vec<String>) -> Self {
         let sent = levels.iter().map(|l| Value::String(l.clone())).collect();
         QuestionKind::Score { levels, sent }
+    }
+
+    /// Its row in the question-kind table (`question_kind.rs`): labels, reply line, confidence.
+    pub fn kind(&self) -> Kind {
+        match self {
+            QuestionKind::Choice { .. } => Kind::Choice,
+            QuestionKind::YesNo { .. } => Kind::YesNo,
+            QuestionKind::Score { .. } => Kind::Score,
+        }
+    }
+
+    /// The smallest question of a kind: what a strategy is asked about at startup (its refusals).
+    pub fn probe(kind: Kind) -> Self {
+        match kind {
+            Kind::Choice => QuestionKind::Choice {
+                options: vec![ChoiceOption {
+                    name: "a".into(),
+                    description: None,
+                }],
+            },
+            Kind::YesNo => QuestionKind::YesNo {
+                yes: None,
+                no: None,
+            },
+            Kind::Score => QuestionKind::score(vec!["0".into()]),
+        }
     }
 
     /// How many answers the question allows (its label count).

@@ -14,6 +14,7 @@ pub mod media;
 pub mod probability;
 pub mod profile;
 pub mod prompt;
+pub mod question_kind;
 pub mod queue;
 pub mod read;
 pub mod shard;

@@ -198,12 +198,11 @@ impl Compat {
             // The head has no labels: the chosen option's probability, in every profile (the seeds).
             return Some(p[probability::argmax(p)]);
         }
-        match (self, kind) {
+        match self {
             // vLLM: the chosen label's full-vocabulary probability (its share times the label mass).
-            (Compat::Vllm, _) => Some(p[probability::argmax(p)] * answer.label_mass),
-            (_, QuestionKind::Choice { .. }) => Some(probability::choice_confidence(p)),
-            (_, QuestionKind::Score { .. }) => Some(probability::score_confidence(p)),
-            (_, QuestionKind::YesNo { .. }) => None,
+            Compat::Vllm => Some(p[probability::argmax(p)] * answer.label_mass),
+            // TypeSafe's formula of the question's kind (`question_kind.rs`).
+            _ => kind.kind().confidence(p),
         }
     }
 }

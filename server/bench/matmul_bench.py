@@ -13,7 +13,7 @@ from reads_bench import make_reads
 
 from decision_server.engines import TreeEngine
 from decision_server.layers import MATMUL_MODES, probe_matmul
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
 
     engines = {
-        mode: TreeEngine(load_model(args.model_dir, dtype="float32", threads=args.threads, matmul=mode))
+        mode: TreeEngine(load_model(args.model_dir, LoadOptions(dtype="float32", threads=args.threads, matmul=mode)))
         for mode in MATMUL_MODES
     }
     reads = make_reads(engines["exact"].model.token_limit, args.head, args.reads, args.tail, seed=1)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from decision_server.engines import ForkEngine, NaiveEngine, ReadSpec, TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.prefix_cache import PrefixCache
 
 
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="end with torch.profiler's op table of one tree run")
     args = parser.parse_args()
 
-    model = load_model(args.model_dir, dtype=args.dtype, threads=args.threads)
+    model = load_model(args.model_dir, LoadOptions(dtype=args.dtype, threads=args.threads))
     reads = make_reads(model.token_limit, args.head, args.reads, args.tail, seed=0)
     unique = args.head + args.reads * args.tail
     print(

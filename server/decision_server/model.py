@@ -4,6 +4,7 @@ says: the shard's own tensor-parallel decoder (decoder_model.py) or transformers
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DTYPES",
     "KeyValueState",
+    "LoadOptions",
     "LoadedModel",
     "ModelState",
     "ScoreRequest",
@@ -54,17 +56,23 @@ def load_config(path: Path) -> Any:
     return AutoConfig.from_pretrained(path)
 
 
-def load_model(
-    path: Path,
-    dtype: str = "auto",
-    threads: int | None = None,
-    needs_custom_mask: bool = True,
-    parallel: ParallelConfig | None = None,
-    matmul: str = "exact",
-    compile_mode: str = "off",
-    matmul_record: Path | None = None,
-) -> LoadedModel:
-    """Loads the HF folder at `path` for inference as rank `parallel.rank` of `parallel.world_size`.
+@dataclass(frozen=True)
+class LoadOptions:
+    """How `load_model` loads a folder: the serve flags that act on the weights (serve.py builds one from its
+    `ServeConfig`); the defaults are a library caller's (`--dtype auto`, exact linears, eager layers, no record)."""
+
+    dtype: str = "auto"
+    threads: int | None = None
+    # Whether the attention kernel must take a custom mask (tree and canvas engines: `pick_attn_implementation`).
+    needs_custom_mask: bool = True
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    matmul: str = "exact"
+    compile_mode: str = "off"
+    matmul_record: Path | None = None
+
+
+def load_model(path: Path, options: LoadOptions | None = None) -> LoadedModel:
+    """Loads the HF folder at `path` for inference as rank `options.parallel.rank` of `options.parallel.world_size`.
 
     The registry (architectures.py) says which code runs the architecture. Decoder architectures (Llama family,
     Qwen3) get the shard's own decoder when it accepts the config (each rank reads only its weight slices);
@@ -86,7 +94,10 @@ def load_model(
     from decision_server.distributed import pick_device as pick_rank_device
     from decision_server.layers import check_matmul, half_gemm_is_slow, mkl_kernels
 
-    parallel = parallel or ParallelConfig()
+    options = options or LoadOptions()
+    dtype, threads, parallel = options.dtype, options.threads, options.parallel
+    matmul, compile_mode, matmul_record = options.matmul, options.compile_mode, options.matmul_record
+    needs_custom_mask = options.needs_custom_mask
     # The weight-loading bar draws with carriage returns, which garbles the JSON-lines log stream.
     hf_logging.disable_progress_bar()
     if threads is not None:

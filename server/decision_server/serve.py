@@ -19,7 +19,7 @@ import grpc
 from decision_server.architectures import architecture_of, choose_engine
 from decision_server.distributed import ParallelConfig
 from decision_server.engines import AnyEngine, make_engine
-from decision_server.model import LoadedModel, dtype_name, load_config, load_model
+from decision_server.model import LoadedModel, LoadOptions, dtype_name, load_config, load_model
 from decision_server.pb import decision_pb2_grpc
 from decision_server.read_kinds import read_kind_of
 from decision_server.service import DecisionShardService, new_model_thread
@@ -49,6 +49,18 @@ class ServeConfig:
     max_batch_prefill_tokens: int | None = None
     otlp_endpoint: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def load_options(self, needs_custom_mask: bool) -> LoadOptions:
+        """The flags that act on the weights, for `load_model` (the engine decides whether masks are custom)."""
+        return LoadOptions(
+            dtype=self.dtype,
+            threads=self.threads,
+            needs_custom_mask=needs_custom_mask,
+            parallel=self.parallel,
+            matmul=self.matmul,
+            compile_mode=self.compile_mode,
+            matmul_record=self.matmul_record,
+        )
 
 
 def remove_stale_socket(path: Path) -> None:
@@ -119,17 +131,7 @@ async def serve(config: ServeConfig) -> None:
     loop = asyncio.get_running_loop()
     model = await loop.run_in_executor(
         model_thread,
-        partial(
-            load_model,
-            config.model_dir,
-            dtype=config.dtype,
-            threads=config.threads,
-            needs_custom_mask=engine_name in ("tree", "canvas"),
-            parallel=config.parallel,
-            matmul=config.matmul,
-            compile_mode=config.compile_mode,
-            matmul_record=config.matmul_record,
-        ),
+        partial(load_model, config.model_dir, config.load_options(needs_custom_mask=engine_name in ("tree", "canvas"))),
     )
     engine = await loop.run_in_executor(
         model_thread, make_engine, engine_name, model, config.prefix_cache_mb, config.max_batch_prefill_tokens

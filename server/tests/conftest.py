@@ -26,7 +26,7 @@ torch.set_num_threads(int(os.environ.get("DECISION_TEST_THREADS", "1")))
 from decision_server.engines import Engine, make_engine  # noqa: E402
 from decision_server.export import export_default  # noqa: E402
 from decision_server.fixtures import make_fixture  # noqa: E402
-from decision_server.model import LoadedModel, load_model  # noqa: E402
+from decision_server.model import LoadedModel, LoadOptions, load_model  # noqa: E402
 from decision_server.paths import default_model_dir, fixture_dir  # noqa: E402
 from decision_server.pb import decision_pb2, decision_pb2_grpc  # noqa: E402
 from decision_server.serve import build_server  # noqa: E402
@@ -47,12 +47,12 @@ def tiny_qwen3_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_dir: Path) -> LoadedModel:
-    return load_model(smollm2_dir, dtype="float32")
+    return load_model(smollm2_dir, LoadOptions(dtype="float32"))
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tiny_qwen3_dir: Path) -> LoadedModel:
-    return load_model(tiny_qwen3_dir, dtype="float32")
+    return load_model(tiny_qwen3_dir, LoadOptions(dtype="float32"))
 
 
 def _reference(path: Path) -> Any:

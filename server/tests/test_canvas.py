@@ -16,7 +16,7 @@ from conftest import running_shard
 from decision_server.architectures import EngineRefusedError, choose_engine
 from decision_server.engines import CanvasEngine, make_engine
 from decision_server.fixtures import make_fixture
-from decision_server.model import LoadedModel, load_model
+from decision_server.model import LoadedModel, LoadOptions, load_model
 from decision_server.paths import fixture_dir
 from decision_server.pb import decision_pb2
 
@@ -34,7 +34,7 @@ def diffusion_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def diffusion(diffusion_dir: Path) -> LoadedModel:
-    return load_model(diffusion_dir, dtype="float32")
+    return load_model(diffusion_dir, LoadOptions(dtype="float32"))
 
 
 def reference_model(path: Path) -> Any:
@@ -199,7 +199,7 @@ def test_repeats_are_bit_identical_and_batches_equal_reads_alone(stub: Any, toke
 def test_softcapping_is_applied(diffusion_dir: Path, tokenizer: Any) -> None:
     """Random weights give logits far below the cap of 30; with the final norm scaled up they exceed it, and only a
     softcapped computation matches the model's own forward."""
-    model = load_model(diffusion_dir, dtype="float32")
+    model = load_model(diffusion_dir, LoadOptions(dtype="float32"))
     reference = reference_model(diffusion_dir)
     for module in (model.module, reference):  # type: ignore[attr-defined]
         with torch.no_grad():

@@ -14,7 +14,7 @@ from decision_server import layers
 from decision_server.decoder import UnsupportedModelError
 from decision_server.decoder_model import DecoderModel
 from decision_server.distributed import ParallelConfig
-from decision_server.model import LoadedModel, ScoreRequest, TransformersModel, load_model, wrap_module
+from decision_server.model import LoadedModel, LoadOptions, ScoreRequest, TransformersModel, load_model, wrap_module
 from decision_server.split_gemm import SplitWeight
 
 MODELS = ("smollm2", "tiny_qwen3")
@@ -196,7 +196,7 @@ def test_chain_pieces_cover_the_chain_in_order() -> None:
 
 
 def test_fast_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smollm2_reference: Any) -> None:
-    fast = load_model(smollm2_dir, dtype="float32", matmul="fast")
+    fast = load_model(smollm2_dir, LoadOptions(dtype="float32", matmul="fast"))
     assert isinstance(fast, DecoderModel) and fast.matmul == "fast"  # what Info reports
     packed = [layer.mlp.gate_up.weight.is_mkldnn for layer in fast.network.layers]
     assert all(packed) == torch.backends.mkldnn.is_available()
@@ -209,7 +209,7 @@ def test_fast_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smol
 
 
 def test_split_matmul_decoder_stays_close_to_transformers(smollm2_dir: Path, smollm2_reference: Any) -> None:
-    split = load_model(smollm2_dir, dtype="float32", matmul="split")
+    split = load_model(smollm2_dir, LoadOptions(dtype="float32", matmul="split"))
     assert isinstance(split, DecoderModel) and split.matmul == "split"  # what Info reports
     # SmolLM2 is stored in bfloat16, so each weight is exact in one bfloat16 part: two GEMMs per linear.
     assert all(len(layer.mlp.gate_up.weight.parts) == 1 for layer in split.network.layers)
@@ -232,8 +232,8 @@ BFLOAT16_LABEL_ENVELOPE = 0.25
 def test_widened_bfloat16_decoder_reads_what_the_bfloat16_gemm_reads(smollm2_dir: Path, smollm2_reference: Any) -> None:
     """`--matmul widen` multiplies the same bfloat16 values in float32 with another order of sums: its labels stay
     inside bfloat16's own distance from float32 transformers, the envelope the packed bfloat16 decoder lands in."""
-    widened = load_model(smollm2_dir, dtype="bfloat16", matmul="widen")
-    native = load_model(smollm2_dir, dtype="bfloat16", matmul="exact")
+    widened = load_model(smollm2_dir, LoadOptions(dtype="bfloat16", matmul="widen"))
+    native = load_model(smollm2_dir, LoadOptions(dtype="bfloat16", matmul="exact"))
     assert isinstance(widened, DecoderModel) and widened.matmul == "widen" and native.matmul == "exact"
     weight = widened.network.layers[0].mlp.gate_up.weight
     assert isinstance(weight, layers.WideWeight) and weight.dtype == torch.bfloat16
@@ -280,7 +280,7 @@ def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
 
         monkeypatch.setattr(layers, "probe_matmul", probe)
         with caplog.at_level("INFO", logger="decision_server.layers"):
-            model = load_model(smollm2_dir, dtype="float32", matmul="auto")
+            model = load_model(smollm2_dir, LoadOptions(dtype="float32", matmul="auto"))
         assert isinstance(model, DecoderModel) and model.matmul == expected  # Info reports the mode that runs
         weight = model.network.layers[0].mlp.gate_up.weight
         assert isinstance(weight, SplitWeight) == (expected == "split")
@@ -296,12 +296,12 @@ def test_matmul_auto_loads_the_mode_this_cpu_runs_fastest(
     assert timed == [(config.hidden_size, 2 * config.intermediate_size, True)] * 3
     # transformers' modeling keeps its own linears: nothing is timed, and auto asked for nothing, so nothing is warned.
     with caplog.at_level("WARNING", logger="decision_server"):
-        fallback = load_model(sliding_qwen3_dir, dtype="float32", matmul="auto")
+        fallback = load_model(sliding_qwen3_dir, LoadOptions(dtype="float32", matmul="auto"))
     assert isinstance(fallback, TransformersModel) and fallback.matmul == "exact"
     assert not any("--matmul" in r.getMessage() for r in caplog.records)
     assert len(timed) == 3
     with pytest.raises(ValueError, match="auto, exact, fast, split"):  # refused before anything loads, on either path
-        load_model(sliding_qwen3_dir, dtype="float32", matmul="fastest")
+        load_model(sliding_qwen3_dir, LoadOptions(dtype="float32", matmul="fastest"))
 
 
 def test_a_half_dtype_without_a_fast_gemm_on_this_cpu_is_warned_about(
@@ -316,7 +316,7 @@ def test_a_half_dtype_without_a_fast_gemm_on_this_cpu_is_warned_about(
     for packs in (real, False):  # this CPU as it is, then one that cannot pack
         monkeypatch.setattr(layers, "bfloat16_packs", lambda packs=packs: packs)
         with caplog.at_level("WARNING", logger="decision_server"):
-            model = load_model(tiny_qwen3_dir, dtype="bfloat16")
+            model = load_model(tiny_qwen3_dir, LoadOptions(dtype="bfloat16"))
         assert model.dtype == torch.bfloat16
         warned = [r for r in caplog.records if r.getMessage().startswith(warning)]
         assert len(warned) == (0 if packs else 1)
@@ -327,12 +327,12 @@ def test_a_half_dtype_without_a_fast_gemm_on_this_cpu_is_warned_about(
     # Widened to float32 (`--matmul widen`, which auto picks where it is faster and fits), the linears are fast.
     monkeypatch.setattr(layers, "bfloat16_packs", lambda: False)
     with caplog.at_level("WARNING", logger="decision_server"):
-        widened = load_model(tiny_qwen3_dir, dtype="bfloat16", matmul="widen")
+        widened = load_model(tiny_qwen3_dir, LoadOptions(dtype="bfloat16", matmul="widen"))
     assert isinstance(widened.network.layers[0].mlp.gate_up.weight, layers.WideWeight)  # type: ignore[attr-defined]
     assert not any(r.getMessage().startswith(warning) for r in caplog.records)
     # float32 (what auto picks on a CPU) is never warned about, whatever the CPU packs.
     with caplog.at_level("WARNING", logger="decision_server"):
-        load_model(tiny_qwen3_dir, dtype="auto")
+        load_model(tiny_qwen3_dir, LoadOptions(dtype="auto"))
     assert not any(r.getMessage().startswith(warning) for r in caplog.records)
 
 
@@ -401,12 +401,12 @@ def sliding_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_unimplemented_configs_fall_back_to_transformers_at_world_size_1(
     sliding_qwen3_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    model = load_model(sliding_qwen3_dir, dtype="float32")
+    model = load_model(sliding_qwen3_dir, LoadOptions(dtype="float32"))
     assert isinstance(model, TransformersModel)
     assert (model.rank, model.world_size) == (0, 1)
     # --matmul fast cannot reach transformers' linears: the shard says so and loads the model anyway.
     with caplog.at_level("WARNING", logger="decision_server"):
-        fallback = load_model(sliding_qwen3_dir, dtype="float32", matmul="fast")
+        fallback = load_model(sliding_qwen3_dir, LoadOptions(dtype="float32", matmul="fast"))
     assert isinstance(fallback, TransformersModel) and fallback.matmul == "exact"
     assert any("--matmul applies to the shard's own decoder only" in r.getMessage() for r in caplog.records)
 
@@ -415,13 +415,13 @@ def test_unimplemented_configs_are_refused_above_world_size_1_before_joining(sli
     # Nothing listens on the rendezvous port: a shard that tried to join would wait out the join timeout.
     parallel = ParallelConfig(rank=1, world_size=2, master_port=9, startup_timeout_s=1)
     with pytest.raises(UnsupportedModelError, match=r"sliding-window.*--world-size 1"):
-        load_model(sliding_qwen3_dir, dtype="float32", parallel=parallel)
+        load_model(sliding_qwen3_dir, LoadOptions(dtype="float32", parallel=parallel))
 
 
 def test_more_ranks_than_key_value_heads_are_refused(tiny_qwen3_dir: Path) -> None:
     parallel = ParallelConfig(rank=0, world_size=3, master_port=9, startup_timeout_s=1)
     with pytest.raises(UnsupportedModelError, match="2 key/value heads cannot be split over 3 ranks"):
-        load_model(tiny_qwen3_dir, dtype="float32", parallel=parallel)
+        load_model(tiny_qwen3_dir, LoadOptions(dtype="float32", parallel=parallel))
 
 
 def test_parallel_flags_are_checked() -> None:
@@ -651,7 +651,7 @@ def test_bucketed_passes_run_their_gemms_at_bucketed_row_counts(
     """With `bucket_rows` (AMX: oneDNN builds a kernel per row count) every projection runs `gemm_rows` rows, and
     the padding changes nothing else: hidden states as without it, keys/values of the pass's tokens only. The padding
     needs no AMX, so it is checked on every CPU."""
-    model = load_model(tiny_qwen3_dir, dtype=dtype, matmul=matmul)
+    model = load_model(tiny_qwen3_dir, LoadOptions(dtype=dtype, matmul=matmul))
     assert isinstance(model, DecoderModel)
     network = model.network
     rule = network.bucket_rows
@@ -713,7 +713,7 @@ def test_only_passes_over_amx_half_precision_gemms_are_bucketed(
     where its AVX-512 kernels cost less than the padding (Zen 4), nor for float32 weights (AMX does not multiply
     them, nor for half-precision weights widened to float32)."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    model = load_model(tiny_qwen3_dir, dtype=dtype, matmul=matmul)
+    model = load_model(tiny_qwen3_dir, LoadOptions(dtype=dtype, matmul=matmul))
     assert isinstance(model, DecoderModel)
     assert model.network.bucket_rows == (amx and matmul == "exact" and dtype == "bfloat16" and layers.bfloat16_packs())
 

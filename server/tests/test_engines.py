@@ -27,7 +27,7 @@ from tiny_models import TINY_MODELS, VOCAB, build_tiny_model
 from decision_server import architectures
 from decision_server.architectures import EngineRefusedError, choose_engine
 from decision_server.engines import ENGINES, ForkEngine, NaiveEngine, ReadSpec, TreeEngine, make_engine
-from decision_server.model import LoadedModel, load_model
+from decision_server.model import LoadedModel, LoadOptions, load_model
 from decision_server.pb import decision_pb2
 
 HYBRID = [name for name, (_, _, hybrid) in TINY_MODELS.items() if hybrid]
@@ -55,7 +55,7 @@ def tiny_model(tiny_dir: Callable[[str], Path]) -> Callable[[str], LoadedModel]:
 
     def get(name: str) -> LoadedModel:
         if name not in _models:
-            _models[name] = load_model(tiny_dir(name), dtype="float32")
+            _models[name] = load_model(tiny_dir(name), LoadOptions(dtype="float32"))
         return _models[name]
 
     return get
@@ -488,7 +488,7 @@ def test_family_fixtures_read_like_a_plain_forward(fixture: str) -> None:
 
     out = fixture_dir(fixture, 0)
     make_fixture(fixture, out, seed=0)
-    model = load_model(out, dtype="float32")
+    model = load_model(out, LoadOptions(dtype="float32"))
     reference = getattr(transformers, model.architecture).from_pretrained(out, dtype=torch.float32).eval()
     labels = [label_tokens(out, text) for text in ("A", "B", " yes", "no")]
     reads = [

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from decision_server import fused
 from decision_server.decoder import _gated, _half_norm, _rotate, _rotate_form
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 
 CPU = torch.device("cpu")
 
@@ -147,7 +147,7 @@ def test_compiled_chains_equal_eager_up_to_bfloat16_rounding(tokens: int, chain:
 
 @pytest.fixture(scope="module")
 def tiny_bfloat16(tiny_qwen3_dir: Path) -> object:
-    return load_model(tiny_qwen3_dir, dtype="bfloat16", threads=2)
+    return load_model(tiny_qwen3_dir, LoadOptions(dtype="bfloat16", threads=2))
 
 
 def test_a_model_reads_through_the_compiled_chains_without_recompiling(tiny_bfloat16: object) -> None:

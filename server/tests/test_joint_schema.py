@@ -22,7 +22,7 @@ from decision_server.engines import PooledSpec, make_engine
 from decision_server.engines.pooled import PooledEngine, padded_groups
 from decision_server.fixtures import make_fixture
 from decision_server.joint_head import HEAD_CONFIG, HEAD_WEIGHTS, HeadConfigError, PooledQuestion
-from decision_server.model import LoadedModel, load_model
+from decision_server.model import LoadedModel, LoadOptions, load_model
 from decision_server.paths import fixture_dir
 from decision_server.pb import decision_pb2
 
@@ -162,7 +162,7 @@ def _folder(name: str) -> Path:
 
 @pytest.fixture(scope="module", params=FIXTURES)
 def clef(request: pytest.FixtureRequest) -> Iterator[tuple[str, LoadedModel]]:
-    model = load_model(_folder(request.param), dtype="float32")
+    model = load_model(_folder(request.param), LoadOptions(dtype="float32"))
     yield request.param, model
 
 
@@ -457,15 +457,15 @@ def test_a_head_config_that_does_not_match_its_weights_is_refused_naming_the_ten
     with pytest.raises(
         HeadConfigError, match=r"tensor 'evidence_layers\.0\.feedforward\.0\.weight' has shape \[128, 64\]"
     ):
-        load_model(wider, dtype="float32")
+        load_model(wider, LoadOptions(dtype="float32"))
     (tmp_path / "deeper").mkdir()
     deeper = _copy_with_head(folder, tmp_path / "deeper", {**config, "layers": config["layers"] + 1})
     with pytest.raises(HeadConfigError, match=r"tensor 'layers\.2\.self_attn\.in_proj_weight' is missing"):
-        load_model(deeper, dtype="float32")
+        load_model(deeper, LoadOptions(dtype="float32"))
     (tmp_path / "shallow").mkdir()
     shallow = _copy_with_head(folder, tmp_path / "shallow", {**config, "routing_layers": 0})
     with pytest.raises(HeadConfigError, match=r"tensor 'evidence_layers\.0\.\S+' is not part of the head"):
-        load_model(shallow, dtype="float32")
+        load_model(shallow, LoadOptions(dtype="float32"))
     shutil.rmtree(tmp_path / "shallow")
 
 
@@ -518,7 +518,7 @@ def test_video_and_audio_reads_equal_transformers_on_the_processed_prompt(name: 
     from decision_server.fixtures.media_samples import audio_bytes, video_bytes
 
     folder = _folder(name)
-    model = load_model(folder, dtype="float32")
+    model = load_model(folder, LoadOptions(dtype="float32"))
     tokenizer = model.processor.tokenizer  # type: ignore[attr-defined]
     placeholders, items = "", []
     for kind in kinds:
@@ -560,7 +560,7 @@ def test_audio_with_soundtrack_videos_is_refused_and_flash_takes_no_audio() -> N
     from decision_server.fixtures.media_samples import audio_bytes, video_bytes
     from decision_server.media import MediaError
 
-    omni = load_model(_folder("tiny-clef-omni"), dtype="float32")
+    omni = load_model(_folder("tiny-clef-omni"), LoadOptions(dtype="float32"))
     tokenizer = omni.processor.tokenizer  # type: ignore[attr-defined]
     stretch = tokenizer(AUDIO + VIDEO, add_special_tokens=False)["input_ids"]
     prompt = [*stretch, *tokenizer("state", add_special_tokens=False)["input_ids"]]
@@ -570,7 +570,7 @@ def test_audio_with_soundtrack_videos_is_refused_and_flash_takes_no_audio() -> N
     # A video without a soundtrack leaves the clip its own slot.
     silent = [items[0], _item("video", video_bytes(8, 4))]
     assert omni.prepare_pooled_media(1, prompt, (0, len(stretch)), silent).media_tokens > 0  # type: ignore[attr-defined]
-    flash = load_model(_folder("tiny-clef-flash"), dtype="float32")
+    flash = load_model(_folder("tiny-clef-flash"), LoadOptions(dtype="float32"))
     assert flash.modalities == ("image", "video")
     with pytest.raises(MediaError, match=r"audio\.0: this model does not take audio inputs"):
         flash.prepare_pooled_media(1, prompt, (0, len(stretch)), items[:1])  # type: ignore[attr-defined]
@@ -608,7 +608,7 @@ def test_two_ranks_read_what_one_shard_reads(name: str, tmp_path: Path) -> None:
     from test_tensor_parallel import _logged, sharded
 
     folder = _folder(name) if "flash" in name else _omni_with_two_kv_heads(tmp_path)
-    model = load_model(folder, dtype="float32")
+    model = load_model(folder, LoadOptions(dtype="float32"))
     tokenizer = model.processor.tokenizer  # type: ignore[attr-defined]
     ids, questions = sample_read(tokenizer)
     other = tokenizer("Another state entirely", add_special_tokens=False)["input_ids"] + ids
@@ -668,4 +668,5 @@ def test_tensor_parallel_refuses_a_text_model_whose_heads_do_not_split() -> None
     from decision_server.distributed import ParallelConfig
 
     with pytest.raises(UnsupportedModelError, match=r"cannot serve Clef-Omni with --world-size 2: its 1 key/value"):
-        load_model(_folder("tiny-clef-omni"), dtype="float32", parallel=ParallelConfig(world_size=2, master_port=9))
+        parallel = ParallelConfig(world_size=2, master_port=9)
+        load_model(_folder("tiny-clef-omni"), LoadOptions(dtype="float32", parallel=parallel))

@@ -18,13 +18,13 @@ from test_packed_batches import assert_equals_transformers, many_requests
 from decision_server import layer_graph
 from decision_server.decoder_model import DecoderModel
 from decision_server.engines import ReadSpec, TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.prefix_cache import PrefixCache
 
 
 @pytest.fixture(scope="module")
 def compiled_qwen3(tiny_qwen3_dir: Path) -> DecoderModel:
-    model = load_model(tiny_qwen3_dir, dtype="float32", compile_mode="auto")
+    model = load_model(tiny_qwen3_dir, LoadOptions(dtype="float32", compile_mode="auto"))
     assert isinstance(model, DecoderModel)
     return model
 
@@ -103,7 +103,7 @@ def test_packed_weights_go_through_the_held_weight_op(tiny_qwen3_dir: Path, tiny
     """`--matmul fast` holds oneDNN-packed weights the compiler cannot take: each stands in the graph as its slot."""
     if not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN is not available in this torch build")
-    fast = load_model(tiny_qwen3_dir, dtype="float32", matmul="fast", compile_mode="auto")
+    fast = load_model(tiny_qwen3_dir, LoadOptions(dtype="float32", matmul="fast", compile_mode="auto"))
     assert isinstance(fast, DecoderModel) and fast.network.graph is not None
     weights = fast.network.graph.layers[0]
     assert weights.qkv.dtype == torch.int64 and weights.qkv.dim() == 0  # a slot, not the packed tensor
@@ -122,7 +122,7 @@ def test_a_failed_compile_runs_eagerly_and_says_so(
 
     monkeypatch.setattr(layer_graph, "_probe", broken)
     with caplog.at_level(logging.WARNING, logger="decision_server.layer_graph"):
-        model = load_model(tiny_qwen3_dir, dtype="float32", compile_mode="auto")
+        model = load_model(tiny_qwen3_dir, LoadOptions(dtype="float32", compile_mode="auto"))
     assert isinstance(model, DecoderModel) and model.network.graph is None
     (warning,) = [r for r in caplog.records if "cannot compile the decoder's layers" in r.getMessage()]
     assert "no C++ compiler" in warning.fields["error"]  # type: ignore[attr-defined]
@@ -142,7 +142,7 @@ def test_smollm2_through_the_compiled_layers_stays_close_to_transformers(
 ) -> None:
     """The real model, 30 layers: inductor's fused norms and activation sum in their own order (measured: 1.7e-5 in
     log-probability at most on a 512-token tree read), the same class of difference as `--matmul fast`'s."""
-    model = load_model(smollm2_dir, dtype="float32", matmul="exact", compile_mode="auto")
+    model = load_model(smollm2_dir, LoadOptions(dtype="float32", matmul="exact", compile_mode="auto"))
     assert isinstance(model, DecoderModel) and model.network.graph is not None
     generator = torch.Generator().manual_seed(11)
     state = tuple(torch.randint(100, 40000, (120,), generator=generator).tolist())
@@ -181,7 +181,7 @@ def test_served_reads_never_compile_after_load(tiny_qwen3_dir: Path) -> None:
 
     from decision_server.engines import make_engine
 
-    model = load_model(tiny_qwen3_dir, dtype="float32", compile_mode="auto")
+    model = load_model(tiny_qwen3_dir, LoadOptions(dtype="float32", compile_mode="auto"))
     graphs = counters["stats"]["unique_graphs"]
     for mode in ("naive", "tree"):
         engine = make_engine(mode, model, 0)

@@ -32,7 +32,7 @@ from decision_server.media import (
     decode_video,
     sample_frame_indices,
 )
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.paths import models_dir
 from decision_server.pb import decision_pb2
 
@@ -63,7 +63,7 @@ def fixture(name: str) -> tuple[Path, Any]:
         # The folder `make fixtures` builds (a no-op when it is complete).
         folder = models_dir() / name
         make_fixture(name, folder, seed=0)
-        _loaded[name] = (folder, load_model(folder, dtype="float32"))
+        _loaded[name] = (folder, load_model(folder, LoadOptions(dtype="float32")))
     return _loaded[name]
 
 

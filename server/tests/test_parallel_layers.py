@@ -573,9 +573,9 @@ def test_plain_matmul_env_keeps_bfloat16_unpacked(monkeypatch: pytest.MonkeyPatc
 
 
 def test_bfloat16_decoder_counts_its_packed_weights(smollm2_dir: Path) -> None:
-    from decision_server.model import load_model
+    from decision_server.model import LoadOptions, load_model
 
-    bf16 = load_model(smollm2_dir, dtype="bfloat16")
+    bf16 = load_model(smollm2_dir, LoadOptions(dtype="bfloat16"))
     # Half of the float32 count (test_decoder.py): every weight counted, packed or not, tied ones once.
     assert bf16.weight_bytes() == 538_060_032 // 2
 

@@ -25,7 +25,7 @@ from prompts import QUESTIONS, STATES, prompt_tokens
 from test_tree_vs_naive import decision_batch
 
 from decision_server.engines import ReadSpec, make_engine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.pb import decision_pb2, decision_pb2_grpc
 
 COMMAND = [sys.executable, "-m", "decision_server.cli"]
@@ -186,7 +186,7 @@ def _check_two_ranks_equal_one_shard(name: str, model: Any, ranks: list[Rank], s
     # Like with like: 2 ranks against 1 shard multiplying the same way.
     mode = infos[0].matmul
     if mode != model.matmul:
-        model = load_model(model.path, dtype="float32", matmul=mode)
+        model = load_model(model.path, LoadOptions(dtype="float32", matmul=mode))
     expected = _one_shard_reads(model, shard, _requests(model.path))
     assert [(i.world_size, i.rank) for i in infos] == [(2, 0), (2, 1)]
     assert {(i.architecture, i.vocab_size, i.engine) for i in infos} == {(model.architecture, model.vocab_size, "tree")}

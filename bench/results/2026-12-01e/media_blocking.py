@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[3] / "server" / "tests"))
 
 from conftest import running_shard
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.paths import models_dir
 from decision_server.pb import decision_pb2
 from media_processing import jpeg
@@ -34,7 +34,7 @@ def read(ids: list[int], media: list[decision_pb2.MediaItem]) -> decision_pb2.Re
 
 
 def main() -> None:
-    model = load_model(models_dir() / "tiny-lfm2-vl", dtype="float32")
+    model = load_model(models_dir() / "tiny-lfm2-vl", LoadOptions(dtype="float32"))
     tokenizer = model.media.tokenizer
 
     def prompt(images: int) -> list[int]:

@@ -50,9 +50,9 @@ if len(sys.argv) > 1 and sys.argv[1] != "-":
     from reads_bench import make_reads
     from decision_server import layers
     from decision_server.engines import TreeEngine
-    from decision_server.model import load_model
+    from decision_server.model import LoadOptions, load_model
 
-    model = load_model(Path(sys.argv[1]), dtype="float32", threads=2)
+    model = load_model(Path(sys.argv[1]), LoadOptions(dtype="float32", threads=2))
     exact_weights = all(
         torch.equal(m.weight, m.weight.bfloat16().float())
         for m in model.modules()

@@ -12,9 +12,9 @@ sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server import decoder
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 
-model = load_model(Path(sys.argv[1]), dtype="float32", threads=2)
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype="float32", threads=2))
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 

@@ -12,10 +12,10 @@ import torch
 sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server.engines import ReadSpec, TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.prefix_cache import PrefixCache
 
-model = load_model(Path(sys.argv[1]), dtype=sys.argv[2], threads=2)
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=sys.argv[2], threads=2))
 HEAD = int(sys.argv[4]) if len(sys.argv) > 4 else 30
 head = tuple(torch.randint(0, model.token_limit, (HEAD,), generator=torch.Generator().manual_seed(5)).tolist())
 seeds = iter(range(200, 1 << 30))

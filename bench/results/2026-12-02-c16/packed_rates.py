@@ -10,10 +10,10 @@ import torch
 sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.prefix_cache import PrefixCache
 
-model = load_model(Path(sys.argv[1]), dtype="float32", threads=2)
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype="float32", threads=2))
 budgets = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "4096").split(",")]
 counts = [int(c) for c in (sys.argv[3] if len(sys.argv) > 3 else "1,2,4").split(",")]  # -N: N in one chunk
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3

@@ -6,8 +6,8 @@ sys.path.insert(0, "server/bench")
 from pathlib import Path
 from reads_bench import make_reads
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
-model = load_model(Path(sys.argv[1]), dtype=sys.argv[2], threads=2)
+from decision_server.model import LoadOptions, load_model
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=sys.argv[2], threads=2))
 e = TreeEngine(model)
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 e.run(reads)

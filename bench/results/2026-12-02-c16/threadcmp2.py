@@ -6,11 +6,11 @@ sys.path.insert(0, "server/bench")
 from pathlib import Path
 from reads_bench import make_reads
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 variant = sys.argv[3]
 W = ThreadPoolExecutor(max_workers=1)
 P = ThreadPoolExecutor(max_workers=4)
-load = lambda: load_model(Path(sys.argv[1]), dtype=sys.argv[2], threads=2)
+load = lambda: load_model(Path(sys.argv[1]), LoadOptions(dtype=sys.argv[2], threads=2))
 model = W.submit(load).result() if variant in ("A", "C") else load()
 e = TreeEngine(model)
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)

@@ -9,7 +9,7 @@ import torch
 
 sys.path.insert(0, "server/tests")
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from test_tree_vs_naive import decision_batch
 
 
@@ -32,9 +32,9 @@ def quantize(module: torch.nn.Module) -> None:
 
 folder = Path(sys.argv[1])
 reads = decision_batch(folder)
-reference = TreeEngine(load_model(folder, dtype="float32")).run(reads)
+reference = TreeEngine(load_model(folder, LoadOptions(dtype="float32"))).run(reads)
 for chosen in ("all", "qkv,gate_up", "qkv", "gate_up", "down", "out"):
-    model = load_model(folder, dtype="float32")
+    model = load_model(folder, LoadOptions(dtype="float32"))
     for layer in model.network.layers:
         parts = {
             "qkv": layer.attention.qkv,

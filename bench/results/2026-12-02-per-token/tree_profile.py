@@ -5,13 +5,13 @@ import sys, time, statistics, torch
 sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server.engines import TreeEngine, ReadSpec
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 
 dtype = sys.argv[2] if len(sys.argv) > 2 else "float32"
 matmul = sys.argv[3] if len(sys.argv) > 3 else "exact"
 from pathlib import Path
 
-model = load_model(Path(sys.argv[1]), dtype=dtype, threads=2, matmul=matmul)
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=dtype, threads=2, matmul=matmul))
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 tree = TreeEngine(model)
 tree.run(reads[:2])

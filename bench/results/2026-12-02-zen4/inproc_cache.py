@@ -5,9 +5,9 @@ import torch
 sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server.engines import ReadSpec, TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.prefix_cache import PrefixCache
-model = load_model(Path(sys.argv[1]), dtype=sys.argv[2], threads=2)
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=sys.argv[2], threads=2))
 head = tuple(range(100, 130))
 seeds = iter(range(200, 1 << 30))
 def request():

@@ -4,9 +4,9 @@ from pathlib import Path
 sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server.engines import ReadSpec, TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.prefix_cache import PrefixCache
-model = load_model(Path(sys.argv[1]), dtype=sys.argv[2], threads=2)
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=sys.argv[2], threads=2))
 batches = [pickle.load(open(f, "rb")) for f in sorted(glob.glob("/tmp/dump/*.pkl"))]
 r = batches[1]
 print(len(r), "reads; prompt lens", [len(x.prompt) for x in r], "labels", [tuple(len(l) for l in x.labels) for x in r][:3])

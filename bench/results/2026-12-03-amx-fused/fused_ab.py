@@ -18,11 +18,11 @@ from reads_bench import make_reads  # noqa: E402
 
 from decision_server import fused  # noqa: E402
 from decision_server.engines import TreeEngine  # noqa: E402
-from decision_server.model import load_model  # noqa: E402
+from decision_server.model import LoadOptions, load_model  # noqa: E402
 
 path = Path(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 6
-model = load_model(path, dtype="bfloat16", threads=2)
+model = load_model(path, LoadOptions(dtype="bfloat16", threads=2))
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 engine = TreeEngine(model)
 
@@ -50,7 +50,7 @@ for _ in range(rounds):
 eager, compiled = statistics.median(times[False]), statistics.median(times[True])
 print(f"{path.name} bfloat16: eager {eager * 1e3:.0f} ms, compiled {compiled * 1e3:.0f} ms: {eager / compiled:.3f}x (medians of {rounds})")
 fused.disable()
-reference = labels(TreeEngine(load_model(path, dtype="float32", threads=2)).run(reads).outcomes)
+reference = labels(TreeEngine(load_model(path, LoadOptions(dtype="float32", threads=2))).run(reads).outcomes)
 for name, got in (("eager", results[False]), ("compiled", results[True])):
     delta = (got - reference).abs()
     print(f"  {name:8s} bfloat16 vs float32 labels: max |d| {delta.max():.4f}, mean |d| {delta.mean():.5f} ({len(delta)} labels)")

@@ -15,9 +15,9 @@ sys.path.insert(0, "server/bench")
 from reads_bench import make_reads  # noqa: E402
 
 from decision_server.engines import TreeEngine  # noqa: E402
-from decision_server.model import load_model  # noqa: E402
+from decision_server.model import LoadOptions, load_model  # noqa: E402
 
-model = load_model(Path(sys.argv[1]), dtype=sys.argv[2], threads=2, matmul=sys.argv[3])
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=sys.argv[2], threads=2, matmul=sys.argv[3]))
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 6
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 tree = TreeEngine(model)

@@ -12,8 +12,8 @@ sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server import fused, split_gemm
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
-model = load_model(Path(sys.argv[1]), dtype="float32", threads=2, matmul="split")
+from decision_server.model import LoadOptions, load_model
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype="float32", threads=2, matmul="split"))
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 engine = TreeEngine(model)
 eager_halves = split_gemm.halves

@@ -21,10 +21,10 @@ from reads_bench import make_reads  # noqa: E402
 
 from decision_server import fused  # noqa: E402
 from decision_server.engines import TreeEngine  # noqa: E402
-from decision_server.model import load_model  # noqa: E402
+from decision_server.model import LoadOptions, load_model  # noqa: E402
 
 DTYPE = os.environ.get("DTYPE", "bfloat16")
-model = load_model(Path(sys.argv[1]), dtype=DTYPE, threads=2, compile_mode="auto", matmul="auto")
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=DTYPE, threads=2, compile_mode="auto", matmul="auto"))
 assert fused.enabled() or DTYPE == "float32"
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 tree = TreeEngine(model)

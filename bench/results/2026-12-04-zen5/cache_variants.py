@@ -5,10 +5,10 @@ import torch
 sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server.engines import make_engine, TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.serve import warm_up
 th = os.environ.get("TH")
-model = load_model(Path(sys.argv[1]), dtype="bfloat16", compile_mode="auto", matmul="auto", threads=int(th) if th else None)
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype="bfloat16", compile_mode="auto", matmul="auto", threads=int(th) if th else None))
 print("threads", torch.get_num_threads())
 engines = {"tree": TreeEngine(model), "cache-1mb": make_engine("auto", model, 1), "cache-auto": make_engine("auto", model, "auto")}
 warm_up(model, engines["cache-auto"])

@@ -5,9 +5,9 @@ import torch
 sys.path.insert(0, "server/bench")
 from reads_bench import make_reads
 from decision_server.engines import make_engine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.serve import warm_up
-model = load_model(Path(sys.argv[1]), dtype=os.environ.get("DTYPE", "bfloat16"), compile_mode="auto", matmul="auto")
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=os.environ.get("DTYPE", "bfloat16"), compile_mode="auto", matmul="auto"))
 e = make_engine("auto", model, "auto")
 warm_up(model, e)
 ts = []

@@ -18,12 +18,12 @@ sys.path.insert(0, "server/bench")
 from reads_bench import make_reads  # noqa: E402
 
 from decision_server.engines import TreeEngine  # noqa: E402
-from decision_server.model import load_model  # noqa: E402
+from decision_server.model import LoadOptions, load_model  # noqa: E402
 
 DTYPE = os.environ.get("DTYPE", "bfloat16")
 MATMUL = os.environ.get("MATMUL", "auto")
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-model = load_model(Path(sys.argv[1]), dtype=DTYPE, threads=2, compile_mode="auto", matmul=MATMUL)
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=DTYPE, threads=2, compile_mode="auto", matmul=MATMUL))
 network = model.network
 tree = TreeEngine(model)
 seen = make_reads(model.token_limit, 540, 8, 40, seed=1)

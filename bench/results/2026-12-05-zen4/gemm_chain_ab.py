@@ -14,7 +14,7 @@ from reads_bench import make_reads
 
 from decision_server import decoder
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 
 BLOCK = int(os.environ.get("BLOCK", "64"))
 plain = decoder._causal_chain
@@ -43,7 +43,7 @@ def gemm_chain(query, keys, values, scale):
 
 
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-model = load_model(Path(sys.argv[1]), dtype="float32", threads=2, compile_mode="auto", matmul="auto")
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype="float32", threads=2, compile_mode="auto", matmul="auto"))
 tree = TreeEngine(model)
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 times = {"flash": [], "gemm": []}

@@ -13,11 +13,11 @@ from reads_bench import make_reads
 
 from decision_server import decoder
 from decision_server.engines import TreeEngine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 
 DTYPE = os.environ.get("DTYPE", "bfloat16")
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-model = load_model(Path(sys.argv[1]), dtype=DTYPE, threads=2, compile_mode="auto", matmul="auto")
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype=DTYPE, threads=2, compile_mode="auto", matmul="auto"))
 tree = TreeEngine(model)
 reads = make_reads(model.token_limit, 540, 8, 40, seed=1)
 limit = decoder.MAX_PIECED_CHAIN_TOKENS

@@ -13,7 +13,7 @@ import time
 
 import torch
 from decision_server.engines import ReadSpec, make_engine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.paths import default_model_dir
 
 
@@ -21,8 +21,8 @@ def main() -> None:
     matmul = sys.argv[1] if len(sys.argv) > 1 else "exact"
     runs = int(sys.argv[2]) if len(sys.argv) > 2 else 8
     state_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 512
-    eager = load_model(default_model_dir(), dtype="float32", matmul=matmul)
-    compiled = load_model(default_model_dir(), dtype="float32", matmul=matmul, compile_mode="auto")
+    eager = load_model(default_model_dir(), LoadOptions(dtype="float32", matmul=matmul))
+    compiled = load_model(default_model_dir(), LoadOptions(dtype="float32", matmul=matmul, compile_mode="auto"))
     generator = torch.Generator().manual_seed(3)
 
     def tokens(count: int) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import decision_server
 import torch
 from decision_server.engines import ReadSpec, make_engine
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 
 
 def batch(vocab: int, requests: int, questions: int, state: int, seed: int) -> list[ReadSpec]:
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    model = load_model(args.model_dir, dtype=args.dtype, threads=torch.get_num_threads(), matmul="exact")
+    model = load_model(args.model_dir, LoadOptions(dtype=args.dtype, threads=torch.get_num_threads(), matmul="exact"))
     engine = make_engine("auto", model, "auto")
     engine.run(batch(model.token_limit, 1, 2, 64, seed=999))  # warm-up
     seconds, passes = [], []

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::fields::{self, field_error as err};
 use crate::error::{DecisionError, FieldError, Loc};
@@ -334,148 +334,9 @@ fn parse_question(
     };
     let instructions = instructions_text(obj.get("instructions"), &at, errors);
     let (options, echo) = match kind {
-        "predicate" => (
-            vec![
-                ChoiceOption {
-                    name: "false".into(),
-                    description: None,
-                },
-                ChoiceOption {
-                    name: "true".into(),
-                    description: None,
-                },
-            ],
-            Echo::Predicate { name: name.clone() },
-        ),
-        "choice" => {
-            let Some(items) = obj.get("choices").and_then(Value::as_array) else {
-                errors.push(err(
-                    &sub("choices"),
-                    "missing",
-                    "a choice question needs a list of choices",
-                ));
-                return None;
-            };
-            if items.len() < 2 || items.len() > max_choices {
-                errors.push(err(
-                    &sub("choices"),
-                    "invalid_length",
-                    format!(
-                        "provide between 2 and {max_choices} choices, got {}",
-                        items.len()
-                    ),
-                ));
-                return None;
-            }
-            let mut options = Vec::new();
-            let mut values: Vec<Value> = Vec::new();
-            for (j, choice) in items.iter().enumerate() {
-                let cloc = [
-                    at[0].clone(),
-                    at[1].clone(),
-                    "choices".into(),
-                    Loc::Index(j),
-                ];
-                let value = choice.get("value");
-                match value {
-                    Some(v @ (Value::String(_) | Value::Bool(_))) => {
-                        if values.contains(v) {
-                            errors.push(err(
-                                &cloc,
-                                "duplicate_value",
-                                format!("choice {v} appears twice; each choice must be unique"),
-                            ));
-                        }
-                        values.push(v.clone());
-                        // vLLM's adapter names an option by the JSON of its value: strings quoted, booleans bare.
-                        options.push(ChoiceOption {
-                            name: json_text::dumps(v, Separators::Default),
-                            description: description(choice, &cloc, errors),
-                        });
-                    }
-                    _ => errors.push(err(
-                        &cloc,
-                        "invalid_type",
-                        "each choice needs a 'value' that is a string or a boolean",
-                    )),
-                }
-                if let Some(fields) = choice.as_object() {
-                    fields::unknown_keys(
-                        fields,
-                        &["value", "description"],
-                        &cloc,
-                        "unknown_parameter",
-                        |key| format!("unknown field '{key}' in a choice"),
-                        errors,
-                    );
-                }
-            }
-            (
-                options,
-                Echo::Choice {
-                    name: name.clone(),
-                    values,
-                },
-            )
-        }
-        _ => {
-            let Some(items) = obj.get("levels").and_then(Value::as_array) else {
-                errors.push(err(
-                    &sub("levels"),
-                    "missing",
-                    "a score question needs a list of levels",
-                ));
-                return None;
-            };
-            if items.len() < 2 || items.len() > limits.max_levels {
-                errors.push(err(
-                    &sub("levels"),
-                    "invalid_length",
-                    format!(
-                        "provide between 2 and {} levels, got {}",
-                        limits.max_levels,
-                        items.len()
-                    ),
-                ));
-                return None;
-            }
-            let mut options = Vec::new();
-            let mut labels = Vec::new();
-            for (j, level) in items.iter().enumerate() {
-                let lloc = [at[0].clone(), at[1].clone(), "levels".into(), Loc::Index(j)];
-                match level.get("label") {
-                    Some(Value::String(label)) if !label.trim().is_empty() => {
-                        labels.push(label.clone());
-                        options.push(ChoiceOption {
-                            name: label.clone(),
-                            description: description(level, &lloc, errors),
-                        });
-                    }
-                    _ => errors.push(err(
-                        &lloc,
-                        "invalid_value",
-                        "each level needs a non-empty string 'label'",
-                    )),
-                }
-                if let Some(fields) = level.as_object() {
-                    fields::unknown_keys(
-                        fields,
-                        &["label", "description"],
-                        &lloc,
-                        "unknown_parameter",
-                        |key| format!("unknown field '{key}' in a level"),
-                        errors,
-                    );
-                }
-            }
-            (
-                options,
-                Echo::Score {
-                    name: name.clone(),
-                    labels,
-                },
-            )
-        }
+        "predicate" => predicate(name.clone()),
+        "choice" => parse_choices(obj, &at, max_choices, name.clone(), errors)?,
+        _ => parse_levels(obj, &at, limits, name.clone(), errors)?,
     };
     if errors.len() > before {
         return None;
@@ -489,6 +350,153 @@ fn parse_question(
         },
         echo,
     ))
+}
+
+/// vLLM's adapter reads a predicate as the choice between `false` and `true`.
+fn predicate(name: Option<String>) -> (Vec<ChoiceOption>, Echo) {
+    let option = |name: &str| ChoiceOption {
+        name: name.into(),
+        description: None,
+    };
+    (
+        vec![option("false"), option("true")],
+        Echo::Predicate { name },
+    )
+}
+
+/// A choice question's `choices`: each a string or boolean `value`, named by its JSON.
+fn parse_choices(
+    obj: &Map<String, Value>,
+    at: &[Loc; 2],
+    max_choices: usize,
+    name: Option<String>,
+    errors: &mut Vec<FieldError>,
+) -> Option<(Vec<ChoiceOption>, Echo)> {
+    let sub = |k: &str| [at[0].clone(), at[1].clone(), Loc::from(k)];
+    let Some(items) = obj.get("choices").and_then(Value::as_array) else {
+        errors.push(err(
+            &sub("choices"),
+            "missing",
+            "a choice question needs a list of choices",
+        ));
+        return None;
+    };
+    if items.len() < 2 || items.len() > max_choices {
+        errors.push(err(
+            &sub("choices"),
+            "invalid_length",
+            format!(
+                "provide between 2 and {max_choices} choices, got {}",
+                items.len()
+            ),
+        ));
+        return None;
+    }
+    let mut options = Vec::new();
+    let mut values: Vec<Value> = Vec::new();
+    for (j, choice) in items.iter().enumerate() {
+        let cloc = [
+            at[0].clone(),
+            at[1].clone(),
+            "choices".into(),
+            Loc::Index(j),
+        ];
+        let value = choice.get("value");
+        match value {
+            Some(v @ (Value::String(_) | Value::Bool(_))) => {
+                if values.contains(v) {
+                    errors.push(err(
+                        &cloc,
+                        "duplicate_value",
+                        format!("choice {v} appears twice; each choice must be unique"),
+                    ));
+                }
+                values.push(v.clone());
+                // vLLM's adapter names an option by the JSON of its value: strings quoted, booleans bare.
+                options.push(ChoiceOption {
+                    name: json_text::dumps(v, Separators::Default),
+                    description: description(choice, &cloc, errors),
+                });
+            }
+            _ => errors.push(err(
+                &cloc,
+                "invalid_type",
+                "each choice needs a 'value' that is a string or a boolean",
+            )),
+        }
+        if let Some(fields) = choice.as_object() {
+            fields::unknown_keys(
+                fields,
+                &["value", "description"],
+                &cloc,
+                "unknown_parameter",
+                |key| format!("unknown field '{key}' in a choice"),
+                errors,
+            );
+        }
+    }
+    Some((options, Echo::Choice { name, values }))
+}
+
+/// A score question's `levels`: each a non-blank `label`, worth its position.
+fn parse_levels(
+    obj: &Map<String, Value>,
+    at: &[Loc; 2],
+    limits: &Limits,
+    name: Option<String>,
+    errors: &mut Vec<FieldError>,
+) -> Option<(Vec<ChoiceOption>, Echo)> {
+    let sub = |k: &str| [at[0].clone(), at[1].clone(), Loc::from(k)];
+    let Some(items) = obj.get("levels").and_then(Value::as_array) else {
+        errors.push(err(
+            &sub("levels"),
+            "missing",
+            "a score question needs a list of levels",
+        ));
+        return None;
+    };
+    if items.len() < 2 || items.len() > limits.max_levels {
+        errors.push(err(
+            &sub("levels"),
+            "invalid_length",
+            format!(
+                "provide between 2 and {} levels, got {}",
+                limits.max_levels,
+                items.len()
+            ),
+        ));
+        return None;
+    }
+    let mut options = Vec::new();
+    let mut labels = Vec::new();
+    for (j, level) in items.iter().enumerate() {
+        let lloc = [at[0].clone(), at[1].clone(), "levels".into(), Loc::Index(j)];
+        match level.get("label") {
+            Some(Value::String(label)) if !label.trim().is_empty() => {
+                labels.push(label.clone());
+                options.push(ChoiceOption {
+                    name: label.clone(),
+                    description: description(level, &lloc, errors),
+                });
+            }
+            _ => errors.push(err(
+                &lloc,
+                "invalid_value",
+                "each level needs a non-empty string 'label'",
+            )),
+        }
+        if let Some(fields) = level.as_object() {
+            fields::unknown_keys(
+                fields,
+                &["label", "description"],
+                &lloc,
+                "unknown_parameter",
+                |key| format!("unknown field '{key}' in a level"),
+                errors,
+            );
+        }
+    }
+    Some((options, Echo::Score { name, labels }))
 }
 
 fn description(item: &Value, at: &[Loc], errors: &mut Vec<FieldError>) -> Option<String> {

@@ -263,117 +263,9 @@ fn parse_question(
         errors,
     );
     let kind = match kind {
-        "choice" => {
-            let Some(items) = obj.get("options").and_then(Value::as_array) else {
-                errors.push(err(&at("options"), "missing", "a choice needs options"));
-                return None;
-            };
-            if items.len() < 2 || items.len() > MAX_OPTIONS {
-                errors.push(err(
-                    &at("options"),
-                    "value_error",
-                    format!(
-                        "a choice needs 2 to {MAX_OPTIONS} options, got {}",
-                        items.len()
-                    ),
-                ));
-                return None;
-            }
-            let mut options: Vec<ChoiceOption> = Vec::new();
-            for (j, option) in items.iter().enumerate() {
-                let oloc = vec![
-                    Loc::from("questions"),
-                    Loc::Index(i),
-                    Loc::from("options"),
-                    Loc::Index(j),
-                ];
-                let who = name_of(&id, i);
-                let Some(option_fields) = option.as_object() else {
-                    errors.push(err(
-                        &oloc,
-                        "type_error",
-                        format!("question {who}: option {j} must be an object with a name"),
-                    ));
-                    continue;
-                };
-                fields::unknown_keys(
-                    option_fields,
-                    &["name", "description"],
-                    &oloc,
-                    "extra_forbidden",
-                    |key| {
-                        format!("question {who}: unknown field '{key}' in option {j} (an option has name and description)")
-                    },
-                    errors,
-                );
-                let description = match option_fields.get("description") {
-                    None | Some(Value::Null) => None,
-                    Some(value) => text(value, &oloc, "description", &id, i, errors),
-                };
-                let name = option_fields.get("name").and_then(Value::as_str);
-                let earlier: Vec<(String, &str)> = options
-                    .iter()
-                    .map(|o| (fields::folded(&o.name), o.name.as_str()))
-                    .collect();
-                match name.map(|n| (n, fields::option_name_problem(n, &earlier))) {
-                    Some((n, None)) => options.push(ChoiceOption {
-                        name: n.to_owned(),
-                        description,
-                    }),
-                    Some((_, Some(problem))) => errors.push(err(
-                        &oloc,
-                        "value_error",
-                        format!("question {who}: option {j}: {problem}"),
-                    )),
-                    None => errors.push(err(
-                        &oloc,
-                        "value_error",
-                        format!("question {who}: option {j} needs a non-blank name"),
-                    )),
-                }
-            }
-            QuestionKind::Choice { options }
-        }
-        "score" => {
-            let Some(items) = obj.get("levels").and_then(Value::as_array) else {
-                errors.push(err(&at("levels"), "missing", "a score needs levels"));
-                return None;
-            };
-            if items.len() < 2 || items.len() > limits.max_levels {
-                errors.push(err(
-                    &at("levels"),
-                    "value_error",
-                    format!(
-                        "a score needs 2 to {} levels, got {}",
-                        limits.max_levels,
-                        items.len()
-                    ),
-                ));
-                return None;
-            }
-            let mut levels = Vec::with_capacity(items.len());
-            for (j, level) in items.iter().enumerate() {
-                let mut loc = at("levels");
-                loc.push(Loc::Index(j));
-                if let Some(level) = text(level, &loc, &format!("level {j}"), &id, i, errors) {
-                    levels.push(level);
-                }
-            }
-            QuestionKind::Score {
-                levels,
-                sent: items.clone(),
-            }
-        }
-        _ => {
-            let side = |k: &str, errors: &mut Vec<FieldError>| match obj.get(k) {
-                None | Some(Value::Null) => None,
-                Some(value) => text(value, &at(k), k, &id, i, errors),
-            };
-            QuestionKind::YesNo {
-                yes: side("yes", errors),
-                no: side("no", errors),
-            }
-        }
+        "choice" => parse_options(obj, i, &id, errors)?,
+        "score" => parse_levels(obj, i, &id, limits, errors)?,
+        _ => parse_sides(obj, i, &id, errors)?,
     };
     if errors.len() > before {
         return None;
@@ -382,6 +274,142 @@ fn parse_question(
         id,
         instructions,
         kind,
+    })
+}
+
+/// A choice's `options`: 2 to 26 objects, each a name (distinct once folded) and a description.
+fn parse_options(
+    obj: &Map<String, Value>,
+    i: usize,
+    id: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<QuestionKind> {
+    let at = |k: &str| vec![Loc::from("questions"), Loc::Index(i), Loc::from(k)];
+    let Some(items) = obj.get("options").and_then(Value::as_array) else {
+        errors.push(err(&at("options"), "missing", "a choice needs options"));
+        return None;
+    };
+    if items.len() < 2 || items.len() > MAX_OPTIONS {
+        errors.push(err(
+            &at("options"),
+            "value_error",
+            format!(
+                "a choice needs 2 to {MAX_OPTIONS} options, got {}",
+                items.len()
+            ),
+        ));
+        return None;
+    }
+    let mut options: Vec<ChoiceOption> = Vec::new();
+    for (j, option) in items.iter().enumerate() {
+        let oloc = vec![
+            Loc::from("questions"),
+            Loc::Index(i),
+            Loc::from("options"),
+            Loc::Index(j),
+        ];
+        let who = name_of(id, i);
+        let Some(option_fields) = option.as_object() else {
+            errors.push(err(
+                &oloc,
+                "type_error",
+                format!("question {who}: option {j} must be an object with a name"),
+            ));
+            continue;
+        };
+        fields::unknown_keys(
+            option_fields,
+            &["name", "description"],
+            &oloc,
+            "extra_forbidden",
+            |key| {
+                format!("question {who}: unknown field '{key}' in option {j} (an option has name and description)")
+            },
+            errors,
+        );
+        let description = match option_fields.get("description") {
+            None | Some(Value::Null) => None,
+            Some(value) => text(value, &oloc, "description", id, i, errors),
+        };
+        let name = option_fields.get("name").and_then(Value::as_str);
+        let earlier: Vec<(String, &str)> = options
+            .iter()
+            .map(|o| (fields::folded(&o.name), o.name.as_str()))
+            .collect();
+        match name.map(|n| (n, fields::option_name_problem(n, &earlier))) {
+            Some((n, None)) => options.push(ChoiceOption {
+                name: n.to_owned(),
+                description,
+            }),
+            Some((_, Some(problem))) => errors.push(err(
+                &oloc,
+                "value_error",
+                format!("question {who}: option {j}: {problem}"),
+            )),
+            None => errors.push(err(
+                &oloc,
+                "value_error",
+                format!("question {who}: option {j} needs a non-blank name"),
+            )),
+        }
+    }
+    Some(QuestionKind::Choice { options })
+}
+
+/// A score's `levels`: texts (or JSON objects and arrays), level i worth i, kept as sent too.
+fn parse_levels(
+    obj: &Map<String, Value>,
+    i: usize,
+    id: &str,
+    limits: &Limits,
+    errors: &mut Vec<FieldError>,
+) -> Option<QuestionKind> {
+    let at = |k: &str| vec![Loc::from("questions"), Loc::Index(i), Loc::from(k)];
+    let Some(items) = obj.get("levels").and_then(Value::as_array) else {
+        errors.push(err(&at("levels"), "missing", "a score needs levels"));
+        return None;
+    };
+    if items.len() < 2 || items.len() > limits.max_levels {
+        errors.push(err(
+            &at("levels"),
+            "value_error",
+            format!(
+                "a score needs 2 to {} levels, got {}",
+                limits.max_levels,
+                items.len()
+            ),
+        ));
+        return None;
+    }
+    let mut levels = Vec::with_capacity(items.len());
+    for (j, level) in items.iter().enumerate() {
+        let mut loc = at("levels");
+        loc.push(Loc::Index(j));
+        if let Some(level) = text(level, &loc, &format!("level {j}"), id, i, errors) {
+            levels.push(level);
+        }
+    }
+    Some(QuestionKind::Score {
+        levels,
+        sent: items.clone(),
+    })
+}
+
+/// A yes/no question's optional `yes` and `no` descriptions.
+fn parse_sides(
+    obj: &Map<String, Value>,
+    i: usize,
+    id: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<QuestionKind> {
+    let at = |k: &str| vec![Loc::from("questions"), Loc::Index(i), Loc::from(k)];
+    let side = |k: &str, errors: &mut Vec<FieldError>| match obj.get(k) {
+        None | Some(Value::Null) => None,
+        Some(value) => text(value, &at(k), k, id, i, errors),
+    };
+    Some(QuestionKind::YesNo {
+        yes: side("yes", errors),
+        no: side("no", errors),
     })
 }
 

@@ -81,7 +81,7 @@ pub(super) async fn info_handler(
     let limits = &state.decider.limits;
     let refusals: Vec<String> = match &state.decider.strategy {
         Ok(s) => probe_kinds().iter().filter_map(|k| s.refusal(k)).collect(),
-        Err(reason) => vec![reason.clone()],
+        Err(reason) => vec![reason.to_string()],
     };
     let mut body = json!({
         "model_id": state.model_name,

@@ -12,11 +12,12 @@ use super::connections::ConnectionStats;
 use crate::config::Config;
 use crate::decide::Decider;
 use crate::error::DecisionError;
-use crate::ir::{ChoiceOption, Modality, QuestionKind};
+use crate::ir::{Modality, QuestionKind};
 use crate::limits::Limits;
 
 use crate::media::{Fetcher, MediaPolicy, PolicyError};
-use crate::prompt;
+use crate::prompt::{self, RegistryError};
+use crate::question_kind::Kind;
 use crate::queue::{BatchBudget, BudgetError, BudgetSource, Queue, QueueConfig};
 use crate::shard::{ShardConnectError, ShardSet};
 
@@ -137,7 +138,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, Startup
             .unwrap_or_else(|| "model".into())
     });
     let max_positions = shards.info.max_position_embeddings as usize;
-    let strategy: Result<Arc<dyn prompt::ReadStrategy>, String> = prompt::strategy_for(
+    let strategy: Result<Arc<dyn prompt::ReadStrategy>, Arc<RegistryError>> = prompt::strategy_for(
         &shards.info.architecture,
         &shards.info.read_kind,
         &config.model_dir(),
@@ -148,7 +149,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, Startup
         },
     )
     .map(Arc::from)
-    .map_err(|e| e.to_string());
+    .map_err(Arc::new);
     match &strategy {
         Ok(s) => {
             for kind in probe_kinds() {
@@ -222,17 +223,5 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, Startup
 
 /// One question of each kind: what a strategy is asked about at startup and in `/info`'s `refusals`.
 pub(super) fn probe_kinds() -> Vec<QuestionKind> {
-    vec![
-        QuestionKind::Choice {
-            options: vec![ChoiceOption {
-                name: "a".into(),
-                description: None,
-            }],
-        },
-        QuestionKind::YesNo {
-            yes: None,
-            no: None,
-        },
-        QuestionKind::score(vec!["0".into()]),
-    ]
+    Kind::ALL.into_iter().map(QuestionKind::probe).collect()
 }

@@ -10,10 +10,12 @@ use tokenizers::Tokenizer;
 
 use super::chat::{checked_kwargs, ChatPrompts};
 use super::labels::check_set;
-use super::wording::{PromptFormat, Wording, DIGITS, LETTERS, YES_NO};
+use super::load_error::{JointLinesError, LoadError};
+use super::wording::{PromptFormat, Wording};
 use super::{ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
 use crate::ir::{DecisionRequest, Question, QuestionKind};
+use crate::question_kind::Kind;
 use crate::read::{CanvasRow, LabelGroup, PreparedRead};
 
 /// Appended after the rendered prompt, outside the canvas (the reference: far worse results inside it).
@@ -29,41 +31,13 @@ pub const MAX_JOINT_QUESTIONS: usize = 64;
 /// transformers' `DiffusionGemmaConfig.canvas_length` default, for a config.json without it.
 const DEFAULT_CANVAS_LENGTH: usize = 256;
 
-/// The three label sets, by question kind.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum LabelSet {
-    Letters,
-    YesNo,
-    Digits,
-}
-
-impl LabelSet {
-    const ALL: [LabelSet; 3] = [LabelSet::Letters, LabelSet::YesNo, LabelSet::Digits];
-
-    fn of(kind: &QuestionKind) -> LabelSet {
-        match kind {
-            QuestionKind::Choice { .. } => LabelSet::Letters,
-            QuestionKind::YesNo { .. } => LabelSet::YesNo,
-            QuestionKind::Score { .. } => LabelSet::Digits,
-        }
-    }
-
-    fn labels(&self) -> &'static [&'static str] {
-        match self {
-            LabelSet::Letters => &LETTERS,
-            LabelSet::YesNo => &YES_NO,
-            LabelSet::Digits => &DIGITS,
-        }
-    }
-}
-
 /// How joint canvases are written for this tokenizer: every answer line `"{k}: {label}"` must encode as
 /// the same prefix for its number and set, then one label token, and repeat unchanged after a newline.
 #[derive(Debug)]
 struct JointLines {
     newline: u32,
     /// (number, set) → the line's ids before the label.
-    prefix: HashMap<(usize, LabelSet), Vec<u32>>,
+    prefix: HashMap<(usize, Kind), Vec<u32>>,
     /// label → its id at the end of an answer line.
     slot_ids: HashMap<&'static str, u32>,
 }
@@ -80,39 +54,32 @@ pub struct DiffusionGemmaCanvasStrategy {
     served: usize,
     max_positions: usize,
     /// Why joint reads are off for this tokenizer, when they are.
-    joint: Result<JointLines, String>,
+    joint: Result<JointLines, JointLinesError>,
 }
 
 impl DiffusionGemmaCanvasStrategy {
-    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, String> {
+    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, LoadError> {
         let chat = ChatPrompts::load(model_dir, max_positions)?;
         let tokenizer = chat.tokenizer();
-        let encode = |text: &str| -> Result<Vec<u32>, String> {
+        let encode = |text: &str| -> Result<Vec<u32>, LoadError> {
             tokenizer
                 .encode(text, false)
                 .map(|e| e.get_ids().to_vec())
-                .map_err(|e| format!("tokenizing {text:?} failed: {e}"))
+                .map_err(|e| LoadError::Tokenize {
+                    text: text.to_owned(),
+                    message: e.to_string(),
+                })
         };
         let end = match encode(END_OF_TURN)?.as_slice() {
             [one] => Some(*one),
             _ => None,
         };
         let pad = pad_token(model_dir, tokenizer);
-        let missing: Vec<String> = [
-            end.is_none()
-                .then(|| format!("'{END_OF_TURN}' is not one token of this tokenizer")),
-            pad.is_none().then(|| {
-                "the tokenizer has no pad token (tokenizer_config.json pad_token)".to_owned()
-            }),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
         let (Some(end), Some(pad)) = (end, pad) else {
-            return Err(format!(
-                "DiffusionGemma canvas reads need the model's '{END_OF_TURN}' and pad tokens: {}",
-                missing.join("; ")
-            ));
+            return Err(LoadError::CanvasTokens {
+                end_of_turn_missing: end.is_none(),
+                pad_missing: pad.is_none(),
+            });
         };
         let thought = encode(THOUGHT)?;
         let label_ids = labels_after_thought(tokenizer, &thought)?;
@@ -123,23 +90,18 @@ impl DiffusionGemmaCanvasStrategy {
             .or_else(|| config.get("vocab_size"))
             .and_then(Value::as_u64)
             .filter(|v| *v > 0 && *v <= u64::from(u32::MAX))
-            .ok_or("config.json has no vocab_size")? as u32;
+            .ok_or(LoadError::NoVocabSize)? as u32;
         let served = match config.get("canvas_length") {
             None | Some(Value::Null) => DEFAULT_CANVAS_LENGTH,
-            Some(v) => {
-                v.as_u64()
-                    .ok_or("config.json canvas_length is not a number")? as usize
-            }
+            Some(v) => v.as_u64().ok_or(LoadError::CanvasLengthNotNumber)? as usize,
         };
         if CANVAS_STEP > served {
-            return Err(format!(
-                "canvas reads need a canvas of {CANVAS_STEP}, and the served canvas is {served} (config.json canvas_length)"
-            ));
+            return Err(LoadError::CanvasTooShort { served });
         }
         let joint = joint_lines(tokenizer, &label_ids);
         match &joint {
             Ok(_) => tracing::info!(served, "joint canvas reads are on"),
-            Err(reason) => tracing::warn!(reason = reason.as_str(), "joint canvas reads are off"),
+            Err(reason) => tracing::warn!(reason = %reason, "joint canvas reads are off"),
         }
         Ok(DiffusionGemmaCanvasStrategy {
             chat,
@@ -158,13 +120,13 @@ impl DiffusionGemmaCanvasStrategy {
     pub fn boxed(
         model_dir: &Path,
         options: &StrategyOptions,
-    ) -> Result<Box<dyn ReadStrategy>, String> {
+    ) -> Result<Box<dyn ReadStrategy>, LoadError> {
         Self::load(model_dir, options.max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
     }
 
     /// Why joint reads are refused on this model, if they are.
-    pub fn joint_refusal(&self) -> Option<&str> {
-        self.joint.as_ref().err().map(String::as_str)
+    pub fn joint_refusal(&self) -> Option<&JointLinesError> {
+        self.joint.as_ref().err()
     }
 
     /// The user message of each read: one per question, or one per joint chunk (in `joint_chunks` order).
@@ -191,7 +153,7 @@ impl DiffusionGemmaCanvasStrategy {
         questions
             .iter()
             .enumerate()
-            .map(|(i, q)| lines.prefix[&(i + 1, LabelSet::of(&q.kind))].len() + 2)
+            .map(|(i, q)| lines.prefix[&(i + 1, q.kind.kind())].len() + 2)
             .collect()
     }
 
@@ -243,7 +205,7 @@ impl DiffusionGemmaCanvasStrategy {
     }
 
     fn check_arity(&self, question: &Question) -> Result<(), DecisionError> {
-        let max = LabelSet::of(&question.kind).labels().len();
+        let max = question.kind.kind().labels().len();
         let n = question.kind.arity();
         if n > max {
             return Err(DecisionError::BadRequest {
@@ -329,7 +291,7 @@ impl ReadStrategy for DiffusionGemmaCanvasStrategy {
                     self.check_tail(&name, &prompt)?;
                     self.check_length(&name, &prompt, CANVAS_STEP)?;
                     let canvas = single_canvas(&prompt, self.vocab_size, self.end, self.pad);
-                    let labels = LabelSet::of(&question.kind).labels()[..question.kind.arity()]
+                    let labels = question.kind.kind().labels()[..question.kind.arity()]
                         .iter()
                         .map(|l| LabelGroup::single(vec![self.label_ids[l]]))
                         .collect();
@@ -353,9 +315,7 @@ impl ReadStrategy for DiffusionGemmaCanvasStrategy {
                     let prefixes: Vec<&[u32]> = questions
                         .iter()
                         .enumerate()
-                        .map(|(i, q)| {
-                            lines.prefix[&(start + i + 1, LabelSet::of(&q.kind))].as_slice()
-                        })
+                        .map(|(i, q)| lines.prefix[&(start + i + 1, q.kind.kind())].as_slice())
                         .collect();
                     let (canvas, positions) = joint_canvas(
                         &prefixes,
@@ -391,7 +351,7 @@ impl DiffusionGemmaCanvasStrategy {
     /// A label on an answer line counts as its line token (usually with its leading space) and as its
     /// token after the thought block, as in a per-question read; the same id once.
     fn joint_groups(&self, lines: &JointLines, question: &Question) -> Vec<LabelGroup> {
-        LabelSet::of(&question.kind).labels()[..question.kind.arity()]
+        question.kind.kind().labels()[..question.kind.arity()]
             .iter()
             .map(|l| {
                 let slot = lines.slot_ids[l];
@@ -421,11 +381,16 @@ fn pad_token(model_dir: &Path, tokenizer: &Tokenizer) -> Option<u32> {
         .and_then(|token| tokenizer.token_to_id(&token))
 }
 
-fn read_config(model_dir: &Path) -> Result<Value, String> {
+fn read_config(model_dir: &Path) -> Result<Value, LoadError> {
     let path = model_dir.join("config.json");
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let text = std::fs::read_to_string(&path).map_err(|e| LoadError::ReadConfig {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    serde_json::from_str(&text).map_err(|e| LoadError::ParseConfig {
+        path,
+        message: e.to_string(),
+    })
 }
 
 /// Every label's token as the first token after the thought block: the thought's ids after its last
@@ -434,7 +399,7 @@ fn read_config(model_dir: &Path) -> Result<Value, String> {
 fn labels_after_thought(
     tokenizer: &Tokenizer,
     thought: &[u32],
-) -> Result<HashMap<&'static str, u32>, String> {
+) -> Result<HashMap<&'static str, u32>, LoadError> {
     let added: std::collections::HashSet<u32> = tokenizer
         .get_added_tokens_decoder()
         .keys()
@@ -447,12 +412,11 @@ fn labels_after_thought(
     let tail = &thought[start..];
     let tail_text = tokenizer
         .decode(tail, false)
-        .map_err(|e| format!("decoding the thought block failed: {e}"))?;
+        .map_err(|e| LoadError::DecodeThought(e.to_string()))?;
     let mut ids = HashMap::new();
-    for set in LabelSet::ALL {
-        let got = check_set(tokenizer, tail, &tail_text, set.labels()).map_err(|reason| {
-            format!("canvas reads need every label as one token after the thought block {THOUGHT:?}: {reason}")
-        })?;
+    for set in Kind::ALL {
+        let got = check_set(tokenizer, tail, &tail_text, set.labels())
+            .map_err(LoadError::LabelsAfterThought)?;
         ids.extend(set.labels().iter().copied().zip(got));
     }
     Ok(ids)
@@ -461,31 +425,33 @@ fn labels_after_thought(
 fn joint_lines(
     tokenizer: &Tokenizer,
     label_ids: &HashMap<&'static str, u32>,
-) -> Result<JointLines, String> {
-    let encode = |text: &str| -> Result<Vec<u32>, String> {
+) -> Result<JointLines, JointLinesError> {
+    let encode = |text: &str| -> Result<Vec<u32>, JointLinesError> {
         tokenizer
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())
-            .map_err(|e| format!("tokenizing {text:?} failed: {e}"))
+            .map_err(|e| JointLinesError::Tokenize {
+                text: text.to_owned(),
+                message: e.to_string(),
+            })
     };
     let newline = match encode("\n")?.as_slice() {
         [one] => *one,
-        _ => return Err("a newline is not one token".into()),
+        _ => return Err(JointLinesError::NewlineNotOneToken),
     };
     let mut prefix = HashMap::new();
     let mut slot_ids: HashMap<&'static str, u32> = HashMap::new();
     for k in 1..=MAX_JOINT_QUESTIONS {
-        for set in LabelSet::ALL {
+        for set in Kind::ALL {
             let mut first = encode(&format!("{k}: {}", set.labels()[0]))?;
             first.pop();
             for &label in set.labels() {
                 let line = encode(&format!("{k}: {label}"))?;
                 let after = encode(&format!("{k}: {label}\n{k}: {label}"))?;
                 let Some(&last) = line.last() else {
-                    return Err(format!(
-                        "the answer line {:?} encodes to nothing",
-                        format!("{k}: {label}")
-                    ));
+                    return Err(JointLinesError::EmptyLine {
+                        line: format!("{k}: {label}"),
+                    });
                 };
                 let slot = *slot_ids.entry(label).or_insert(last);
                 let repeated: Vec<u32> = line
@@ -495,10 +461,9 @@ fn joint_lines(
                     .chain(line.iter().copied())
                     .collect();
                 if after != repeated || line[..line.len() - 1] != first[..] || slot != last {
-                    return Err(format!(
-                        "the answer line {:?} does not tokenize as a prefix and one label token",
-                        format!("{k}: {label}")
-                    ));
+                    return Err(JointLinesError::NotPrefixAndLabel {
+                        line: format!("{k}: {label}"),
+                    });
                 }
             }
             prefix.insert((k, set), first);
@@ -1030,7 +995,8 @@ mod tests {
         });
         let err = DiffusionGemmaCanvasStrategy::load(&no_pad, 8192)
             .err()
-            .expect("refused");
+            .expect("refused")
+            .to_string();
         assert!(
             err.contains(
                 "need the model's '<turn|>' and pad tokens: the tokenizer has no pad token"
@@ -1046,7 +1012,8 @@ mod tests {
         });
         let err = DiffusionGemmaCanvasStrategy::load(&no_turn, 8192)
             .err()
-            .expect("refused");
+            .expect("refused")
+            .to_string();
         assert!(
             err.contains("'<turn|>' is not one token of this tokenizer"),
             "{err}"
@@ -1071,7 +1038,8 @@ mod tests {
         });
         let err = DiffusionGemmaCanvasStrategy::load(&short, 8192)
             .err()
-            .expect("refused");
+            .expect("refused")
+            .to_string();
         assert!(
             err.contains("need a canvas of 16, and the served canvas is 8"),
             "{err}"
@@ -1085,7 +1053,8 @@ mod tests {
         });
         let err = DiffusionGemmaCanvasStrategy::load(&no_vocab, 8192)
             .err()
-            .expect("refused");
+            .expect("refused")
+            .to_string();
         assert!(err.contains("config.json has no vocab_size"), "{err}");
         // Without canvas_length, transformers' default (256) is served.
         let default = edit_config(|c| {
@@ -1113,7 +1082,7 @@ mod tests {
         });
         let s =
             DiffusionGemmaCanvasStrategy::load(&dir, 8192).expect("per-question reads still load");
-        let reason = s.joint_refusal().expect("joint reads are off");
+        let reason = s.joint_refusal().expect("joint reads are off").to_string();
         assert!(
             reason.contains("does not tokenize as a prefix and one label token"),
             "{reason}"

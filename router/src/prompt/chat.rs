@@ -8,6 +8,7 @@ use tokenizers::Tokenizer;
 
 use super::encode::PromptEncoder;
 use super::labels::LabelVocabulary;
+use super::load_error::LoadError;
 use super::template::{ChatTemplate, Message, Part};
 use super::token_bound::TokenBound;
 use crate::error::DecisionError;
@@ -25,13 +26,15 @@ pub struct ChatPrompts {
 }
 
 impl ChatPrompts {
-    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, String> {
+    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, LoadError> {
         let tokenizer_path = model_dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| format!("cannot load {}: {e}", tokenizer_path.display()))?;
-        let template = ChatTemplate::from_model_dir(model_dir).map_err(|e| e.to_string())?;
-        let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))
-            .map_err(|e| e.to_string())?;
+        let tokenizer =
+            Tokenizer::from_file(&tokenizer_path).map_err(|e| LoadError::Tokenizer {
+                path: tokenizer_path.clone(),
+                message: e.to_string(),
+            })?;
+        let template = ChatTemplate::from_model_dir(model_dir)?;
+        let labels = LabelVocabulary::check(&tokenizer, &template, &thinking_off(&Map::new()))?;
         let bound = TokenBound::of(&tokenizer);
         match &bound {
             Some(b) => tracing::info!(

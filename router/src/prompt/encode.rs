@@ -40,6 +40,11 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{Encoding, Tokenizer};
 use unicode_normalization::{is_nfc_quick, IsNormalized};
 
+/// The tokenizer refused a text (the decider answers it as an internal error naming the tokenizer).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct EncodeError(tokenizers::Error);
+
 /// Recent prompt tails kept with their ids (each at most `MAX_KEPT_TAIL_BYTES` long: at most 4 MiB
 /// of text in all).
 const KEPT_TAILS: usize = 1024;
@@ -124,7 +129,7 @@ impl PromptEncoder {
     }
 
     /// The ids of each text, exactly as encoding each alone (no special tokens added) gives them.
-    pub fn encode_all(&self, texts: &[String]) -> Result<Vec<Vec<u32>>, String> {
+    pub fn encode_all(&self, texts: &[String]) -> Result<Vec<Vec<u32>>, EncodeError> {
         let cut = if self.shared_heads {
             shared_cut(texts)
         } else {
@@ -138,7 +143,7 @@ impl PromptEncoder {
 
     /// Encodes the first text and reuses its ids before `cut` for the others, each followed by
     /// the ids of its tail (kept or encoded alone).
-    fn encode_with_cut(&self, texts: &[String], cut: usize) -> Result<Vec<Vec<u32>>, String> {
+    fn encode_with_cut(&self, texts: &[String], cut: usize) -> Result<Vec<Vec<u32>>, EncodeError> {
         let first = &texts[0];
         // Up to its last piece start before the cut, the first prompt is encoded piece by piece;
         // the rest of it in one encode, whose offsets find the cut.
@@ -179,7 +184,7 @@ impl PromptEncoder {
     }
 
     /// A tail's ids: kept from an earlier request, or encoded alone (and kept if short enough).
-    fn tail(&self, text: &str) -> Result<Arc<[u32]>, String> {
+    fn tail(&self, text: &str) -> Result<Arc<[u32]>, EncodeError> {
         if text.len() > MAX_KEPT_TAIL_BYTES {
             return self.encode(text).map(Arc::from);
         }
@@ -192,7 +197,7 @@ impl PromptEncoder {
     }
 
     /// A text's ids: piece by piece where that is proven exact, else in one encode.
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, EncodeError> {
         if self.pieces {
             self.encode_pieces(text)
         } else {
@@ -201,15 +206,15 @@ impl PromptEncoder {
     }
 
     /// What the tokenizer gives for the whole text (no special tokens added).
-    fn full_encode(&self, text: &str) -> Result<Encoding, String> {
+    fn full_encode(&self, text: &str) -> Result<Encoding, EncodeError> {
         self.tokenizer_for(text)
             .encode(text, false)
-            .map_err(|e| e.to_string())
+            .map_err(EncodeError)
     }
 
     /// The ids of each piece in order: kept ones as they are, each run of the others encoded at
     /// once and split at its piece starts by token offsets (and kept, when short).
-    fn encode_pieces(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn encode_pieces(&self, text: &str) -> Result<Vec<u32>, EncodeError> {
         if text.is_empty() {
             return Ok(Vec::new());
         }
@@ -279,13 +284,13 @@ impl PromptEncoder {
         ];
         heads.iter().all(|head| {
             let texts: Vec<String> = bodies.iter().map(|body| format!("{head}{body}")).collect();
-            let full: Result<Vec<Vec<u32>>, String> = texts
+            let full: Result<Vec<Vec<u32>>, EncodeError> = texts
                 .iter()
                 .map(|text| self.full_encode(text).map(|e| e.get_ids().to_vec()))
                 .collect();
             let cut = shared_cut(&texts);
             let parts = cut.map(|cut| self.encode_with_cut(&texts, cut));
-            let each: Result<Vec<Vec<u32>>, String> =
+            let each: Result<Vec<Vec<u32>>, EncodeError> =
                 texts.iter().map(|text| self.encode(text)).collect();
             matches!((&full, parts, each), (Ok(a), Some(Ok(b)), Ok(c)) if *a == b && *a == c)
         })

@@ -6,6 +6,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 use tokenizers::Tokenizer;
 
+use super::load_error::LoadError;
 use super::wording::PromptFormat;
 use super::{ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
@@ -77,23 +78,27 @@ pub struct JointSchemaStrategy {
 }
 
 impl JointSchemaStrategy {
-    pub fn load(model_dir: &Path, clef: Clef, options: &StrategyOptions) -> Result<Self, String> {
+    pub fn load(
+        model_dir: &Path,
+        clef: Clef,
+        options: &StrategyOptions,
+    ) -> Result<Self, LoadError> {
         let path = model_dir.join("tokenizer.json");
-        let tokenizer = Tokenizer::from_file(&path)
-            .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
-        let encode = |text: &str| -> Result<Vec<u32>, String> {
+        let tokenizer = Tokenizer::from_file(&path).map_err(|e| LoadError::Tokenizer {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let encode = |text: &str| -> Result<Vec<u32>, LoadError> {
             tokenizer
                 .encode(text, false)
                 .map(|e| e.get_ids().to_vec())
-                .map_err(|e| format!("tokenizer: {e}"))
+                .map_err(|e| LoadError::SchemaTokenizer(e.to_string()))
         };
         let prefix = encode(&PREFIX.replace("{system}", SYSTEM_PROMPT))?;
         let suffix = encode(SUFFIX)?;
         for token in ["<|im_start|>", "<|im_end|>"] {
             if tokenizer.token_to_id(token).is_none() {
-                return Err(format!(
-                    "the tokenizer has no '{token}' token, which the joint-schema prompt needs"
-                ));
+                return Err(LoadError::SchemaToken { token });
             }
         }
         // The registry narrowed these to the checkpoint's (Flash: images and videos; Omni: images,
@@ -112,14 +117,14 @@ impl JointSchemaStrategy {
     pub fn boxed_flash(
         model_dir: &Path,
         options: &StrategyOptions,
-    ) -> Result<Box<dyn ReadStrategy>, String> {
+    ) -> Result<Box<dyn ReadStrategy>, LoadError> {
         Self::load(model_dir, Clef::Flash, options).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
     }
 
     pub fn boxed_omni(
         model_dir: &Path,
         options: &StrategyOptions,
-    ) -> Result<Box<dyn ReadStrategy>, String> {
+    ) -> Result<Box<dyn ReadStrategy>, LoadError> {
         Self::load(model_dir, Clef::Omni, options).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
     }
 

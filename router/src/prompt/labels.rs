@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use tokenizers::Tokenizer;
 
 use super::template::{ChatTemplate, Message};
-use super::wording::{self, LabelScheme, DIGITS, LETTERS, YES_NO};
+use super::wording::{self, LabelScheme};
+use crate::question_kind::{Kind, MAX_OPTION_CODES};
 
 /// Why a label set cannot be read on this model (kept per set: its question type answers 501 with it).
 #[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
@@ -35,14 +36,22 @@ pub enum LabelError {
     SharedToken { label: String, id: u32 },
 }
 
+/// A question kind this model cannot label with `answers` answers (its type answers 501 with it).
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[error("this model cannot answer {} questions with {answers} answers: {reason}", kind.name())]
+pub struct Unlabelable {
+    pub kind: Kind,
+    pub answers: usize,
+    pub reason: LabelError,
+}
+
 /// Which token answers each label, for one model.
 #[derive(Clone, Debug)]
 pub struct LabelVocabulary {
     /// Token ids after the last added/special token of a rendered prompt (the reply prefix).
     pub tail: Vec<u32>,
-    pub letters: Result<Vec<u32>, LabelError>,
-    pub yes_no: Result<Vec<u32>, LabelError>,
-    pub digits: Result<Vec<u32>, LabelError>,
+    /// Each kind's single-token labels (`Kind::labels`), in `Kind::ALL` order.
+    singles: [Result<Vec<u32>, LabelError>; Kind::ALL.len()],
     /// For choices beyond 26 options: every option code (A.., AA..) as an exact token sequence
     /// closed by the template's end-of-turn token, so that no code is a prefix of another.
     pub codes: Result<Vec<Vec<u32>>, LabelError>,
@@ -86,7 +95,7 @@ impl LabelVocabulary {
         let check = |labels: &[&str]| check_set(tokenizer, &tail, &tail_text, labels);
         let codes = end_of_turn(tokenizer, template, kwargs)
             .and_then(|eot| code_sequences(tokenizer, &tail, &tail_text, eot));
-        let two_letter_codes: Vec<String> = (0..wording::MAX_OPTION_CODES)
+        let two_letter_codes: Vec<String> = (0..MAX_OPTION_CODES)
             .map(wording::two_letter_code)
             .collect();
         let two_letter = check(
@@ -96,13 +105,16 @@ impl LabelVocabulary {
                 .collect::<Vec<_>>(),
         );
         Ok(LabelVocabulary {
-            letters: check(&LETTERS),
-            yes_no: check(&YES_NO),
-            digits: check(&DIGITS),
+            singles: Kind::ALL.map(|kind| check(kind.labels())),
             codes,
             two_letter,
             tail,
         })
+    }
+
+    /// The token of each of a kind's single-token labels, or why this model cannot read them.
+    pub fn single(&self, kind: Kind) -> &Result<Vec<u32>, LabelError> {
+        &self.singles[kind.index()]
     }
 
     /// The label token sequence of each of `n` answers under a scheme, or why this model cannot read them.
@@ -113,9 +125,7 @@ impl LabelVocabulary {
                 .map_err(Clone::clone)
         };
         match scheme {
-            LabelScheme::Letters => singles(&self.letters),
-            LabelScheme::YesNo => singles(&self.yes_no),
-            LabelScheme::Digits => singles(&self.digits),
+            LabelScheme::Single(kind) => singles(self.single(kind)),
             LabelScheme::TwoLetterTokens => singles(&self.two_letter),
             LabelScheme::ExactCodes => self
                 .codes
@@ -178,8 +188,8 @@ fn code_sequences(
     tail_text: &str,
     eot: u32,
 ) -> Result<Vec<Vec<u32>>, LabelError> {
-    let mut sequences = Vec::with_capacity(wording::MAX_OPTION_CODES);
-    for code in (0..wording::MAX_OPTION_CODES).map(wording::option_code) {
+    let mut sequences = Vec::with_capacity(MAX_OPTION_CODES);
+    for code in (0..MAX_OPTION_CODES).map(wording::option_code) {
         let text = format!("{tail_text}{code}");
         let encoded = tokenizer
             .encode(text.as_str(), false)

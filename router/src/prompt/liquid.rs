@@ -6,11 +6,13 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::chat::{checked_kwargs, ChatPrompts};
-use super::wording::{PromptFormat, DIGITS, LETTERS};
+use super::load_error::LoadError;
+use super::wording::PromptFormat;
 use super::{ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
 use crate::ir::{ChoiceOption, DecisionRequest, Modality, Question, QuestionKind};
 use crate::json_text;
+use crate::question_kind::{Kind, DIGITS, LETTERS};
 use crate::read::{LabelGroup, PreparedRead};
 
 pub const CHOICE_REPLY: &str = "Reply with the option code only.";
@@ -24,17 +26,14 @@ pub struct LiquidStrategy {
 
 impl LiquidStrategy {
     /// Liquid's templates must pass the same startup label check as every next-token model.
-    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, String> {
+    pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, LoadError> {
         let chat = ChatPrompts::load(model_dir, max_positions)?;
-        for (set, checked) in [
-            ("letters A-Z", &chat.labels.letters),
-            ("yes/no", &chat.labels.yes_no),
-            ("digits 0-9", &chat.labels.digits),
-        ] {
-            if let Err(reason) = checked {
-                return Err(format!(
-                    "Liquid reads need the {set} as single tokens: {reason}"
-                ));
+        for kind in Kind::ALL {
+            if let Err(reason) = chat.labels.single(kind) {
+                return Err(LoadError::LiquidLabels {
+                    set: kind.labels_name(),
+                    reason: reason.clone(),
+                });
             }
         }
         Ok(LiquidStrategy {
@@ -47,7 +46,7 @@ impl LiquidStrategy {
     pub fn boxed(
         model_dir: &Path,
         options: &StrategyOptions,
-    ) -> Result<Box<dyn ReadStrategy>, String> {
+    ) -> Result<Box<dyn ReadStrategy>, LoadError> {
         let mut strategy = Self::load(model_dir, options.max_positions)?;
         strategy.modalities = options.modalities.clone();
         Ok(Box::new(strategy))
@@ -147,11 +146,7 @@ impl ReadStrategy for LiquidStrategy {
         max_input_tokens: usize,
     ) -> Result<Vec<PreparedRead>, DecisionError> {
         for question in &request.questions {
-            let (n, max) = match &question.kind {
-                QuestionKind::Choice { options } => (options.len(), LETTERS.len()),
-                QuestionKind::Score { levels, .. } => (levels.len(), DIGITS.len()),
-                QuestionKind::YesNo { .. } => (2, 2),
-            };
+            let (n, max) = (question.kind.arity(), question.kind.kind().labels().len());
             if n > max {
                 return Err(DecisionError::BadRequest {
                     param: Some(format!("questions.{}", question.id)),

@@ -7,6 +7,7 @@ pub mod encode;
 pub mod joint_schema;
 pub mod labels;
 pub mod liquid;
+pub mod load_error;
 pub mod next_token;
 pub mod registry;
 pub mod template;
@@ -105,14 +106,6 @@ pub fn check_media(
                 modality.noun()
             ),
         }),
-    }
-}
-
-pub fn kind_name(kind: &QuestionKind) -> &'static str {
-    match kind {
-        QuestionKind::Choice { .. } => "choice",
-        QuestionKind::YesNo { .. } => "yes/no",
-        QuestionKind::Score { .. } => "score",
     }
 }
 

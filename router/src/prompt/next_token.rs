@@ -4,8 +4,10 @@
 use std::path::Path;
 
 use super::chat::{checked_kwargs, ChatPrompts};
+use super::labels::Unlabelable;
+use super::load_error::LoadError;
 use super::wording::{PromptFormat, Wording};
-use super::{kind_name, ReadStrategy, StrategyOptions};
+use super::{ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
 use crate::ir::{DecisionRequest, Modality, QuestionKind};
 use crate::read::{LabelGroup, PreparedRead};
@@ -19,7 +21,11 @@ pub struct NextTokenStrategy {
 }
 
 impl NextTokenStrategy {
-    pub fn load(model_dir: &Path, max_positions: usize, wording: Wording) -> Result<Self, String> {
+    pub fn load(
+        model_dir: &Path,
+        max_positions: usize,
+        wording: Wording,
+    ) -> Result<Self, LoadError> {
         Ok(NextTokenStrategy {
             chat: ChatPrompts::load(model_dir, max_positions)?,
             wording,
@@ -30,7 +36,7 @@ impl NextTokenStrategy {
     pub fn boxed(
         model_dir: &Path,
         options: &StrategyOptions,
-    ) -> Result<Box<dyn ReadStrategy>, String> {
+    ) -> Result<Box<dyn ReadStrategy>, LoadError> {
         let mut strategy = Self::load(model_dir, options.max_positions, options.wording)?;
         strategy.modalities = options.modalities.clone();
         Ok(Box::new(strategy))
@@ -67,16 +73,15 @@ impl NextTokenStrategy {
         &self,
         kind: &QuestionKind,
         wording: Wording,
-    ) -> Result<Vec<Vec<u32>>, String> {
+    ) -> Result<Vec<Vec<u32>>, Unlabelable> {
         let n = kind.arity();
         self.chat
             .labels
-            .sequences(wording.scheme(kind, n), n)
-            .map_err(|reason| {
-                format!(
-                    "this model cannot answer {} questions with {n} answers: {reason}",
-                    kind_name(kind)
-                )
+            .sequences(wording.scheme(kind.kind(), n), n)
+            .map_err(|reason| Unlabelable {
+                kind: kind.kind(),
+                answers: n,
+                reason,
             })
     }
 }
@@ -95,7 +100,9 @@ impl ReadStrategy for NextTokenStrategy {
     }
 
     fn refusal(&self, kind: &QuestionKind) -> Option<String> {
-        self.label_sequences(kind, self.wording).err()
+        self.label_sequences(kind, self.wording)
+            .err()
+            .map(|e| e.to_string())
     }
 
     fn prepare(
@@ -108,8 +115,8 @@ impl ReadStrategy for NextTokenStrategy {
         for question in &request.questions {
             let labels = self
                 .label_sequences(&question.kind, self.wording)
-                .map_err(DecisionError::Unlabelable)?;
-            let max = self.wording.max_arity(&question.kind);
+                .map_err(|e| DecisionError::Unlabelable(e.to_string()))?;
+            let max = question.kind.kind().max_answers();
             if question.kind.arity() > max {
                 return Err(DecisionError::Unlabelable(format!(
                     "question '{}': {} answers, but this read strategy labels at most {max}",
@@ -140,7 +147,7 @@ mod tests {
     use crate::prompt::fixture_dir;
     use crate::prompt::labels::LabelVocabulary;
     use crate::prompt::template::ChatTemplate;
-    use crate::prompt::wording;
+    use crate::question_kind::{Kind, MAX_OPTION_CODES};
     use serde_json::{Map, Value};
     use tokenizers::Tokenizer;
 
@@ -191,22 +198,22 @@ mod tests {
         for name in ["SmolLM2-135M-Instruct", "tiny-qwen3"] {
             let s = NextTokenStrategy::load(&fixture_dir(name), 4096, Wording::Vllm).unwrap();
             assert!(
-                s.chat.labels.letters.is_ok(),
+                s.chat.labels.single(Kind::Choice).is_ok(),
                 "{name}: {:?}",
-                s.chat.labels.letters
+                s.chat.labels.single(Kind::Choice)
             );
             assert!(
-                s.chat.labels.yes_no.is_ok(),
+                s.chat.labels.single(Kind::YesNo).is_ok(),
                 "{name}: {:?}",
-                s.chat.labels.yes_no
+                s.chat.labels.single(Kind::YesNo)
             );
             assert!(
-                s.chat.labels.digits.is_ok(),
+                s.chat.labels.single(Kind::Score).is_ok(),
                 "{name}: {:?}",
-                s.chat.labels.digits
+                s.chat.labels.single(Kind::Score)
             );
             let codes = s.chat.labels.codes.as_ref().unwrap();
-            assert_eq!(codes.len(), wording::MAX_OPTION_CODES);
+            assert_eq!(codes.len(), MAX_OPTION_CODES);
             let distinct: std::collections::HashSet<&Vec<u32>> = codes.iter().collect();
             assert_eq!(distinct.len(), codes.len(), "{name}: option codes collide");
         }
@@ -349,7 +356,7 @@ mod tests {
         let template =
             ChatTemplate::new("<|im_start|>user\n{{ messages[0].content }}<|im_end|>\n<|im_start|>assistant\nAnswer: ".into(), Map::new()).unwrap();
         let labels = LabelVocabulary::check(&tokenizer, &template, &Map::new()).unwrap();
-        let reason = labels.letters.unwrap_err();
+        let reason = labels.single(Kind::Choice).clone().unwrap_err();
         assert!(
             reason
                 .to_string()

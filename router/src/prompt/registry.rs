@@ -6,10 +6,11 @@ use std::path::Path;
 use super::canvas::DiffusionGemmaCanvasStrategy;
 use super::joint_schema::JointSchemaStrategy;
 use super::liquid::LiquidStrategy;
+use super::load_error::LoadError;
 use super::next_token::NextTokenStrategy;
 use super::{ReadStrategy, StrategyOptions};
 
-type Load = fn(&Path, &StrategyOptions) -> Result<Box<dyn ReadStrategy>, String>;
+type Load = fn(&Path, &StrategyOptions) -> Result<Box<dyn ReadStrategy>, LoadError>;
 
 /// The kind of reads a model computes, as its shard reports it in Info (`read_kind`): the shard's
 /// registry (`architectures.py`) decides it from the architecture and the folder, so the Clef marker
@@ -68,7 +69,7 @@ pub enum RegistryError {
     Load {
         architecture: String,
         kind: ShardReadKind,
-        why: String,
+        why: Box<LoadError>,
     },
     #[error(
         "no read strategy for architecture '{architecture}'; known: {}, and other causal language models (…ForCausalLM)",
@@ -151,7 +152,7 @@ pub fn strategy_for(
         return (entry.load)(model_dir, options).map_err(|why| RegistryError::Load {
             architecture: architecture.to_owned(),
             kind,
-            why,
+            why: Box::new(why),
         });
     }
     let causal = architecture.ends_with("ForCausalLM") || architecture.ends_with("LMHeadModel");
@@ -171,7 +172,7 @@ pub fn strategy_for(
         return NextTokenStrategy::boxed(model_dir, options).map_err(|why| RegistryError::Load {
             architecture: architecture.to_owned(),
             kind,
-            why,
+            why: Box::new(why),
         });
     }
     Err(RegistryError::UnknownArchitecture {

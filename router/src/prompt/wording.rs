@@ -3,6 +3,7 @@
 
 use crate::ir::{Question, QuestionKind};
 use crate::json_text::{self, Separators};
+use crate::question_kind::{Kind, LETTERS};
 use serde_json::Value;
 
 /// The prompt wording of a reference server (spec/PROMPTS.md §1 and §2). The profile picks it
@@ -50,20 +51,6 @@ impl PromptFormat {
     };
 }
 
-pub const CHOICE_REPLY: &str = "Answer with the letter of one option only.";
-pub const YES_NO_REPLY: &str = "Answer with yes or no only.";
-pub const SCORE_REPLY: &str = "Answer with the number of one level only.";
-
-/// Letters A..Z: the choice labels of the next-token wording.
-pub const LETTERS: [&str; crate::limits::LETTER_LABELS] = [
-    "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S",
-    "T", "U", "V", "W", "X", "Y", "Z",
-];
-pub const YES_NO: [&str; 2] = ["yes", "no"];
-pub const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-
-/// Choices beyond 26 options are labelled A..Z, AA..AZ, BA.. and read as exact token sequences.
-pub const MAX_OPTION_CODES: usize = 255;
 pub const CODE_REPLY: &str = "Answer with the code of one option only.";
 
 /// The spreadsheet-style code of option `i`: A..Z, AA..AZ, BA.. .
@@ -86,17 +73,16 @@ pub fn two_letter_code(i: usize) -> String {
     format!("{first}{second}")
 }
 
-/// How a question's labels are read beyond the single-token letters.
+/// Which labels answer a question: its kind's single-token labels (`question_kind.rs`), or, for a
+/// choice beyond the 26 letters, one of the two long-choice schemes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LabelScheme {
-    /// A..Z, one token each (vLLM and SGLang alike).
-    Letters,
+    /// The kind's own labels, one token each: A..Z, yes/no, 0..9 (vLLM and SGLang alike).
+    Single(Kind),
     /// A.., AA.. scored as exact token sequences closed by the end-of-turn token (default profile).
     ExactCodes,
     /// SGLang's AA, AB, … kept only when each is one distinct token.
     TwoLetterTokens,
-    YesNo,
-    Digits,
 }
 
 impl Wording {
@@ -146,7 +132,7 @@ impl Wording {
                         lines.push(format!("{label}: {d}"));
                     }
                 }
-                lines.push(YES_NO_REPLY.to_owned());
+                lines.push(Kind::YesNo.reply().to_owned());
                 return lines.join("\n");
             }
             _ => {
@@ -172,20 +158,20 @@ impl Wording {
                 let reply = if options.len() > LETTERS.len() && *self == Wording::Vllm {
                     CODE_REPLY
                 } else {
-                    CHOICE_REPLY
+                    Kind::Choice.reply()
                 };
                 lines.push(reply.to_owned());
             }
             QuestionKind::YesNo { yes, no } => {
                 lines.push(side("yes", yes.as_deref()));
                 lines.push(side("no", no.as_deref()));
-                lines.push(YES_NO_REPLY.to_owned());
+                lines.push(Kind::YesNo.reply().to_owned());
             }
             QuestionKind::Score { levels, .. } => {
                 for (i, level) in levels.iter().enumerate() {
                     lines.push(format!("{i}: {level}"));
                 }
-                lines.push(SCORE_REPLY.to_owned());
+                lines.push(Kind::Score.reply().to_owned());
             }
         }
         lines.join("\n")
@@ -193,35 +179,20 @@ impl Wording {
 
     /// The label text of each option of an n-option choice.
     pub fn choice_labels(&self, n: usize) -> Vec<String> {
-        match self.scheme(
-            &QuestionKind::Choice {
-                options: Vec::new(),
-            },
-            n,
-        ) {
+        match self.scheme(Kind::Choice, n) {
             LabelScheme::ExactCodes => (0..n).map(option_code).collect(),
             LabelScheme::TwoLetterTokens => (0..n).map(two_letter_code).collect(),
-            _ => LETTERS.iter().take(n).map(|s| s.to_string()).collect(),
+            LabelScheme::Single(_) => LETTERS.iter().take(n).map(|s| s.to_string()).collect(),
         }
     }
 
     /// Which label scheme answers a question of this kind with `arity` answers.
-    pub fn scheme(&self, kind: &QuestionKind, arity: usize) -> LabelScheme {
+    pub fn scheme(&self, kind: Kind, arity: usize) -> LabelScheme {
         match (kind, self) {
-            (QuestionKind::Choice { .. }, _) if arity <= LETTERS.len() => LabelScheme::Letters,
-            (QuestionKind::Choice { .. }, Wording::Vllm) => LabelScheme::ExactCodes,
-            (QuestionKind::Choice { .. }, Wording::Sglang) => LabelScheme::TwoLetterTokens,
-            (QuestionKind::YesNo { .. }, _) => LabelScheme::YesNo,
-            (QuestionKind::Score { .. }, _) => LabelScheme::Digits,
-        }
-    }
-
-    /// The most options / levels this wording can label.
-    pub fn max_arity(&self, kind: &QuestionKind) -> usize {
-        match kind {
-            QuestionKind::Choice { .. } => MAX_OPTION_CODES,
-            QuestionKind::YesNo { .. } => 2,
-            QuestionKind::Score { .. } => DIGITS.len(),
+            (Kind::Choice, _) if arity <= LETTERS.len() => LabelScheme::Single(Kind::Choice),
+            (Kind::Choice, Wording::Vllm) => LabelScheme::ExactCodes,
+            (Kind::Choice, Wording::Sglang) => LabelScheme::TwoLetterTokens,
+            (kind, _) => LabelScheme::Single(kind),
         }
     }
 }
@@ -244,6 +215,7 @@ fn side(label: &str, description: Option<&str>) -> String {
 mod tests {
     use super::*;
     use crate::ir::ChoiceOption;
+    use crate::question_kind::MAX_OPTION_CODES;
     use serde_json::json;
 
     fn q(instructions: Option<&str>, kind: QuestionKind) -> Question {

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 from decision_server import layers
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.reads import ReadSpec, TreeReads
 
-model = load_model(Path(sys.argv[1]), dtype="auto", matmul=layers.resolve_matmul("auto"))
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype="auto", matmul=layers.resolve_matmul("auto")))
 requests = int(sys.argv[2])
 generator = torch.Generator().manual_seed(3)
 vocab = model.token_limit

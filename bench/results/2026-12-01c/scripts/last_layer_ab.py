@@ -10,11 +10,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "server" / "bench"))
 from decision_server import layers
 from decision_server.decoder import DecoderLM
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.reads import TreeReads
 from reads_bench import make_reads
 
-model = load_model(Path(sys.argv[1]), dtype="auto", matmul=layers.resolve_matmul("auto"))
+model = load_model(Path(sys.argv[1]), LoadOptions(dtype="auto", matmul=layers.resolve_matmul("auto")))
 trimmed = DecoderLM.hidden_states
 
 
