@@ -257,8 +257,7 @@ def test_the_page_answers_as_the_api_does(browser: Any, server_url: str, http: h
 
     # Both snippets, run as a user would paste them, answer the same.
     python = subprocess.run(
-        [sys.executable, "-c", snippet(browser, "python")],
-        check=False, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", snippet(browser, "python")], check=False, capture_output=True, text=True, timeout=120
     )
     assert python.returncode == 0, python.stderr
     from_python = json.loads(python.stdout)

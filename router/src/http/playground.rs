@@ -87,7 +87,9 @@ mod tests {
         );
         let body = r#"{"state": "s", "questions": {"q": {"type": "noul", "instructions": "i"}}}"#;
         assert_eq!(
-            call(&state, post_json("/v1/systemone", body)).await.status(),
+            call(&state, post_json("/v1/systemone", body))
+                .await
+                .status(),
             StatusCode::UNAUTHORIZED
         );
     }
