@@ -113,6 +113,8 @@ def screenshot(driver: Any, name: str) -> Path:
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTEFACTS / f"{name}.png"
     # The whole page, not only the window: the answers sit below the fold on a narrow window.
+    # Measured at the default size: a window grown for a longer page would keep this one as tall.
+    driver.set_window_size(1400, 1100)
     driver.execute_script("window.scrollTo(0, 0)")
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(1400, max(1100, int(height) + 40))
