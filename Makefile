@@ -54,7 +54,7 @@ compiler: $(STAMP)
 browser:
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; } \
 			|| { echo "install: could not install chromium chromium-driver; test_playground.py will fail"; exit 1; }; \
 	else echo "install: chromium and chromedriver are missing (apt install chromium chromium-driver); test_playground.py will fail"; fi
 
