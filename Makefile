@@ -24,7 +24,7 @@ UV := $(CACHE_DIR)/uv-$(UV_VERSION)/bin/uv
 STAMP := $(DEPS_VENV)/.installed
 LOCAL_PACKAGES := -e ./server -e ./bench
 
-.PHONY: image lock-check install allocator compiler venv stubs rust fixtures run test test-rust test-python test-integration lint clean
+.PHONY: image lock-check install allocator compiler browser venv stubs rust fixtures run test test-rust test-python test-integration lint clean
 
 install: venv stubs rust allocator compiler
 	@echo "install: ready ($(VENV)/bin/decision-launcher)"
@@ -47,6 +47,16 @@ compiler: $(STAMP)
 		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null; }; } \
 		|| echo "install: g++ is missing (apt install g++); bfloat16 shards will run their elementwise chains eagerly"
 	@$(DEPS_VENV)/bin/python -c 'import os, sys, sysconfig; h = os.path.join(sysconfig.get_paths()["include"], "Python.h"); os.path.exists(h) or sys.exit(f"install: {h} is missing (python3-dev for a Debian Python); bfloat16 shards will run their elementwise chains eagerly")' || true
+
+# Debian's chromium and its driver, which integration-tests/test_playground.py drives through the playground page
+# (selenium, headless). Installed when this runs as root with apt (about 105 s on a fresh 2-core machine, apt-get
+# update included); elsewhere a hint, and that test fails rather than skipping.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1; } \
+			|| { echo "install: could not install chromium chromium-driver; test_playground.py will fail"; exit 1; }; \
+	else echo "install: chromium and chromedriver are missing (apt install chromium chromium-driver); test_playground.py will fail"; fi
 
 venv: $(STAMP)
 	@# Project packages belong to each clone's own .venv, never to the shared environment.
@@ -112,7 +122,7 @@ fixtures: venv
 # and layer writes on 2 cores; the unit suites about 10), and the integration suite, which runs it, waits for it. The
 # Python suites go first: the image's script starts with a cargo build (a no-op after `install`) that would otherwise
 # queue behind the Rust tests' build on cargo's lock. Its log is printed once it is done; a failure stops the run.
-test: lock-check install fixtures
+test: lock-check install fixtures browser
 	@log=$$(mktemp); scripts/image.sh > $$log 2>&1 & image=$$!; \
 	status=0; $(MAKE) --no-print-directory test-python test-rust || status=$$?; \
 	if [ $$status != 0 ]; then pkill -P $$image; kill $$image 2>/dev/null; wait $$image; rm -f $$log; exit $$status; fi; \

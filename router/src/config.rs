@@ -176,8 +176,9 @@ pub struct RouterFlags {
     /// wording, error codes and extension fields of the vLLM or SGLang implementations.
     #[arg(long, env = "COMPAT", value_enum, default_value = "typesafe")]
     pub compat: Compat,
-    /// When set, every route but /health requires `Authorization: Bearer <key>` (the /v1 routes and,
-    /// unless --public-ops, /metrics, /info, /docs and /api-doc). The launcher hands it to the router
+    /// When set, every route but /health and the playground page requires `Authorization: Bearer <key>`
+    /// (the /v1 routes and, unless --public-ops, /metrics, /info, /docs and /api-doc; the page at / asks
+    /// for the key and sends it). The launcher hands it to the router
     /// in its environment, never on its command line. Prefer the environment variable or
     /// --api-key-file: a flag's value shows in the process list. No key: the API is open.
     #[arg(
@@ -195,6 +196,11 @@ pub struct RouterFlags {
     /// that did not present the key.
     #[arg(long, env = "PUBLIC_OPS")]
     pub public_ops: bool,
+    /// Serve no playground at `/` (a page where a person types a state and questions and sees the
+    /// probabilities, calling /info and /v1/systemone). With an API key the page loads but asks for the
+    /// key, and sends it on every call.
+    #[arg(long, env = "NO_PLAYGROUND")]
+    pub no_playground: bool,
     /// Seconds a decision request may take from its parse to its answer; past it the answer is 504
     /// naming the limit (503 `shard_unavailable` when the shards do not answer a health probe
     /// either) and its reads not yet sent are dropped. Requests that the work queued ahead of them

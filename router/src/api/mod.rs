@@ -2,6 +2,7 @@
 
 pub(crate) mod fields;
 pub mod openai;
+pub(crate) mod openapi_examples;
 pub mod score;
 pub mod sglang;
 pub mod systemone;

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{OpenApi, ToSchema};
 
+use super::openapi_examples::Examples;
+
 /// Free text: a string, or an object / array rendered as JSON text.
 #[derive(Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
@@ -263,6 +265,7 @@ fn metrics() {}
         description = "Language models as decision models: a probability for every allowed option."
     ),
     paths(systemone, decisions, score, models, health, info, metrics),
+    modifiers(&Examples),
     components(schemas(
         Text,
         SystemOneQuestion,

@@ -1,5 +1,6 @@
 //! The API key (`--api-key`, `--api-key-file`): every decision route and `/v1/models` need it, the
-//! operator routes too unless `--public-ops`, `/health` never.
+//! operator routes too unless `--public-ops`, `/health` never, nor the playground page (it asks for the key
+//! and sends it; `playground.rs`).
 
 use std::sync::Arc;
 

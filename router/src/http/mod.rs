@@ -8,7 +8,9 @@
 //! | `routes.rs` | the route table and the layers around it |
 //! | `prologue.rs` | `DecisionRoute`: auth, draining, in-flight count, body limits and JSON, once for all |
 //! | `decisions.rs` | the decision routes: System One, `/v1/decisions` (OpenAI, SGLang), `/v1/score` |
-//! | `ops.rs` | `/health`, `/info`, `/metrics`, `/v1/models`, `/docs`, the OpenAPI document |
+//! | `ops.rs` | `/health`, `/info`, `/metrics`, `/v1/models`, the OpenAPI document |
+//! | `playground.rs` | the playground page at `/` (`playground.html`, compiled in) |
+//! | `swagger.rs` | Swagger UI at `/docs`, its files compiled in (vendored) |
 //! | `auth.rs` | the API key: decision routes, operator routes |
 //! | `budget.rs` | a request's time budget: `--request-timeout-secs`, or less from its headers |
 //! | `middleware.rs` | request ids, request metrics and `Server-Timing` |
@@ -24,11 +26,13 @@ mod decisions;
 mod lifecycle;
 mod middleware;
 mod ops;
+mod playground;
 mod prologue;
 pub mod request_body;
 mod responses;
 mod routes;
 mod state;
+mod swagger;
 #[cfg(test)]
 mod testing;
 

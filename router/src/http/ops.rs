@@ -1,6 +1,6 @@
 //! The operator routes: `/health` (the shards' real Health RPC, 503 while draining), `/info` (what is
-//! served and under which limits), `/metrics`, `/v1/models`, and the API reference (`/docs`, the
-//! OpenAPI document).
+//! served and under which limits), `/metrics`, `/v1/models`, and the OpenAPI document (browsed at
+//! `/docs`: `swagger.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::auth::authorize;
 use super::connections::connection_limits;
@@ -175,47 +175,6 @@ pub(super) async fn openapi_handler() -> Response {
         .into_response()
 }
 
-/// A self-contained reference page (no CDN: deployments are often offline) built from the OpenAPI document.
-pub(super) async fn docs_handler() -> Response {
-    let doc: Value = serde_json::from_str(&api::schema::openapi_json()).unwrap_or_default();
-    let mut rows = String::new();
-    for (path, item) in doc["paths"].as_object().into_iter().flatten() {
-        for (method, op) in item.as_object().into_iter().flatten() {
-            let statuses: Vec<&String> = op["responses"]
-                .as_object()
-                .map(|r| r.keys().collect())
-                .unwrap_or_default();
-            rows.push_str(&format!(
-                "<tr><td><code>{}</code></td><td><code>{}</code></td><td>{}</td></tr>",
-                method.to_uppercase(),
-                html_escape(path),
-                html_escape(
-                    &statuses
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            ));
-        }
-    }
-    let schemas =
-        html_escape(&serde_json::to_string_pretty(&doc["components"]).unwrap_or_default());
-    let page = format!(
-        "<!doctype html><meta charset=utf-8><title>decision-inference API</title>\
-         <h1>decision-inference API</h1><p>Machine-readable: <a href=/api-doc/openapi.json>/api-doc/openapi.json</a></p>\
-         <table border=1 cellpadding=4><tr><th>method</th><th>path</th><th>statuses</th></tr>{rows}</table>\
-         <h2>Schemas</h2><pre>{schemas}</pre>"
-    );
-    ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], page).into_response()
-}
-
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::state::{build_state, StartupError};
@@ -225,6 +184,7 @@ mod tests {
     use crate::queue::{BatchBudget, BudgetError, BudgetSource};
     use crate::shard::ShardSet;
     use clap::Parser;
+    use serde_json::Value;
 
     #[tokio::test]
     async fn without_an_api_key_info_shows_no_filesystem_path() {

@@ -1,4 +1,4 @@
-//! The route table: the decision routes, the operator routes behind the key (unless `--public-ops`),
+//! The route table: the playground at `/` (unless `--no-playground`), the decision routes, the operator routes behind the key (unless `--public-ops`),
 //! and the layers every request passes (request id and metrics, the body clock, decompression).
 
 use std::sync::Arc;
@@ -14,12 +14,19 @@ use super::body_clock;
 use super::decisions::{Decisions, Score, SystemOne};
 use super::middleware::request_id;
 use super::ops;
+use super::playground;
 use super::prologue;
 use super::state::AppState;
+use super::swagger;
 
 pub fn app(state: Arc<AppState>) -> Router {
     let body_time = Duration::from_secs(state.config.flags.body_read_timeout_secs);
-    Router::new()
+    let mut router = Router::new();
+    if !state.config.flags.no_playground {
+        // Open even with an API key: the page holds nothing secret and asks for the key itself.
+        router = router.route("/", get(playground::playground_handler));
+    }
+    router
         .merge(decision_routes())
         .route("/v1/models", get(ops::models_handler))
         .route("/health", get(ops::health_handler))
@@ -36,7 +43,17 @@ pub fn app(state: Arc<AppState>) -> Router {
         )
         .route(
             "/docs",
-            get(ops::docs_handler)
+            get(swagger::index_handler)
+                .route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
+        )
+        .route(
+            "/docs/",
+            get(swagger::index_handler)
+                .route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
+        )
+        .route(
+            "/docs/{*file}",
+            get(swagger::file_handler)
                 .route_layer(middleware::from_fn_with_state(state.clone(), ops_guard)),
         )
         .layer(RequestDecompressionLayer::new())
