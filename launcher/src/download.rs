@@ -10,6 +10,9 @@ use crate::model::{HubModel, ModelError};
 pub enum DownloadError {
     #[error(transparent)]
     Spawn(#[from] SpawnError),
+    /// `HF_HUB_OFFLINE` forbids the download (`ModelError::OfflineNotCached`).
+    #[error(transparent)]
+    Model(#[from] ModelError),
     /// The child's exit carries its last stderr lines, where it names the repository and the reason.
     #[error("downloading {model} failed: {exit}")]
     Failed { model: String, exit: ChildExit },
@@ -47,7 +50,7 @@ pub async fn run(
     program: &Path,
     model: &HubModel,
     offline: bool,
-) -> Result<(), super::launch::LaunchError> {
+) -> Result<(), DownloadError> {
     if offline {
         return Err(ModelError::OfflineNotCached {
             id: model.display(),
@@ -77,7 +80,6 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::LaunchError;
     use std::os::unix::fs::PermissionsExt as _;
     use std::path::PathBuf;
 
@@ -142,10 +144,7 @@ mod tests {
             .await
             .expect_err("download fails");
         let message = err.to_string();
-        assert!(
-            matches!(err, LaunchError::Download(DownloadError::Failed { .. })),
-            "{message}"
-        );
+        assert!(matches!(err, DownloadError::Failed { .. }), "{message}");
         assert!(
             message.starts_with("downloading org/tiny@main failed"),
             "{message}"

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+pub use crate::probability::Answer;
 use crate::question_kind::Kind;
 
 /// One decision request, independent of the wire shape it arrived in.
@@ -153,23 +154,6 @@ impl QuestionKind {
             QuestionKind::Score { levels, .. } => levels.len(),
         }
     }
-}
-
-/// What the model said about one question, before any wire formatting.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Answer {
-    /// Probabilities renormalised over the labels, in option / level order (yes, no for yes/no).
-    pub probabilities: Vec<f64>,
-    /// Full-vocabulary probability mass on the labels.
-    pub label_mass: f64,
-    /// Whether the model's greedy next token is one of the labels.
-    pub argmax_is_label: bool,
-    /// Full-vocabulary log-probabilities of the labels, as read (a pooled answer: the log of each
-    /// option's probability).
-    pub label_logprobs: Vec<f64>,
-    /// Scored by a joint-schema head (Clef): no labels, so the label mass is 1 and every profile's
-    /// confidence is the chosen option's probability.
-    pub pooled: bool,
 }
 
 /// The answers of one request, in question order, and its honest token usage.

@@ -1,7 +1,23 @@
 //! Turns label log-probabilities into answers: softmax over the labels, label mass, expected score,
-//! and TypeSafe's published confidence formulas. All arithmetic in f64.
+//! and TypeSafe's published confidence formulas. All arithmetic in f64. `Answer` lives here, below the IR that
+//! carries it (`ir` re-exports it), so the formulas depend on nothing above them.
 
-use crate::ir::Answer;
+/// What the model said about one question, before any wire formatting.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Answer {
+    /// Probabilities renormalised over the labels, in option / level order (yes, no for yes/no).
+    pub probabilities: Vec<f64>,
+    /// Full-vocabulary probability mass on the labels.
+    pub label_mass: f64,
+    /// Whether the model's greedy next token is one of the labels.
+    pub argmax_is_label: bool,
+    /// Full-vocabulary log-probabilities of the labels, as read (a pooled answer: the log of each
+    /// option's probability).
+    pub label_logprobs: Vec<f64>,
+    /// Scored by a joint-schema head (Clef): no labels, so the label mass is 1 and every profile's
+    /// confidence is the chosen option's probability.
+    pub pooled: bool,
+}
 
 /// `softmax(lp / T)` over the labels, computed stably.
 pub fn softmax(logprobs: &[f64], temperature: f64) -> Vec<f64> {

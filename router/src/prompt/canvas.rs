@@ -77,6 +77,7 @@ impl DiffusionGemmaCanvasStrategy {
         let pad = pad_token(model_dir, tokenizer);
         let (Some(end), Some(pad)) = (end, pad) else {
             return Err(LoadError::CanvasTokens {
+                end_of_turn: END_OF_TURN,
                 end_of_turn_missing: end.is_none(),
                 pad_missing: pad.is_none(),
             });
@@ -96,7 +97,10 @@ impl DiffusionGemmaCanvasStrategy {
             Some(v) => v.as_u64().ok_or(LoadError::CanvasLengthNotNumber)? as usize,
         };
         if CANVAS_STEP > served {
-            return Err(LoadError::CanvasTooShort { served });
+            return Err(LoadError::CanvasTooShort {
+                step: CANVAS_STEP,
+                served,
+            });
         }
         let joint = joint_lines(tokenizer, &label_ids);
         match &joint {
@@ -415,8 +419,12 @@ fn labels_after_thought(
         .map_err(|e| LoadError::DecodeThought(e.to_string()))?;
     let mut ids = HashMap::new();
     for set in Kind::ALL {
-        let got = check_set(tokenizer, tail, &tail_text, set.labels())
-            .map_err(LoadError::LabelsAfterThought)?;
+        let got = check_set(tokenizer, tail, &tail_text, set.labels()).map_err(|reason| {
+            LoadError::LabelsAfterThought {
+                thought: THOUGHT,
+                reason,
+            }
+        })?;
         ids.extend(set.labels().iter().copied().zip(got));
     }
     Ok(ids)

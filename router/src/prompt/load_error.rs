@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use super::canvas::{CANVAS_STEP, END_OF_TURN, THOUGHT};
 use super::labels::LabelError;
 use super::template::TemplateError;
 
@@ -29,19 +28,27 @@ pub enum LoadError {
     SchemaTokenizer(String),
     #[error("the tokenizer has no '{token}' token, which the joint-schema prompt needs")]
     SchemaToken { token: &'static str },
+    /// `end_of_turn` the canvas's end-of-turn marker (`canvas::END_OF_TURN`).
     #[error(
         "DiffusionGemma canvas reads need the model's '{}' and pad tokens: {}",
-        END_OF_TURN,
-        canvas_tokens_missing(*.end_of_turn_missing, *.pad_missing)
+        .end_of_turn,
+        canvas_tokens_missing(.end_of_turn, *.end_of_turn_missing, *.pad_missing)
     )]
     CanvasTokens {
+        end_of_turn: &'static str,
         end_of_turn_missing: bool,
         pad_missing: bool,
     },
     #[error("decoding the thought block failed: {0}")]
     DecodeThought(String),
-    #[error("canvas reads need every label as one token after the thought block {:?}: {}", THOUGHT, .0)]
-    LabelsAfterThought(LabelError),
+    /// `thought` the thought block the labels follow (`canvas::THOUGHT`).
+    #[error(
+        "canvas reads need every label as one token after the thought block {thought:?}: {reason}"
+    )]
+    LabelsAfterThought {
+        thought: &'static str,
+        reason: LabelError,
+    },
     #[error("cannot read {}: {message}", path.display())]
     ReadConfig { path: PathBuf, message: String },
     #[error("{}: {message}", path.display())]
@@ -50,17 +57,19 @@ pub enum LoadError {
     NoVocabSize,
     #[error("config.json canvas_length is not a number")]
     CanvasLengthNotNumber,
-    #[error(
-        "canvas reads need a canvas of {}, and the served canvas is {served} (config.json canvas_length)",
-        CANVAS_STEP
-    )]
-    CanvasTooShort { served: usize },
+    /// `step` the shortest canvas (`canvas::CANVAS_STEP`).
+    #[error("canvas reads need a canvas of {step}, and the served canvas is {served} (config.json canvas_length)")]
+    CanvasTooShort { step: usize, served: usize },
 }
 
 /// What a DiffusionGemma tokenizer lacks, in the order the reference checks it.
-fn canvas_tokens_missing(end_of_turn_missing: bool, pad_missing: bool) -> String {
+fn canvas_tokens_missing(
+    end_of_turn: &str,
+    end_of_turn_missing: bool,
+    pad_missing: bool,
+) -> String {
     [
-        end_of_turn_missing.then(|| format!("'{END_OF_TURN}' is not one token of this tokenizer")),
+        end_of_turn_missing.then(|| format!("'{end_of_turn}' is not one token of this tokenizer")),
         pad_missing
             .then(|| "the tokenizer has no pad token (tokenizer_config.json pad_token)".to_owned()),
     ]
