@@ -294,6 +294,14 @@ class MediaScoring(Protocol):
 
     def score_media(self, prompt: MediaPrompt, extra: list[int], request: ScoreRequest) -> ScoredPass: ...
 
+    def prefill_media(self, prompt: MediaPrompt, length: int) -> ModelState:
+        """The model state after the first `length` tokens of `prompt` (all its media inside them)."""
+        ...
+
+    def continue_media(self, state: Any, token_ids: Sequence[int], request: ScoreRequest) -> ScoredPass:
+        """Text after a `prefill_media` state, continuing it in place."""
+        ...
+
     def synchronize(self) -> None: ...
 
 

@@ -38,6 +38,20 @@ class TransformersCacheState(ModelState):
         return TransformersCacheState(copy.deepcopy(self.cache))
 
 
+class MediaPrefixState(TransformersCacheState):
+    """The cache after a media prompt's shared prefix (its media inside it), and the position offset the model
+    computed for the tokens after it (Qwen3.5's M-RoPE `rope_deltas`: the text after an image continues from the
+    image's last position, not from its token count; None for models with plain positions)."""
+
+    def __init__(self, cache: Any, rope_deltas: torch.Tensor | None, length: int) -> None:
+        super().__init__(cache)
+        self.rope_deltas = rope_deltas
+        self.length = length
+
+    def copy(self) -> MediaPrefixState:
+        return MediaPrefixState(copy.deepcopy(self.cache), self.rope_deltas, self.length)
+
+
 @dataclass
 class TransformersModel(LoadedModel):
     """A transformers PreTrainedModel in eval mode: the fallback for architectures without the shard's own
@@ -88,6 +102,65 @@ class TransformersModel(LoadedModel):
                 use_cache=False,
                 **tensors,
             )
+            logprobs = log_probs(output.logits[0].float())
+        return ScoredPass(
+            label_logprobs=gather(logprobs, request.label_rows, request.label_tokens),
+            greedy_tokens=argmax_rows(logprobs, request.greedy_rows),
+        )
+
+    def prefill_media(self, prompt: MediaPrompt, length: int) -> MediaPrefixState:
+        """The cache after the first `length` tokens of a media prompt, which hold all its media: the vision tower
+        and those tokens' layers run once, and every read continuing from a copy (`continue_media`) shares them.
+        Positions are the model's own, as in `score_media`."""
+        from transformers import DynamicCache
+
+        device = self.device
+        ids = torch.tensor([prompt.input_ids[:length]], dtype=torch.long, device=device)
+        tensors = {}
+        for key, value in prompt.tensors.items():
+            # Per-token outputs (token types) cover the whole prompt; the prefix takes its own stretch.
+            if value.dim() == 2 and value.shape == (1, len(prompt.input_ids)):
+                value = value[:, :length]
+            value = value.to(device)
+            tensors[key] = value.to(self.dtype) if value.is_floating_point() else value
+        cache = DynamicCache(config=self.module.config)
+        with torch.inference_mode():
+            self._call(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                logits_to_keep=1,
+                use_cache=True,
+                **{self._cache_argument(): cache},
+                **tensors,
+            )
+        inner = getattr(self.module, "model", None)
+        deltas = getattr(inner, "rope_deltas", None)
+        return MediaPrefixState(cache, deltas.clone() if isinstance(deltas, torch.Tensor) else None, length)
+
+    def continue_media(self, state: MediaPrefixState, token_ids: Sequence[int], request: ScoreRequest) -> ScoredPass:
+        """Text tokens after a media prefix, continuing `state` in place (copy it first to share it); `request`
+        counts rows over `token_ids`. No positions and no mask are passed: the model continues its own positions
+        from the cache (and the prefix's M-RoPE offset), as it does when generating after a media prompt."""
+        from decision_server.scoring import argmax_rows, gather, log_probs
+
+        device = self.device
+        with torch.inference_mode():
+            if self.prepare_forward is not None:
+                self.prepare_forward(self.module)
+            inner = getattr(self.module, "model", None)
+            if state.rope_deltas is not None and inner is not None:
+                inner.rope_deltas = state.rope_deltas
+            try:
+                output = self.module(
+                    input_ids=torch.tensor([list(token_ids)], dtype=torch.long, device=device),
+                    use_cache=True,
+                    logits_to_keep=torch.tensor(request.keep, dtype=torch.long, device=device),
+                    **{self._cache_argument(): state.cache},
+                )
+            finally:
+                # The offset belongs to this prompt only (trap 2): no later call may inherit it.
+                if self.prepare_forward is not None:
+                    self.prepare_forward(self.module)
             logprobs = log_probs(output.logits[0].float())
         return ScoredPass(
             label_logprobs=gather(logprobs, request.label_rows, request.label_tokens),

@@ -1,18 +1,128 @@
-"""Reads with media: one plain forward per read over the processor's expanded prompt (and one per multi-token
-label), like the naive engine. They never share tree nodes, model states or cached prefixes with other reads, so two
-reads with the same token ids but different images can never be mixed up; the same image is decoded once
+"""Reads with media. The reads of a batch with the same media (by content hash, in order) and the same expanded ids
+up to the end of their media block share one prefill of that prefix: the vision tower and the media tokens' layers
+run once, and each read continues a copy of the state with its own text (and each multi-token label with its
+own). Only reads with equal media hashes and equal ids share anything, so two reads with the same token ids but
+different images can never be mixed up. A read alone in its group with single-token labels (or whose media block
+end is unknown) is one plain forward over its whole prompt, as before; the same image is decoded once
 (multimodal.py keeps decoded images by content hash)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
 
 from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadOutcome, ReadSpec
 from decision_server.media import MediaPrompt
-from decision_server.model_base import MediaScoring, ScoredPass, ScoreRequest
+from decision_server.model_base import MediaScoring, ModelState, ScoredPass, ScoreRequest
+
+T = TypeVar("T")
 
 
-def run_media_read(model: MediaScoring, read: ReadSpec, batch: BatchOutcome) -> ReadOutcome:
+def run_media_reads(model: MediaScoring, reads: Sequence[ReadSpec], batch: BatchOutcome) -> list[ReadOutcome]:
+    """Outcomes of reads with media, in the order given: the reads that share a media prefix from one prefill of
+    it, the others each on its own (`run_media_read`)."""
+    prompts = [_checked_prompt(model, read) for read in reads]
+    groups: dict[Hashable, list[int]] = {}
+    for index, (read, prompt) in enumerate(zip(reads, prompts, strict=True)):
+        end = prompt.media_end
+        if end is None or not 0 < end < len(prompt.input_ids):
+            groups[("alone", index)] = [index]
+            continue
+        media = tuple((item.modality, item.sha256, item.max_seconds, item.max_frames) for item in read.media)
+        groups.setdefault((media, prompt.input_ids[:end]), []).append(index)
+    outcomes: dict[int, ReadOutcome] = {}
+    for members in groups.values():
+        group = [reads[index] for index in members]
+        if len(group) == 1 and all(len(label) == 1 for label in group[0].labels):
+            outcomes[members[0]] = run_media_read(model, group[0], batch)
+            continue
+        for index, outcome in zip(members, _run_shared(model, group, batch), strict=True):
+            outcomes[index] = outcome
+    return [outcomes[index] for index in range(len(reads))]
+
+
+def _run_shared(model: MediaScoring, reads: Sequence[ReadSpec], batch: BatchOutcome) -> list[ReadOutcome]:
+    """Reads whose prompts are equal, media included, up to their media block's end: one prefill of their longest
+    common prefix (less one token, so every read has a row of its own to read), then per read its text from a
+    copy of that state, and per multi-token label its text and label from another copy."""
+    prompts = [read.media_prompt for read in reads]
+    assert all(prompt is not None for prompt in prompts)  # checked by run_media_reads
+    ids = [prompt.input_ids for prompt in prompts if prompt is not None]
+    shared = min(len(prompt) for prompt in ids) - 1
+    for prompt in ids[1:]:
+        shared = next((i for i in range(shared) if prompt[i] != ids[0][i]), shared)
+    first = prompts[0]
+    assert first is not None
+    prefix = _timed(model, batch, shared, lambda: model.prefill_media(first, shared))
+    outcomes = []
+    for position, read in enumerate(reads):
+        tail = list(ids[position][shared:])
+        single = [index for index, label in enumerate(read.labels) if len(label) == 1]
+        answer = _continue(
+            model,
+            prefix,
+            tail,
+            ScoreRequest(
+                token_ids=[],
+                keep=[len(tail) - 1],
+                label_rows=[0] * len(single),
+                label_tokens=[read.labels[i][0] for i in single],
+                greedy_rows=[0],
+            ),
+            batch,
+        )
+        values = dict(zip(single, answer.label_logprobs, strict=True))
+        computed = len(tail) + (shared if position == 0 else 0)
+        for index, label in enumerate(read.labels):
+            if len(label) == 1:
+                continue
+            rows = _continue(
+                model,
+                prefix,
+                [*tail, *label[:-1]],
+                ScoreRequest(
+                    token_ids=[],
+                    keep=list(range(len(tail) - 1, len(tail) + len(label) - 1)),
+                    label_rows=list(range(len(label))),
+                    label_tokens=list(label),
+                    greedy_rows=[],
+                ),
+                batch,
+            )
+            values[index] = sum(rows.label_logprobs)
+            computed += len(tail) + len(label) - 1
+        prompt = prompts[position]
+        assert prompt is not None
+        outcomes.append(
+            ReadOutcome(
+                id=read.id,
+                label_logprobs=[values[index] for index in range(len(read.labels))],
+                greedy_token_id=answer.greedy_tokens[0],
+                tokens_computed=computed,
+                media_tokens=prompt.media_tokens,
+            )
+        )
+    return outcomes
+
+
+def _continue(
+    model: MediaScoring, prefix: ModelState, tokens: list[int], request: ScoreRequest, batch: BatchOutcome
+) -> ScoredPass:
+    return _timed(model, batch, len(tokens), lambda: model.continue_media(prefix.copy(), tokens, request))
+
+
+def _timed(model: MediaScoring, batch: BatchOutcome, tokens: int, work: Callable[[], T]) -> T:
+    started = time.perf_counter()
+    result = work()
+    model.synchronize()
+    batch.forward_seconds += time.perf_counter() - started
+    batch.forward_passes += 1
+    batch.packed_tokens += tokens
+    return result
+
+
+def _checked_prompt(model: MediaScoring, read: ReadSpec) -> MediaPrompt:
     prompt = read.media_prompt
     if prompt is None:
         raise InvalidReadError(read.id, "a read with media reached the engine unprocessed")
@@ -24,6 +134,13 @@ def run_media_read(model: MediaScoring, read: ReadSpec, batch: BatchOutcome) -> 
             f"prompt of {length} tokens with its media plus a label of {longest} tokens exceeds "
             f"max_position_embeddings {model.max_position_embeddings}",
         )
+    return prompt
+
+
+def run_media_read(model: MediaScoring, read: ReadSpec, batch: BatchOutcome) -> ReadOutcome:
+    """One read on its own: one plain forward over its whole prompt (and one per multi-token label)."""
+    prompt = _checked_prompt(model, read)
+    length = len(prompt.input_ids)
     single = [index for index, label in enumerate(read.labels) if len(label) == 1]
     answer = _forward(
         model,
