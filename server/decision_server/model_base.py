@@ -302,6 +302,12 @@ class MediaScoring(Protocol):
         """Text after a `prefill_media` state, continuing it in place."""
         ...
 
+    def continue_media_rows(
+        self, state: Any, sequences: Sequence[Sequence[int]], rows: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
+        """Several texts after one `prefill_media` state in one batched forward: log-probs at `rows` of each."""
+        ...
+
     def synchronize(self) -> None: ...
 
 

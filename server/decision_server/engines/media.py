@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 from typing import TypeVar
+
+import torch
 
 from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadOutcome, ReadSpec
 from decision_server.media import MediaPrompt
-from decision_server.model_base import MediaScoring, ModelState, ScoredPass, ScoreRequest
+from decision_server.model_base import MediaScoring, ScoredPass, ScoreRequest
 
 T = TypeVar("T")
+
+# Continuations of one media prefix run together along the batch dimension, this many per forward (each keeps
+# its logit rows over the whole vocabulary, so the batch is bounded).
+CONTINUATIONS_PER_PASS = 16
 
 
 def run_media_reads(model: MediaScoring, reads: Sequence[ReadSpec], batch: BatchOutcome) -> list[ReadOutcome]:
@@ -44,72 +51,58 @@ def run_media_reads(model: MediaScoring, reads: Sequence[ReadSpec], batch: Batch
 
 def _run_shared(model: MediaScoring, reads: Sequence[ReadSpec], batch: BatchOutcome) -> list[ReadOutcome]:
     """Reads whose prompts are equal, media included, up to their media block's end: one prefill of their longest
-    common prefix (less one token, so every read has a row of its own to read), then per read its text from a
-    copy of that state, and per multi-token label its text and label from another copy."""
-    prompts = [read.media_prompt for read in reads]
-    assert all(prompt is not None for prompt in prompts)  # checked by run_media_reads
-    ids = [prompt.input_ids for prompt in prompts if prompt is not None]
+    common prefix (less one token, so every read has a row of its own to read), then every read's text (and, per
+    multi-token label, its text and label) continuing that state, batched along the batch dimension."""
+    prompts = [_checked_prompt(model, read) for read in reads]
+    ids = [prompt.input_ids for prompt in prompts]
     shared = min(len(prompt) for prompt in ids) - 1
     for prompt in ids[1:]:
         shared = next((i for i in range(shared) if prompt[i] != ids[0][i]), shared)
-    first = prompts[0]
-    assert first is not None
-    prefix = _timed(model, batch, shared, lambda: model.prefill_media(first, shared))
-    outcomes = []
+    prefix = _timed(model, batch, shared, lambda: model.prefill_media(prompts[0], shared))
+    # One continuation per read (its single-token labels at its last row) and one per multi-token label.
+    sequences: list[tuple[int, int | None, list[int], list[int]]] = []
     for position, read in enumerate(reads):
         tail = list(ids[position][shared:])
-        single = [index for index, label in enumerate(read.labels) if len(label) == 1]
-        answer = _continue(
-            model,
-            prefix,
-            tail,
-            ScoreRequest(
-                token_ids=[],
-                keep=[len(tail) - 1],
-                label_rows=[0] * len(single),
-                label_tokens=[read.labels[i][0] for i in single],
-                greedy_rows=[0],
-            ),
-            batch,
-        )
-        values = dict(zip(single, answer.label_logprobs, strict=True))
-        computed = len(tail) + (shared if position == 0 else 0)
+        sequences.append((position, None, tail, [len(tail) - 1]))
         for index, label in enumerate(read.labels):
-            if len(label) == 1:
-                continue
-            rows = _continue(
-                model,
-                prefix,
-                [*tail, *label[:-1]],
-                ScoreRequest(
-                    token_ids=[],
-                    keep=list(range(len(tail) - 1, len(tail) + len(label) - 1)),
-                    label_rows=list(range(len(label))),
-                    label_tokens=list(label),
-                    greedy_rows=[],
-                ),
-                batch,
-            )
-            values[index] = sum(rows.label_logprobs)
-            computed += len(tail) + len(label) - 1
-        prompt = prompts[position]
-        assert prompt is not None
-        outcomes.append(
-            ReadOutcome(
-                id=read.id,
-                label_logprobs=[values[index] for index in range(len(read.labels))],
-                greedy_token_id=answer.greedy_tokens[0],
-                tokens_computed=computed,
-                media_tokens=prompt.media_tokens,
-            )
+            if len(label) > 1:
+                rows = list(range(len(tail) - 1, len(tail) + len(label) - 1))
+                sequences.append((position, index, [*tail, *label[:-1]], rows))
+    # Equal continuations (the same question twice) run once: their reads get the very same values.
+    unique = list(dict.fromkeys((tuple(text), tuple(rows)) for _, _, text, rows in sequences))
+    computed_once: list[torch.Tensor] = []
+    for start in range(0, len(unique), CONTINUATIONS_PER_PASS):
+        chunk = unique[start : start + CONTINUATIONS_PER_PASS]
+        texts, kept = [list(text) for text, _ in chunk], [list(rows) for _, rows in chunk]
+        tokens = len(chunk) * max(len(text) for text in texts)
+        computed_once.extend(_timed(model, batch, tokens, partial(model.continue_media_rows, prefix, texts, kept)))
+    by_key = dict(zip(unique, computed_once, strict=True))
+    logprobs = [by_key[(tuple(text), tuple(rows))] for _, _, text, rows in sequences]
+    values: list[dict[int, float]] = [{} for _ in reads]
+    greedy = [0] * len(reads)
+    computed = [0] * len(reads)
+    computed[0] = shared
+    for (position, label_index, text, _), rows_logprobs in zip(sequences, logprobs, strict=True):
+        read = reads[position]
+        computed[position] += len(text)
+        if label_index is None:
+            for index, label in enumerate(read.labels):
+                if len(label) == 1:
+                    values[position][index] = float(rows_logprobs[0, label[0]])
+            greedy[position] = int(torch.argmax(rows_logprobs[0]))
+        else:
+            label = read.labels[label_index]
+            values[position][label_index] = sum(float(rows_logprobs[step, token]) for step, token in enumerate(label))
+    return [
+        ReadOutcome(
+            id=read.id,
+            label_logprobs=[values[position][index] for index in range(len(read.labels))],
+            greedy_token_id=greedy[position],
+            tokens_computed=computed[position],
+            media_tokens=prompts[position].media_tokens,
         )
-    return outcomes
-
-
-def _continue(
-    model: MediaScoring, prefix: ModelState, tokens: list[int], request: ScoreRequest, batch: BatchOutcome
-) -> ScoredPass:
-    return _timed(model, batch, len(tokens), lambda: model.continue_media(prefix.copy(), tokens, request))
+        for position, read in enumerate(reads)
+    ]
 
 
 def _timed(model: MediaScoring, batch: BatchOutcome, tokens: int, work: Callable[[], T]) -> T:
