@@ -79,7 +79,7 @@ def arm(path: Callable[..., list[ReadOutcome]]) -> None:
 def bench(name: str, runs: int) -> dict[str, Any]:
     folder = models_dir() / name
     make_fixture(name, folder, seed=0)
-    model = load_model(folder, dtype="float32")
+    model: Any = load_model(folder, dtype="float32")
     engine = make_engine("auto", model)
     data = image()
     times: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}

@@ -298,10 +298,6 @@ class MediaScoring(Protocol):
         """The model state after the first `length` tokens of `prompt` (all its media inside them)."""
         ...
 
-    def continue_media(self, state: Any, token_ids: Sequence[int], request: ScoreRequest) -> ScoredPass:
-        """Text after a `prefill_media` state, continuing it in place."""
-        ...
-
     def continue_media_rows(
         self, state: Any, sequences: Sequence[Sequence[int]], rows: Sequence[Sequence[int]]
     ) -> list[torch.Tensor]:

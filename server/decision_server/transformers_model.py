@@ -128,7 +128,7 @@ class TransformersModel(LoadedModel):
 
     def prefill_media(self, prompt: MediaPrompt, length: int) -> MediaPrefixState:
         """The cache after the first `length` tokens of a media prompt, which hold all its media: the vision tower
-        and those tokens' layers run once, and every read continuing from a copy (`continue_media`) shares them.
+        and those tokens' layers run once, and every read continuing it (`continue_media_rows`) shares them.
         Positions are the model's own, as in `score_media`."""
         from transformers import DynamicCache
 
@@ -154,36 +154,6 @@ class TransformersModel(LoadedModel):
         inner = getattr(self.module, "model", None)
         deltas = getattr(inner, "rope_deltas", None)
         return MediaPrefixState(cache, deltas.clone() if isinstance(deltas, torch.Tensor) else None, length)
-
-    def continue_media(self, state: MediaPrefixState, token_ids: Sequence[int], request: ScoreRequest) -> ScoredPass:
-        """Text tokens after a media prefix, continuing `state` in place (copy it first to share it); `request`
-        counts rows over `token_ids`. No positions and no mask are passed: the model continues its own positions
-        from the cache (and the prefix's M-RoPE offset), as it does when generating after a media prompt."""
-        from decision_server.scoring import argmax_rows, gather, log_probs
-
-        device = self.device
-        with torch.inference_mode():
-            if self.prepare_forward is not None:
-                self.prepare_forward(self.module)
-            inner = getattr(self.module, "model", None)
-            if state.rope_deltas is not None and inner is not None:
-                inner.rope_deltas = state.rope_deltas
-            try:
-                output = self.module(
-                    input_ids=torch.tensor([list(token_ids)], dtype=torch.long, device=device),
-                    use_cache=True,
-                    logits_to_keep=torch.tensor(request.keep, dtype=torch.long, device=device),
-                    **{self._cache_argument(): state.cache},
-                )
-            finally:
-                # The offset belongs to this prompt only (trap 2): no later call may inherit it.
-                if self.prepare_forward is not None:
-                    self.prepare_forward(self.module)
-            logprobs = log_probs(output.logits[0].float())
-        return ScoredPass(
-            label_logprobs=gather(logprobs, request.label_rows, request.label_tokens),
-            greedy_tokens=argmax_rows(logprobs, request.greedy_rows),
-        )
 
     def continue_media_rows(
         self, state: MediaPrefixState, sequences: Sequence[Sequence[int]], rows: Sequence[Sequence[int]]
