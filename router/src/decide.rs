@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::DecisionError;
-use crate::ir::{Decision, DecisionRequest, Modality, Usage};
+use crate::ir::{Decision, DecisionRequest, Media, Modality, Usage};
 use crate::limits::{Budget, Limits};
-use crate::media::{self, Fetcher, MediaBlob, MediaPolicy};
+use crate::media::{self, Fetcher, MediaBlob, MediaPolicy, Position};
 use crate::prompt::wording::PromptFormat;
 use crate::prompt::{PreparedRead, ReadStrategy, RegistryError};
 use crate::queue::{Queue, ReadTiming};
@@ -120,7 +120,7 @@ impl Decider {
         let fetched: Arc<[ReadMedia]> = media::resolve(&request.media, &self.media, &self.fetcher)
             .await?
             .into_iter()
-            .map(|blob| read_media(blob, &self.media))
+            .map(|blob| read_media(blob, &request.media, &self.media))
             .collect();
         let strategy_ref = strategy.clone();
         // From here until its reads are queued, a forming batch may wait for this request.
@@ -247,7 +247,7 @@ impl Decider {
     }
 }
 
-fn read_media(blob: MediaBlob, policy: &MediaPolicy) -> ReadMedia {
+fn read_media(blob: MediaBlob, request: &Media, policy: &MediaPolicy) -> ReadMedia {
     let (max_seconds, max_frames) = match blob.modality {
         Modality::Image => (0.0, 0),
         Modality::Video => (policy.max_video_seconds, policy.max_video_frames),
@@ -255,7 +255,8 @@ fn read_media(blob: MediaBlob, policy: &MediaPolicy) -> ReadMedia {
     };
     ReadMedia {
         modality: blob.modality,
-        name: format!("{}.{}", blob.modality.field(), blob.index),
+        // Shard errors about the item name where the request sent it (`images.0`, `input[0].content[1]`).
+        name: Position::of(request, blob.modality, blob.index).to_string(),
         data: Arc::from(blob.bytes.as_ref()),
         sha256: blob.sha256.iter().map(|b| format!("{b:02x}")).collect(),
         max_seconds,

@@ -61,6 +61,10 @@ pub struct Media {
     pub images: Vec<String>,
     pub audio: Vec<String>,
     pub videos: Vec<String>,
+    /// Where each image sits on the wire when the shape carries images as message parts (the OpenAI
+    /// shape: `input[i].content[j]` is `(i, j)`), so errors about an image name that place; empty for
+    /// shapes with an `images` field (errors name `images.N`).
+    pub image_parts: Vec<(usize, usize)>,
 }
 
 impl Media {

@@ -106,6 +106,10 @@ class MediaPrompt:
     tensors: dict[str, torch.Tensor]
     # How many tokens the placeholders grew into (the expanded length minus the router's).
     media_tokens: int
+    # Where the media block ends in `input_ids` (one past its last media token), when known: the prompts of a
+    # request share everything before it, so one prefill of it serves them all (engines/media.py). None: unknown,
+    # the read runs on its own.
+    media_end: int | None = None
 
 
 def capped_size(width: int, height: int, max_area: int) -> tuple[int, int]:

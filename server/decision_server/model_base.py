@@ -294,6 +294,16 @@ class MediaScoring(Protocol):
 
     def score_media(self, prompt: MediaPrompt, extra: list[int], request: ScoreRequest) -> ScoredPass: ...
 
+    def prefill_media(self, prompt: MediaPrompt, length: int) -> ModelState:
+        """The model state after the first `length` tokens of `prompt` (all its media inside them)."""
+        ...
+
+    def continue_media_rows(
+        self, state: Any, sequences: Sequence[Sequence[int]], rows: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
+        """Several texts after one `prefill_media` state in one batched forward: log-probs at `rows` of each."""
+        ...
+
     def synchronize(self) -> None: ...
 
 

@@ -100,7 +100,9 @@ class ProcessedBlock:
                 dim=1,
             )
         ids = (*prompt[:start], *self.ids, *prompt[end:])
-        return MediaPrompt(input_ids=ids, tensors=tensors, media_tokens=self.media_tokens)
+        return MediaPrompt(
+            input_ids=ids, tensors=tensors, media_tokens=self.media_tokens, media_end=start + len(self.ids)
+        )
 
 
 class MediaProcessor:

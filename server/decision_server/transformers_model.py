@@ -38,6 +38,38 @@ class TransformersCacheState(ModelState):
         return TransformersCacheState(copy.deepcopy(self.cache))
 
 
+class MediaPrefixState(TransformersCacheState):
+    """The cache after a media prompt's shared prefix (its media inside it), and the position offset the model
+    computed for the tokens after it (Qwen3.5's M-RoPE `rope_deltas`: the text after an image continues from the
+    image's last position, not from its token count; None for models with plain positions)."""
+
+    def __init__(self, cache: Any, rope_deltas: torch.Tensor | None, length: int) -> None:
+        super().__init__(cache)
+        self.rope_deltas = rope_deltas
+        self.length = length
+
+    def copy(self) -> MediaPrefixState:
+        return MediaPrefixState(copy.deepcopy(self.cache), self.rope_deltas, self.length)
+
+
+def _repeat_cache(cache: Any, times: int) -> None:
+    """Repeats every layer's state of a batch-1 cache `times` along the batch, in place: keys and values, and the
+    convolution and recurrent states of linear-attention and short-convolution layers."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            value = getattr(layer, name, None)
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                setattr(layer, name, value.repeat_interleave(times, dim=0))
+        for name in ("conv_states", "recurrent_states"):
+            states = getattr(layer, name, None)
+            if isinstance(states, dict):
+                for key, value in states.items():
+                    if isinstance(value, torch.Tensor):
+                        states[key] = value.repeat_interleave(times, dim=0)
+            elif isinstance(states, torch.Tensor):
+                setattr(layer, name, states.repeat_interleave(times, dim=0))
+
+
 @dataclass
 class TransformersModel(LoadedModel):
     """A transformers PreTrainedModel in eval mode: the fallback for architectures without the shard's own
@@ -93,6 +125,77 @@ class TransformersModel(LoadedModel):
             label_logprobs=gather(logprobs, request.label_rows, request.label_tokens),
             greedy_tokens=argmax_rows(logprobs, request.greedy_rows),
         )
+
+    def prefill_media(self, prompt: MediaPrompt, length: int) -> MediaPrefixState:
+        """The cache after the first `length` tokens of a media prompt, which hold all its media: the vision tower
+        and those tokens' layers run once, and every read continuing it (`continue_media_rows`) shares them.
+        Positions are the model's own, as in `score_media`."""
+        from transformers import DynamicCache
+
+        device = self.device
+        ids = torch.tensor([prompt.input_ids[:length]], dtype=torch.long, device=device)
+        tensors = {}
+        for key, value in prompt.tensors.items():
+            # Per-token outputs (token types) cover the whole prompt; the prefix takes its own stretch.
+            if value.dim() == 2 and value.shape == (1, len(prompt.input_ids)):
+                value = value[:, :length]
+            value = value.to(device)
+            tensors[key] = value.to(self.dtype) if value.is_floating_point() else value
+        cache = DynamicCache(config=self.module.config)
+        with torch.inference_mode():
+            self._call(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                logits_to_keep=1,
+                use_cache=True,
+                **{self._cache_argument(): cache},
+                **tensors,
+            )
+        inner = getattr(self.module, "model", None)
+        deltas = getattr(inner, "rope_deltas", None)
+        return MediaPrefixState(cache, deltas.clone() if isinstance(deltas, torch.Tensor) else None, length)
+
+    def continue_media_rows(
+        self, state: MediaPrefixState, sequences: Sequence[Sequence[int]], rows: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
+        """Several texts after one media prefix in one forward, the prefix's state repeated along the batch: per
+        sequence the log-probabilities (float32, (len(rows[k]), vocab)) at its positions `rows[k]`. Shorter
+        sequences are padded at their end; every pass here is causal (attention, short convolutions, linear
+        attention), so padding after a position changes nothing at it. `state` is not changed."""
+        from decision_server.scoring import log_probs
+
+        device = self.device
+        width = max(len(sequence) for sequence in sequences)
+        ids = torch.tensor(
+            [[*sequence, *([sequence[-1]] * (width - len(sequence)))] for sequence in sequences],
+            dtype=torch.long,
+            device=device,
+        )
+        keep = sorted({row for sequence_rows in rows for row in sequence_rows})
+        where = {row: index for index, row in enumerate(keep)}
+        cache = copy.deepcopy(state.cache)
+        _repeat_cache(cache, len(sequences))
+        with torch.inference_mode():
+            if self.prepare_forward is not None:
+                self.prepare_forward(self.module)
+            inner = getattr(self.module, "model", None)
+            if state.rope_deltas is not None and inner is not None:
+                inner.rope_deltas = state.rope_deltas
+            try:
+                output = self.module(
+                    input_ids=ids,
+                    use_cache=True,
+                    logits_to_keep=torch.tensor(keep, dtype=torch.long, device=device),
+                    **{self._cache_argument(): cache},
+                )
+            finally:
+                if self.prepare_forward is not None:
+                    self.prepare_forward(self.module)
+            logits = output.logits
+            return [
+                log_probs(logits[k, [where[row] for row in sequence_rows]].float())
+                for k, sequence_rows in enumerate(rows)
+            ]
 
     @property
     def text_config(self) -> Any:

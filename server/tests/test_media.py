@@ -171,6 +171,48 @@ def test_image_reads_equal_an_independent_processor_forward(name: str) -> None:
     assert result.media_tokens > 0 and result.tokens_computed >= len(ids) + result.media_tokens
 
 
+@pytest.mark.parametrize("name", MEDIA_FIXTURES)
+def test_questions_about_one_image_share_one_encoding_and_one_media_prefill(name: str) -> None:
+    """The questions of a request about one image (and a question of another request about another image, same
+    ids): the vision tower runs once per distinct image of the batch, and each question, a multi-token label
+    included, still equals an independent forward over its whole prompt."""
+    folder, model = fixture(name)
+    questions = ['{"ticket": "refund"}\n\nQuestion: Which?\nA: x\nB: y', '{"ticket": "refund"}\n\nIs it late?', "Hm"]
+    prompts = [prompt_ids(model, 1, text) for text in questions]
+    label_ids = [*labels(model), model.media.tokenizer.encode(" maybe not", add_special_tokens=False)]
+    assert len(label_ids[-1]) > 1
+    image, other = png(21, 80, 60), png(22, 80, 60)
+    inner = model.module.model
+    encode = inner.get_image_features
+    encodings = 0
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        nonlocal encodings
+        encodings += 1
+        return encode(*args, **kwargs)
+
+    inner.get_image_features = counting
+    try:
+        with running_shard(model, "auto") as stub:
+            reads = [read(ids, label_ids, [item(image)], index) for index, ids in enumerate(prompts)]
+            reads.append(read(prompts[0], label_ids, [item(other)], 9))
+            results = stub.Read(decision_pb2.ReadRequest(reads=reads)).results
+            shared_encodings = encodings
+            other_alone = stub.Read(
+                decision_pb2.ReadRequest(reads=[read(prompts[0], label_ids, [item(other)], 9)])
+            ).results[0]
+    finally:
+        del inner.get_image_features
+    assert shared_encodings == 2  # one per distinct image, not one per read
+    got = [[group.variant_logprobs[0] for group in r.next_token.labels] for r in results]
+    for ids, values in zip(prompts, got, strict=False):
+        expected = reference(model, folder, ids, [image], label_ids)
+        assert max(abs(a - b) for a, b in zip(values, expected, strict=True)) < TOL, (values, expected)
+    alone = [group.variant_logprobs[0] for group in other_alone.next_token.labels]
+    assert got[3] != got[0] and max(abs(a - b) for a, b in zip(got[3], alone, strict=True)) < TOL
+    assert all(r.media_tokens == results[0].media_tokens > 0 for r in results)
+
+
 @pytest.mark.parametrize("name", VIDEO_FIXTURES)
 def test_video_reads_equal_an_independent_processor_forward(name: str) -> None:
     """An image and two videos (mpeg4 in mp4, vp9 in webm) in one prompt, sampled at 2 fps: equal to the processor

@@ -84,12 +84,13 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         }
     }
     let mut images = Vec::new();
+    let mut image_parts = Vec::new();
     let state = match obj.get("input") {
         None => {
             errors.push(err(&["input".into()], "missing", "input is required"));
             String::new()
         }
-        Some(v) => input_text(v, compat, &mut images, &mut errors),
+        Some(v) => input_text(v, compat, &mut images, &mut image_parts, &mut errors),
     };
     let chat_template_kwargs = fields::template_kwargs(obj, "invalid_type", &mut errors);
     let max_choices = limits.max_choices;
@@ -122,6 +123,7 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         // `input_image` parts, in order; like System One's `images`, read before the state.
         media: crate::ir::Media {
             images,
+            image_parts,
             ..Default::default()
         },
         joint: false,
@@ -133,11 +135,13 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
 }
 
 /// The adapter's state text: a string as is; messages joined by a blank line, parts by a newline.
-/// `input_image` parts (`image_url`: a URL or data URL) are collected into `images`, in order.
+/// `input_image` parts (`image_url`: a URL or data URL) are collected into `images`, in order, and
+/// their `(message, part)` places into `image_parts` (media errors name `input[i].content[j]`).
 fn input_text(
     input: &Value,
     compat: Compat,
     images: &mut Vec<String>,
+    image_parts: &mut Vec<(usize, usize)>,
     errors: &mut Vec<FieldError>,
 ) -> String {
     match input {
@@ -205,7 +209,10 @@ fn input_text(
                                 // array of user messages with string content or input_text parts".
                                 (Some("input_image"), _) if compat.openai_input_is_user_text_only() => errors.push(err(&ploc, "unsupported_value", "input_image parts are outside vLLM's text-only /v1/decisions (--compat vllm); send images to /v1/systemone's `images` on a model that takes them")),
                                 (Some("input_image"), _) => match part.get("image_url") {
-                                    Some(Value::String(url)) if !url.is_empty() => images.push(url.clone()),
+                                    Some(Value::String(url)) if !url.is_empty() => {
+                                        images.push(url.clone());
+                                        image_parts.push((i, j));
+                                    }
                                     _ => errors.push(err(&ploc, "invalid_value", "an input_image part needs an image_url (a URL or data URL); file_id is not supported")),
                                 },
                                 (Some("image"), _) => {
@@ -625,6 +632,30 @@ mod tests {
             Err(DecisionError::Invalid(f)) => f,
             other => panic!("expected invalid, got {:?}", other.map(|p| p.echo)),
         }
+    }
+
+    /// An image error names the content part the image came from, not `images.N` (a field this
+    /// shape does not have), in the message and in `param`; the shard's errors get the same name.
+    #[tokio::test]
+    async fn image_errors_name_the_input_part() {
+        use crate::media::{self, Fetcher, MediaPolicy};
+        let p = parse_ok(
+            json!({"model": "m", "questions": [{"type": "predicate", "instructions": "i"}],
+            "input": [{"role": "user", "content": "first"}, {"role": "user", "content": [
+                {"type": "input_text", "text": "the parcel"},
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="},
+                {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}),
+        );
+        assert_eq!(p.request.media.image_parts, vec![(1, 1), (1, 2)]);
+        let policy = MediaPolicy::default();
+        let error = media::resolve(&p.request.media, &policy, &Fetcher::new(&policy).unwrap())
+            .await
+            .unwrap_err();
+        let body = error_body(&error);
+        assert_eq!(body["error"]["param"], json!("input[1].content[1]"));
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("input[1].content[1]: "), "{message}");
+        assert!(!message.contains("images."), "{message}");
     }
 
     /// The seed's MVP refuses image parts; we read them as the request's images, before the state.

@@ -47,16 +47,37 @@ pub struct MediaBlob {
     pub mime: Option<String>,
 }
 
-/// Where an item sits in the request: `images.1`.
+/// Where an item sits in the request: `images.1`, or for an image sent as a message part (the
+/// OpenAI shape) that part, `input[0].content[2]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Position {
     pub modality: Modality,
     pub index: usize,
+    /// `(message, part)` of the `input` content part the item came from, when it came from one.
+    pub part: Option<(usize, usize)>,
+}
+
+impl Position {
+    /// Item `index` of `modality` in `media`, placed where the request sent it.
+    pub fn of(media: &Media, modality: Modality, index: usize) -> Self {
+        let part = match modality {
+            Modality::Image => media.image_parts.get(index).copied(),
+            Modality::Audio | Modality::Video => None,
+        };
+        Position {
+            modality,
+            index,
+            part,
+        }
+    }
 }
 
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.modality.field(), self.index)
+        match self.part {
+            Some((message, part)) => write!(f, "input[{message}].content[{part}]"),
+            None => write!(f, "{}.{}", self.modality.field(), self.index),
+        }
     }
 }
 
@@ -156,7 +177,7 @@ async fn resolve_items(
     let mut sources = Vec::new();
     for modality in Modality::ALL {
         for (index, url) in media.of(modality).iter().enumerate() {
-            let at = Position { modality, index };
+            let at = Position::of(media, modality, index);
             sources.push((at, source(at, url, policy, fetcher)?));
         }
     }

@@ -198,6 +198,7 @@ async fn data_urls_come_back_in_field_order_with_their_hashes() {
         ],
         audio: vec![data("audio/wav", b"RIFF....WAVE")],
         videos: vec![data("video/mp4", b"....ftypisom")],
+        ..Media::default()
     };
     let blobs = run(&media, &MediaPolicy::default()).await.unwrap();
     let got: Vec<_> = blobs

@@ -253,6 +253,7 @@ mod tests {
             images: vec!["a".into(), "b".into()],
             audio: vec![],
             videos: vec!["v".into()],
+            ..Media::default()
         };
         let parts = ChatPrompts::media_parts(&media);
         assert_eq!(parts, vec![Part::Image, Part::Image, Part::Video]);

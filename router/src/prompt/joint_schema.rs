@@ -594,6 +594,7 @@ mod tests {
             images: vec!["a".into(), "b".into()],
             audio: vec!["c".into()],
             videos: vec!["d".into()],
+            ..Media::default()
         };
         assert_eq!(
             Clef::Flash.media_text(&media),

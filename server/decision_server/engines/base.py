@@ -11,7 +11,7 @@ from typing import Protocol, TypeVar
 import torch
 
 from decision_server.batch_budget import BatchBudget
-from decision_server.engines.media import run_media_read
+from decision_server.engines.media import run_media_reads
 from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadSpec
 from decision_server.model_base import Capabilities, LoadedModel, capabilities_of
 from decision_server.prefix_cache import CachePlan, PrefixCache
@@ -102,12 +102,12 @@ class NextTokenEngine(ABC):
             batch = self._run_valid(text) if text else BatchOutcome(outcomes=[])
             if len(text) == len(reads):
                 return batch
-            # Reads with media run on their own (engines/media.py); results keep the batch's read order.
+            # Reads with media run apart from text reads, sharing only a prefill of equal media and ids among
+            # themselves (engines/media.py); results keep the batch's read order.
             text_outcomes = iter(batch.outcomes)
             assert media_model is not None  # every read with media was checked above
-            batch.outcomes = [
-                run_media_read(media_model, read, batch) if read.media else next(text_outcomes) for read in reads
-            ]
+            media_outcomes = iter(run_media_reads(media_model, [read for read in reads if read.media], batch))
+            batch.outcomes = [next(media_outcomes) if read.media else next(text_outcomes) for read in reads]
             return batch
 
     @abstractmethod
