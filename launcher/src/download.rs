@@ -71,8 +71,7 @@ pub async fn run(
         return Err(DownloadError::Failed {
             model: model.display(),
             exit,
-        }
-        .into());
+        });
     }
     Ok(())
 }
