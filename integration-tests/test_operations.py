@@ -254,7 +254,7 @@ def test_idle_connections_are_closed_and_a_flood_of_them_leaves_the_server_answe
     finally:
         for s in flood:
             s.close()
-    assert metric(ops.url, "decision_http_connections_closed_idle") >= 300
+    assert metric(ops.url, "decision_http_connections_closed_idle_total") >= 300
 
 
 def test_an_8_mib_state_is_refused_within_a_memory_bound(ops: Launcher) -> None:

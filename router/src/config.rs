@@ -54,6 +54,12 @@ impl RouterFlags {
         }
     }
 
+    /// Queued reads above which `/ready` answers 503: `--queue-high-water-percent` of
+    /// `--max-queued-reads`, rounded down, at least 1.
+    pub fn queue_high_water(&self) -> usize {
+        (self.max_queued_reads * usize::from(self.queue_high_water_percent) / 100).max(1)
+    }
+
     pub fn request_timeout(&self) -> Option<std::time::Duration> {
         (self.request_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(self.request_timeout_secs))
@@ -176,7 +182,7 @@ pub struct RouterFlags {
     /// wording, error codes and extension fields of the vLLM or SGLang implementations.
     #[arg(long, env = "COMPAT", value_enum, default_value = "typesafe")]
     pub compat: Compat,
-    /// When set, every route but /health and the playground page requires `Authorization: Bearer <key>`
+    /// When set, every route but /health, /ready and the playground page requires `Authorization: Bearer <key>`
     /// (the /v1 routes and, unless --public-ops, /metrics, /info, /docs and /api-doc; the page at / asks
     /// for the key and sends it). The launcher hands it to the router
     /// in its environment, never on its command line. Prefer the environment variable or
@@ -253,6 +259,12 @@ pub struct RouterFlags {
     /// Reads that may wait at once; beyond it requests get 529 (429 in other profiles) with Retry-After.
     #[arg(long, env = "MAX_QUEUED_READS", default_value_t = 4096)]
     pub max_queued_reads: usize,
+    /// The queue's high-water mark for readiness, in percent of --max-queued-reads: while more reads
+    /// than that wait, `GET /ready` answers 503 so that a load balancer or an endpoint picker sends new
+    /// work to other replicas before this one starts refusing it (529/429 at --max-queued-reads).
+    /// `/health` (liveness) does not look at the queue.
+    #[arg(long, env = "QUEUE_HIGH_WATER_PERCENT", default_value_t = 80, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub queue_high_water_percent: u8,
     /// Largest accepted request body after decompression, in bytes.
     #[arg(long, env = "MAX_BODY_BYTES", default_value_t = crate::limits::DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,

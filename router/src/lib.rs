@@ -2,6 +2,7 @@
 //! chat template, batches reads across requests to the model shards, and turns label
 //! log-probabilities into probabilities in each response shape.
 
+pub mod affinity;
 pub mod api;
 pub mod config;
 pub mod decide;
@@ -17,5 +18,6 @@ pub mod prompt;
 pub mod question_kind;
 pub mod queue;
 pub mod read;
+pub mod series;
 pub mod shard;
 pub mod telemetry;

@@ -139,6 +139,32 @@ impl Drop for Arrival {
     }
 }
 
+/// The load an endpoint picker or an autoscaler reads (`/metrics`): requests waiting and at the shards,
+/// and the prefix cache's bytes as the last shard call reported them.
+#[derive(Default)]
+pub struct Load {
+    requests_queued: AtomicUsize,
+    requests_running: AtomicUsize,
+    prefix_cache_used_bytes: AtomicU64,
+}
+
+impl Load {
+    /// Requests whose reads wait for a shard call.
+    pub fn requests_queued(&self) -> usize {
+        self.requests_queued.load(Ordering::SeqCst)
+    }
+
+    /// Requests whose reads are at the shards.
+    pub fn requests_running(&self) -> usize {
+        self.requests_running.load(Ordering::SeqCst)
+    }
+
+    /// Bytes the shards' prefix cache held after the last shard call (0 before the first, or without one).
+    pub fn prefix_cache_used_bytes(&self) -> u64 {
+        self.prefix_cache_used_bytes.load(Ordering::SeqCst)
+    }
+}
+
 /// The work between the HTTP handlers and the shards, in the unit admission reasons in: unique
 /// prompt tokens queued or being read, and the rate the shards have been reading them at.
 #[derive(Default)]
@@ -201,6 +227,7 @@ pub struct Queue {
     queued: Arc<AtomicUsize>,
     arrivals: Arc<Arrivals>,
     backlog: Arc<Backlog>,
+    load: Arc<Load>,
     max_queued_reads: usize,
 }
 
@@ -210,6 +237,7 @@ impl Queue {
         let queued = Arc::new(AtomicUsize::new(0));
         let arrivals = Arc::new(Arrivals::default());
         let backlog = Arc::new(Backlog::default());
+        let load = Arc::new(Load::default());
         tokio::spawn(batcher(
             rx,
             backend,
@@ -217,6 +245,7 @@ impl Queue {
             Counters {
                 queued: queued.clone(),
                 backlog: backlog.clone(),
+                load: load.clone(),
             },
             arrivals.clone(),
         ));
@@ -225,6 +254,7 @@ impl Queue {
             queued,
             arrivals,
             backlog,
+            load,
             max_queued_reads: config.max_queued_reads,
         }
     }
@@ -279,6 +309,8 @@ impl Queue {
             }
         }
         let (reply, rx) = oneshot::channel();
+        // Before the send: the batcher may take the request at once.
+        self.load.requests_queued.fetch_add(1, Ordering::SeqCst);
         let sent = self.tx.send(Entry {
             reads,
             cache_salt,
@@ -290,6 +322,7 @@ impl Queue {
         // Only now: a batch that waited for this request finds it in the channel.
         drop(arrival);
         if sent.is_err() {
+            self.load.requests_queued.fetch_sub(1, Ordering::SeqCst);
             self.queued.fetch_sub(n, Ordering::SeqCst);
             self.backlog.tokens.fetch_sub(tokens, Ordering::SeqCst);
             return Err(DecisionError::ShardUnavailable(
@@ -313,12 +346,18 @@ impl Queue {
     pub fn read_rate(&self) -> f64 {
         self.backlog.rate()
     }
+
+    /// Requests queued and running, and the prefix cache's use.
+    pub fn load(&self) -> &Load {
+        &self.load
+    }
 }
 
 /// What the batcher keeps up to date for the admission checks of `Queue::read`.
 struct Counters {
     queued: Arc<AtomicUsize>,
     backlog: Arc<Backlog>,
+    load: Arc<Load>,
 }
 
 /// A batch being gathered: its requests and their unique prompt tokens.
@@ -371,7 +410,7 @@ async fn batcher<B: ReadBackend>(
             continue;
         };
         let tokens = live.tokens;
-        let call = run_batch(&backend, live.entries, &counters.queued);
+        let call = run_batch(&backend, live.entries, &counters);
         tokio::pin!(call);
         if let Some(entry) = carry.take() {
             // An empty batch takes any request.
@@ -451,6 +490,10 @@ fn without_gone_clients(batch: Forming, counters: &Counters) -> Option<Forming> 
         metrics::counter!("decision_reads_dropped_total").increment(dropped as u64);
     }
     counters.queued.fetch_sub(dropped, Ordering::SeqCst);
+    counters
+        .load
+        .requests_queued
+        .fetch_sub(gone.len(), Ordering::SeqCst);
     let dropped_tokens: usize = gone.iter().map(|e| e.tokens).sum();
     counters
         .backlog
@@ -469,8 +512,12 @@ fn without_gone_clients(batch: Forming, counters: &Counters) -> Option<Forming> 
 async fn run_batch<B: ReadBackend>(
     backend: &B,
     batch: Vec<Entry>,
-    queued: &AtomicUsize,
+    counters: &Counters,
 ) -> Option<Duration> {
+    let requests = batch.len();
+    let load = &counters.load;
+    load.requests_queued.fetch_sub(requests, Ordering::SeqCst);
+    load.requests_running.fetch_add(requests, Ordering::SeqCst);
     let mut reads = Vec::new();
     for entry in &batch {
         for read in &entry.reads {
@@ -489,9 +536,12 @@ async fn run_batch<B: ReadBackend>(
     let result = tracing::Instrument::instrument(backend.read(reads), span).await;
     let shard = started.elapsed();
     metrics::histogram!("decision_batch_duration_seconds").record(shard.as_secs_f64());
-    queued.fetch_sub(n, Ordering::SeqCst);
+    counters.queued.fetch_sub(n, Ordering::SeqCst);
+    load.requests_running.fetch_sub(requests, Ordering::SeqCst);
     match result {
         Ok(response) => {
+            load.prefix_cache_used_bytes
+                .store(response.prefix_cache_used_bytes, Ordering::SeqCst);
             metrics::histogram!("decision_shard_forward_seconds")
                 .record(response.forward_micros as f64 / 1e6);
             // Walks over the layers, as rank 0 counted them; over decision_batch_reads_count, the

@@ -139,7 +139,11 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
                     }
                 },
             )
-            return kind.to_pb(specs, batch, media_errors)
+            response = kind.to_pb(specs, batch, media_errors)
+            cache = engine.prefix_cache
+            # The whole model's bytes on every rank (PrefixCache counts them so), for the router's usage gauge.
+            response.prefix_cache_used_bytes = cache.bytes_used if cache is not None else 0
+            return response
 
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, work)
 

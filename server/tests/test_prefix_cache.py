@@ -171,6 +171,22 @@ def test_cached_tokens_reach_the_client(tiny_qwen3: LoadedModel, shard: Any) -> 
     assert label_logprobs(warm) == pytest.approx(label_logprobs(cold), abs=1e-5)
 
 
+def test_every_read_response_reports_the_bytes_the_cache_holds(tiny_qwen3: LoadedModel, shard: Any) -> None:
+    """The router's `decision_prefix_cache_usage_ratio` is this field over Info's budget."""
+    prompt = prompt_tokens(tiny_qwen3.path, STATES[0], QUESTIONS[0])
+    request = read_request([(1, prompt, [[32], [33, 34]])])
+    engine = make_engine("tree", tiny_qwen3, prefix_cache_mb=16)
+    cache = engine.prefix_cache
+    assert cache is not None
+    with shard(tiny_qwen3, engine) as stub:
+        first = stub.Read(request, timeout=60)
+        assert 0 < first.prefix_cache_used_bytes == cache.bytes_used <= cache.capacity_bytes
+        other = read_request([(2, prompt_tokens(tiny_qwen3.path, STATES[1], QUESTIONS[1]), [[32]])])
+        assert stub.Read(other, timeout=60).prefix_cache_used_bytes == cache.bytes_used > first.prefix_cache_used_bytes
+    with shard(tiny_qwen3, make_engine("tree", tiny_qwen3, prefix_cache_mb=0)) as stub:
+        assert stub.Read(request, timeout=60).prefix_cache_used_bytes == 0
+
+
 def test_sliding_window_models_get_no_cache(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

@@ -1,5 +1,5 @@
 //! The API key (`--api-key`, `--api-key-file`): every decision route and `/v1/models` need it, the
-//! operator routes too unless `--public-ops`, `/health` never, nor the playground page (it asks for the key
+//! operator routes too unless `--public-ops`, `/health` and `/ready` never (probes carry no key), nor the playground page (it asks for the key
 //! and sends it; `playground.rs`).
 
 use std::sync::Arc;
@@ -84,6 +84,9 @@ mod tests {
             assert_eq!(right.status(), StatusCode::OK, "{path}");
         }
         assert_eq!(call(&state, get("/health")).await.status(), StatusCode::OK);
+        // /ready asks no key either: its one reason here is this test's missing model, not a 401.
+        let ready = text(call(&state, get("/ready")).await).await;
+        assert!(ready.contains("not_servable") && !ready.contains("authentication_error"), "{ready}");
         // The key holder sees where the model lives.
         let info: Value =
             serde_json::from_str(&text(call(&state, get_with_key("/info", "k3y")).await).await)

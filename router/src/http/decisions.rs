@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::prologue::DecisionRoute;
 use super::responses::Answered;
 use super::state::AppState;
+use crate::affinity;
 use crate::api::score::{self, ScoreRequest};
 use crate::api::{self, openai, sglang, systemone};
 use crate::error::DecisionError;
@@ -31,6 +32,10 @@ impl DecisionRoute for SystemOne {
     fn parse(state: &AppState, body: &Value, _: Shape) -> Result<Self::Request, DecisionError> {
         let parsed = systemone::parse(body, &state.decider.limits, state.config.flags.compat)?;
         Ok(Arc::new(parsed))
+    }
+
+    fn affinity(request: &Self::Request) -> Option<String> {
+        Some(affinity::key(request))
     }
 
     async fn answer(
@@ -80,6 +85,13 @@ impl DecisionRoute for Decisions {
             let parsed = openai::parse(body, limits, state.config.flags.compat)?;
             Ok(DecisionsRequest::OpenAi(parsed))
         }
+    }
+
+    fn affinity(request: &Self::Request) -> Option<String> {
+        Some(affinity::key(match request {
+            DecisionsRequest::Sglang(parsed) => &parsed.request,
+            DecisionsRequest::OpenAi(parsed) => &parsed.request,
+        }))
     }
 
     async fn answer(

@@ -49,7 +49,8 @@ pub async fn run(config: Config) -> Result<(), StartupError> {
     Ok(())
 }
 
-/// A graceful drain: `/health` turns 503 at once and new decision requests get 503 + Retry-After
+/// A graceful drain: `/ready` turns 503 at once (`/health`, liveness, stays 200) and new decision
+/// requests get 503 + Retry-After
 /// (the listener keeps accepting, so clients and load balancers hear it rather than a refused
 /// connection) until every request accepted before the signal has been answered. Requests still in
 /// flight at `Config::drain_cut` (the grace less 3 s) are answered 503 + Retry-After then, their reads
@@ -164,9 +165,10 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(state.draining.load(Ordering::SeqCst));
         assert_eq!(
-            call(&state, get("/health")).await.status(),
+            call(&state, get("/ready")).await.status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
+        assert_eq!(call(&state, get("/health")).await.status(), StatusCode::OK);
         drop(first);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!draining.is_finished(), "one request is still in flight");

@@ -8,7 +8,8 @@
 //! | `routes.rs` | the route table and the layers around it |
 //! | `prologue.rs` | `DecisionRoute`: auth, draining, in-flight count, body limits and JSON, once for all |
 //! | `decisions.rs` | the decision routes: System One, `/v1/decisions` (OpenAI, SGLang), `/v1/score` |
-//! | `ops.rs` | `/health`, `/info`, `/metrics`, `/v1/models`, the OpenAPI document |
+//! | `ops.rs` | `/health` (liveness), `/info`, `/metrics`, `/v1/models`, the OpenAPI document |
+//! | `readiness.rs` | `/ready`: draining, a model the routes cannot serve, the queue's high-water mark, the shards |
 //! | `playground.rs` | the playground page at `/` (`playground.html`, compiled in) |
 //! | `swagger.rs` | Swagger UI at `/docs`, its files compiled in (vendored) |
 //! | `auth.rs` | the API key: decision routes, operator routes |
@@ -28,6 +29,7 @@ mod middleware;
 mod ops;
 mod playground;
 mod prologue;
+mod readiness;
 pub mod request_body;
 mod responses;
 mod routes;

@@ -1,4 +1,5 @@
-//! The operator routes: `/health` (the shards' real Health RPC, 503 while draining), `/info` (what is
+//! The operator routes: `/health` (liveness: the shards' real Health RPC; readiness is `/ready`,
+//! `readiness.rs`), `/info` (what is
 //! served and under which limits), `/metrics`, `/v1/models`, and the OpenAPI document (browsed at
 //! `/docs`: `swagger.rs`).
 
@@ -43,20 +44,20 @@ pub(super) async fn models_handler(
     .into_response()
 }
 
+/// Liveness: 200 while every shard answers its Health RPC, draining or not (`"status": "draining"`
+/// then): an orchestrator must not restart a replica that is finishing its accepted requests. Whether
+/// to send it work is `/ready`'s (`readiness.rs`).
 pub(super) async fn health_handler(State(state): State<Arc<AppState>>) -> Response {
-    if state.draining.load(Ordering::SeqCst) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, HeaderValue::from(1))],
-            Json(json!({"status": "draining", "message": DecisionError::Draining.to_string()})),
-        )
-            .into_response();
-    }
     match state
         .shards
         .health_within(crate::shard::HEALTH_ROUTE_TIMEOUT)
         .await
     {
+        Ok(()) if state.draining.load(Ordering::SeqCst) => Json(json!({
+            "status": "draining",
+            "message": DecisionError::Draining.to_string(),
+        }))
+        .into_response(),
         Ok(()) => Json(json!({"status": "ok"})).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -139,31 +140,52 @@ pub(super) async fn info_handler(
     Json(body).into_response()
 }
 
+/// The Prometheus text: the series of `series.rs`, the load gauges read at scrape time.
 pub(super) async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
-    if let Some(handle) = &state.metrics {
-        metrics::gauge!("decision_queued_reads").set(state.decider.queue.queued_reads() as f64);
-        metrics::gauge!("decision_queued_tokens").set(state.decider.queue.queued_tokens() as f64);
-        metrics::gauge!("decision_read_rate_tokens_per_second")
-            .set(state.decider.queue.read_rate());
-        metrics::gauge!("decision_http_requests_in_flight").set(state.in_flight.count() as f64);
-        metrics::gauge!("decision_http_connections_open")
-            .set(state.connections.open.load(Ordering::Relaxed) as f64);
-        metrics::gauge!("decision_http_connections_closed_idle")
-            .set(state.connections.closed_idle.load(Ordering::Relaxed) as f64);
-        metrics::gauge!("decision_http_connections_closed_slow")
-            .set(state.connections.closed_slow.load(Ordering::Relaxed) as f64);
-        (
-            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-            handle.render(),
-        )
-            .into_response()
-    } else {
-        (
+    let Some(handle) = &state.metrics else {
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             "metrics recorder unavailable",
         )
-            .into_response()
-    }
+            .into_response();
+    };
+    let queue = &state.decider.queue;
+    let load = queue.load();
+    metrics::gauge!("decision_queued_reads").set(queue.queued_reads() as f64);
+    metrics::gauge!("decision_queued_tokens").set(queue.queued_tokens() as f64);
+    metrics::gauge!("decision_queue_high_water_reads")
+        .set(state.config.flags.queue_high_water() as f64);
+    metrics::gauge!("decision_read_rate_tokens_per_second").set(queue.read_rate());
+    metrics::gauge!("decision_requests_queued").set(load.requests_queued() as f64);
+    metrics::gauge!("decision_requests_running").set(load.requests_running() as f64);
+    let info = &state.shards.info;
+    let budget = info.prefix_cache_bytes;
+    metrics::gauge!("decision_prefix_cache_usage_ratio").set(if budget > 0 {
+        load.prefix_cache_used_bytes() as f64 / budget as f64
+    } else {
+        0.0
+    });
+    metrics::gauge!(
+        "decision_cache_config_info",
+        "enabled" => (budget > 0).to_string(),
+        "budget_bytes" => budget.to_string(),
+        "rule" => info.prefix_cache_rule.clone(),
+        "engine" => info.engine.clone(),
+    )
+    .set(1.0);
+    metrics::gauge!("decision_http_requests_in_flight").set(state.in_flight.count() as f64);
+    let connections = &state.connections;
+    metrics::gauge!("decision_http_connections_open")
+        .set(connections.open.load(Ordering::Relaxed) as f64);
+    metrics::counter!("decision_http_connections_closed_idle_total")
+        .absolute(connections.closed_idle.load(Ordering::Relaxed));
+    metrics::counter!("decision_http_connections_closed_slow_total")
+        .absolute(connections.closed_slow.load(Ordering::Relaxed));
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response()
 }
 
 /// The OpenAPI document, as `decision-router --print-openapi` prints it.
@@ -178,13 +200,124 @@ pub(super) async fn openapi_handler() -> Response {
 #[cfg(test)]
 mod tests {
     use super::super::state::{build_state, StartupError};
-    use super::super::testing::{call, get, state_with, test_state, text};
+    use super::super::testing::{
+        call, get, post_json, state_reading_from, state_with, test_state, text, HeldShard,
+        DECISION_BODIES,
+    };
     use super::*;
     use crate::config::Config;
     use crate::queue::{BatchBudget, BudgetError, BudgetSource};
     use crate::shard::ShardSet;
     use clap::Parser;
     use serde_json::Value;
+
+    /// Every family /metrics writes is a series of `series.rs`, with its `# HELP` and its kind; the
+    /// histograms are real histograms (buckets, not quantiles); the picker's gauges are there.
+    #[tokio::test]
+    async fn every_series_has_help_and_its_declared_kind_and_histograms_have_buckets() {
+        use crate::series::{Kind, SERIES};
+        let shard = HeldShard::new();
+        let state = state_reading_from(shard.clone());
+        shard.released.add_permits(1);
+        let (path, body) = DECISION_BODIES[1];
+        assert_eq!(call(&state, post_json(path, body)).await.status(), StatusCode::OK);
+        let page = text(call(&state, get("/metrics")).await).await;
+        let mut typed = std::collections::BTreeMap::new();
+        let mut helped = std::collections::BTreeSet::new();
+        for line in page.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                typed.insert(name.to_owned(), kind.to_owned());
+            } else if let Some(rest) = line.strip_prefix("# HELP ") {
+                helped.insert(rest.split_once(' ').unwrap().0.to_owned());
+            } else if !line.is_empty() {
+                let sample = line.split(['{', ' ']).next().unwrap();
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| {
+                        sample
+                            .strip_suffix(suffix)
+                            .filter(|f| typed.get(*f).is_some_and(|k| k == "histogram"))
+                    })
+                    .unwrap_or(sample);
+                assert!(typed.contains_key(family), "{line}: no # TYPE before it");
+                assert!(!line.contains("quantile="), "{line}: a summary");
+            }
+        }
+        for (name, kind) in &typed {
+            assert!(helped.contains(name), "{name} has no # HELP");
+            let series = SERIES
+                .iter()
+                .find(|s| s.name == name)
+                .unwrap_or_else(|| panic!("{name} is not in series.rs"));
+            assert_eq!(kind, series.kind.type_name(), "{name}");
+        }
+        for name in [
+            "decision_requests_queued",
+            "decision_requests_running",
+            "decision_prefix_cache_usage_ratio",
+            "decision_cache_config_info",
+            "decision_queue_high_water_reads",
+            "decision_http_connections_closed_idle_total",
+            "decision_http_request_duration_seconds",
+            "decision_queue_wait_seconds",
+            "decision_batch_duration_seconds",
+            "decision_shard_forward_seconds",
+        ] {
+            assert!(typed.contains_key(name), "{name} missing from\n{page}");
+        }
+        for series in SERIES {
+            if let (Kind::Histogram(buckets), true) =
+                (series.kind, typed.contains_key(series.name))
+            {
+                let prefix = format!("{}_bucket{{", series.name);
+                let lines: Vec<&str> = page.lines().filter(|l| l.starts_with(&prefix)).collect();
+                assert!(
+                    lines.len() > buckets.len() && lines.iter().any(|l| l.contains("le=\"+Inf\"")),
+                    "{}: {} buckets declared, written {lines:?}",
+                    series.name,
+                    buckets.len()
+                );
+            }
+        }
+        let info = page
+            .lines()
+            .find(|l| l.starts_with("decision_cache_config_info{"))
+            .unwrap();
+        assert!(
+            info.contains("enabled=\"") && info.contains("budget_bytes=\"") && info.ends_with("} 1"),
+            "{info}"
+        );
+    }
+
+    /// The gauges an endpoint picker reads: a request whose reads are at the shard is running, one
+    /// that waits behind it is queued, and both return to 0 once answered.
+    #[tokio::test]
+    async fn requests_queued_and_running_follow_the_queue() {
+        use tower::ServiceExt as _;
+        let shard = HeldShard::new();
+        let state = state_reading_from(shard.clone());
+        let load = || {
+            let load = state.decider.queue.load();
+            (load.requests_queued(), load.requests_running())
+        };
+        let (path, body) = DECISION_BODIES[1];
+        let first = tokio::spawn(super::super::routes::app(state.clone()).oneshot(post_json(path, body)));
+        shard.arrived.notified().await;
+        assert_eq!(load(), (0, 1));
+        let second = tokio::spawn(super::super::routes::app(state.clone()).oneshot(post_json(path, body)));
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while load() != (1, 1) {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the second request waits behind the first");
+        shard.released.add_permits(2);
+        assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+        assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::OK);
+        assert_eq!(load(), (0, 0));
+    }
 
     #[tokio::test]
     async fn without_an_api_key_info_shows_no_filesystem_path() {

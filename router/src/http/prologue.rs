@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{post, MethodRouter};
 use serde_json::Value;
@@ -47,6 +47,12 @@ pub(super) trait DecisionRoute: Send + Sync + 'static {
     /// after: whatever the answer echoes must be in the request.
     fn parse(state: &AppState, body: &Value, shape: Shape) -> Result<Self::Request, DecisionError>;
 
+    /// The request's state-affinity key (`affinity.rs`), answered as `x-decision-affinity` whatever
+    /// the outcome (a client retrying a 429 elsewhere can send it too). None: the route has no state.
+    fn affinity(_request: &Self::Request) -> Option<String> {
+        None
+    }
+
     /// The answer to an admitted request, within its `budget`: the caller holds the key and the
     /// server is not draining.
     fn answer(
@@ -76,6 +82,7 @@ async fn admit<R: DecisionRoute>(
     let _in_flight = state.in_flight.enter();
     let mut cut = state.cut.subscribe();
     let mut shape = R::SHAPE;
+    let mut affinity = None;
     let work = async {
         let limit = state.decider.limits.max_body_bytes;
         let body = match request_body::refused_unsent(&headers, limit) {
@@ -89,6 +96,7 @@ async fn admit<R: DecisionRoute>(
         shape = R::shape(&value)?;
         refuse_when_draining(&state)?;
         let request = R::parse(&state, &value, shape)?;
+        affinity = R::affinity(&request);
         // Before the reads wait: an 8 MiB body is not held for their whole time.
         drop(value);
         R::answer(&state, request, budget).await
@@ -97,10 +105,16 @@ async fn admit<R: DecisionRoute>(
         result = work => result,
         _ = cut.wait_for(|cut| *cut) => Err(DecisionError::Draining),
     };
-    match result {
+    let mut response = match result {
         Ok(answered) => answered.into_response(),
         Err(e) => error_response(&state, shape, e),
+    };
+    if let Some(value) = affinity.and_then(|key| HeaderValue::from_str(&key).ok()) {
+        response
+            .headers_mut()
+            .insert(crate::affinity::HEADER, value);
     }
+    response
 }
 
 /// The body as JSON, or the error each shape reports for a body it cannot read.
@@ -134,8 +148,8 @@ mod tests {
     use super::super::lifecycle::drain;
     use super::super::routes::app;
     use super::super::testing::{
-        call, get, post_json, state_reading_from, state_with, test_state, text, HeldShard,
-        DECISION_BODIES,
+        call, get, post_json, state_reading_from, state_reading_from_with, state_with, test_state,
+        text, HeldShard, DECISION_BODIES,
     };
     use super::*;
 
@@ -238,8 +252,12 @@ mod tests {
         let state = test_state();
         assert_eq!(call(&state, get("/health")).await.status(), StatusCode::OK);
         state.draining.store(true, Ordering::SeqCst);
-        let health = call(&state, get("/health")).await;
-        assert_eq!(health.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Readiness turns 503 (balancers stop sending), liveness stays 200 (`readiness.rs`).
+        let ready = call(&state, get("/ready")).await;
+        assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(ready.headers()[header::RETRY_AFTER], "1");
+        assert!(text(ready).await.contains("shutting down"));
+        assert_eq!(call(&state, get("/health")).await.status(), StatusCode::OK);
         let post = |path: &str, body: &str| {
             axum::http::Request::post(path)
                 .header(header::CONTENT_TYPE, "application/json")
@@ -267,6 +285,106 @@ mod tests {
                 "{path}: {body}"
             );
         }
+    }
+
+    /// Backpressure a balancer understands, on every decision route and wire shape: a full queue
+    /// (`--max-queued-reads`) answers 529 on System One under the default profile (TypeSafe's SDK backs
+    /// off on it), 429 everywhere else, each with Retry-After and the error in the route's shape.
+    #[tokio::test]
+    async fn a_full_queue_answers_429_or_529_with_retry_after_on_every_shape() {
+        for compat in ["typesafe", "vllm", "sglang"] {
+            for (path, body) in DECISION_BODIES {
+                let shard = HeldShard::new();
+                let state = state_reading_from_with(
+                    shard.clone(),
+                    &["--max-queued-reads", "1", "--compat", compat],
+                );
+                // One read at the shard fills the queue.
+                let held = tokio::spawn(app(state.clone()).oneshot(post_json(path, body)));
+                tokio::time::timeout(Duration::from_secs(5), shard.arrived.notified())
+                    .await
+                    .unwrap_or_else(|_| panic!("{path}: the reads never reached the shard"));
+                let refused = call(&state, post_json(path, body)).await;
+                let what = format!("{compat} {path} {body}");
+                let expected = if compat == "typesafe" && path == "/v1/systemone" {
+                    529
+                } else {
+                    429
+                };
+                assert_eq!(refused.status().as_u16(), expected, "{what}");
+                assert_eq!(refused.headers()[header::RETRY_AFTER], "1", "{what}");
+                let shown: Value = serde_json::from_str(&text(refused).await).unwrap();
+                let message = if path == "/v1/systemone" {
+                    assert_eq!(shown["detail"]["error_type"], "overloaded", "{what}: {shown}");
+                    &shown["detail"]["message"]
+                } else if body.contains("\"model\"") {
+                    assert_eq!(shown["error"]["type"], "rate_limit_error", "{what}: {shown}");
+                    &shown["error"]["message"]
+                } else {
+                    assert_eq!(shown["type"], "RateLimitError", "{what}: {shown}");
+                    &shown["message"]
+                };
+                assert!(
+                    message
+                        .as_str()
+                        .unwrap()
+                        .starts_with("the server is at capacity (1 reads queued, limit 1)"),
+                    "{what}: {shown}"
+                );
+                shard.released.add_permits(1);
+                assert_eq!(held.await.unwrap().unwrap().status(), StatusCode::OK, "{what}");
+                // Nothing stays counted: the next request is served.
+                shard.released.add_permits(1);
+                let again = call(&state, post_json(path, body)).await;
+                assert_eq!(again.status(), StatusCode::OK, "{what}");
+            }
+        }
+    }
+
+    /// Every decision shape answers `x-decision-affinity`: equal for the questions of one state, other
+    /// for another state or salt; `/v1/score` (token ids, no state) answers none.
+    #[tokio::test]
+    async fn every_decision_shape_answers_the_state_affinity_key() {
+        let shard = HeldShard::new();
+        shard.released.add_permits(100);
+        let state = state_reading_from(shard);
+        let key = |response: &Response| {
+            assert_eq!(response.status(), StatusCode::OK);
+            response
+                .headers()
+                .get(crate::affinity::HEADER)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        let systemone = |state_text: &str, question: &str, salt: &str| {
+            format!(r#"{{"state": "{state_text}", "cache_salt": "{salt}", "questions": {{"{question}": {{"type": "noul", "instructions": "?"}}}}}}"#)
+        };
+        let openai = |input: &str, question: &str, salt: &str| {
+            format!(r#"{{"model": "m", "input": "{input}", "cache_salt": "{salt}", "questions": [{{"type": "predicate", "name": "{question}", "instructions": "?"}}]}}"#)
+        };
+        let sglang = |input: &str, question: &str, _salt: &str| {
+            format!(r#"{{"input": "{input}", "questions": [{{"id": "{question}", "type": "yes_no", "question": "{question}?"}}]}}"#)
+        };
+        type Body = Box<dyn Fn(&str, &str, &str) -> String>;
+        let shapes: [(&str, &str, Body); 3] = [
+            ("/v1/systemone", "systemone", Box::new(systemone)),
+            ("/v1/decisions", "openai", Box::new(openai)),
+            ("/v1/decisions", "sglang", Box::new(sglang)),
+        ];
+        for (path, name, body) in &shapes {
+            let first = key(&call(&state, post_json(path, &body("Refund", "urgent", ""))).await)
+                .unwrap_or_else(|| panic!("{name}: no key"));
+            let second = key(&call(&state, post_json(path, &body("Refund", "angry", ""))).await);
+            assert_eq!(second.as_deref(), Some(first.as_str()), "{name}");
+            let other = key(&call(&state, post_json(path, &body("Invoice", "urgent", ""))).await);
+            assert_ne!(other.as_deref(), Some(first.as_str()), "{name}");
+            if *name != "sglang" {
+                let salted =
+                    key(&call(&state, post_json(path, &body("Refund", "urgent", "t"))).await);
+                assert_ne!(salted.as_deref(), Some(first.as_str()), "{name}");
+            }
+        }
+        let (path, body) = DECISION_BODIES[0];
+        assert_eq!(key(&call(&state, post_json(path, body)).await), None);
     }
 
     /// A client's budget header shortens the request's deadline: past it the answer is 504 naming

@@ -16,6 +16,7 @@ use super::middleware::request_id;
 use super::ops;
 use super::playground;
 use super::prologue;
+use super::readiness;
 use super::state::AppState;
 use super::swagger;
 
@@ -30,6 +31,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .merge(decision_routes())
         .route("/v1/models", get(ops::models_handler))
         .route("/health", get(ops::health_handler))
+        .route("/ready", get(readiness::ready_handler))
         .route("/info", get(ops::info_handler))
         .route(
             "/metrics",

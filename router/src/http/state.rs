@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::connections::ConnectionStats;
 use crate::config::Config;
@@ -29,7 +29,7 @@ pub struct AppState {
     /// The tokens the queue packs into one shard call, and where that number came from.
     pub batch_budget: BatchBudget,
     pub metrics: Option<PrometheusHandle>,
-    /// Set when a shutdown signal arrives: `/health` answers 503 and new decision requests are
+    /// Set when a shutdown signal arrives: `/ready` answers 503 and new decision requests are
     /// refused with 503 + Retry-After while the ones already accepted finish.
     pub draining: AtomicBool,
     /// Decision requests being answered: a drain waits for it to reach zero.
@@ -84,9 +84,7 @@ impl Drop for InFlightGuard<'_> {
 
 fn metrics_handle() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| PrometheusBuilder::new().install_recorder().ok())
-        .clone()
+    HANDLE.get_or_init(crate::series::install).clone()
 }
 
 /// The media kinds the shard's model folder can process, as its Info reports them.

@@ -85,7 +85,7 @@ pub(super) fn state_reading_from_with(shard: HeldShard, flags: &[&str]) -> Arc<A
         QueueConfig {
             max_batch_prefill_tokens: 1000,
             max_batch_wait: Duration::ZERO,
-            max_queued_reads: 100,
+            max_queued_reads: state.config.flags.max_queued_reads,
         },
     );
     Arc::new(state)
