@@ -326,18 +326,60 @@ def main() -> None:
         "/v1/models": {"responses": {"200": {JSON: {"models": example("the served model", models)}}}},
         "/health": {
             "responses": {
-                "200": {JSON: {"ok": example("every shard answered", client.get("/health").json())}},
-                "503": {
+                "200": {
                     JSON: {
+                        "ok": example("every shard answered", client.get("/health").json()),
                         "draining": example(
-                            "shutting down",
+                            "shutting down: still live, no longer ready",
                             {"status": "draining", "message": "the server is shutting down; retry on another instance"},
                         ),
+                    }
+                },
+                "503": {
+                    JSON: {
                         "unavailable": example(
                             "a shard did not answer",
                             {
                                 "status": "unavailable",
                                 "message": "model shard is unavailable: rank 0 did not answer a health probe within 0.8 s",
+                            },
+                        ),
+                    }
+                },
+            }
+        },
+        "/ready": {
+            "responses": {
+                "200": {JSON: {"ready": example("serving, queue under its high-water mark", client.get("/ready").json())}},
+                "503": {
+                    JSON: {
+                        "draining": example(
+                            "shutting down",
+                            {
+                                "status": "not_ready",
+                                "reasons": [
+                                    {
+                                        "reason": "draining",
+                                        "message": "the server is shutting down; retry on another instance",
+                                    }
+                                ],
+                                "queued_reads": 0,
+                                "queue_high_water": 3276,
+                            },
+                        ),
+                        "queue_high": example(
+                            "more reads queued than the high-water mark",
+                            {
+                                "status": "not_ready",
+                                "reasons": [
+                                    {
+                                        "reason": "queue_high",
+                                        "message": "3300 reads are queued, over the high-water mark of 3276"
+                                        " (--queue-high-water-percent of --max-queued-reads)",
+                                    }
+                                ],
+                                "queued_reads": 3300,
+                                "queue_high_water": 3276,
                             },
                         ),
                     }

@@ -17,7 +17,7 @@ const EXAMPLES: &str = include_str!("openapi_examples.json");
 pub const API_KEY_SCHEME: &str = "api_key";
 
 /// Routes that answer without the key even when one is set.
-const OPEN_ROUTES: [&str; 1] = ["/health"];
+const OPEN_ROUTES: [&str; 2] = ["/health", "/ready"];
 
 pub struct Examples;
 
@@ -162,7 +162,7 @@ mod tests {
         for (path, item) in doc["paths"].as_object().unwrap() {
             for operation in item.as_object().unwrap().values() {
                 let keyed = operation["security"][0]["api_key"].is_array();
-                assert_eq!(keyed, path != "/health", "{path}");
+                assert_eq!(keyed, !["/health", "/ready"].contains(&path.as_str()), "{path}");
             }
         }
     }

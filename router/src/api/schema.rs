@@ -249,8 +249,11 @@ fn decisions() {}
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "TypeSafe's model list, with an OpenAI-style `data` list")))]
 fn models() {}
 
-#[utoipa::path(get, path = "/health", responses((status = 200, description = "every shard answered a Health RPC"), (status = 503, description = "a shard did not")))]
+#[utoipa::path(get, path = "/health", responses((status = 200, description = "liveness: every shard answered a Health RPC (draining or not)"), (status = 503, description = "a shard did not")))]
 fn health() {}
+
+#[utoipa::path(get, path = "/ready", responses((status = 200, description = "readiness: the model is served, not draining, the queue under its high-water mark, the shards answer"), (status = 503, description = "not ready: every reason listed, with Retry-After")))]
+fn ready() {}
 
 #[utoipa::path(get, path = "/info", responses((status = 200, description = "model, dtype, shards, read mode, limits, version")))]
 fn info() {}
@@ -264,7 +267,7 @@ fn metrics() {}
         title = "decision-inference",
         description = "Language models as decision models: a probability for every allowed option."
     ),
-    paths(systemone, decisions, score, models, health, info, metrics),
+    paths(systemone, decisions, score, models, health, ready, info, metrics),
     modifiers(&Examples),
     components(schemas(
         Text,
