@@ -147,7 +147,8 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
     assert sockets_before, f"no shard socket at {auth_launcher.uds_path}-*"
 
     # A graceful drain: 20 requests in flight at SIGTERM are all answered, while new ones are refused 503 +
-    # Retry-After and /health turns 503, then the shard stops.
+    # Retry-After and /ready turns 503 (draining), then the shard stops. (/health, liveness, stays 200 while draining:
+    # test_fleet.py; here the shard is frozen, so it would answer 503 for that.)
     in_flight = 20
     body = {
         "state": "The customer was charged twice for one order and the refund has not arrived. " * 3,
@@ -181,7 +182,7 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
         auth_launcher.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         refused = _post(auth_launcher.url, {"authorization": f"Bearer {API_KEY}"})
-        health = httpx2.get(f"{auth_launcher.url}/health", timeout=30.0)
+        ready = httpx2.get(f"{auth_launcher.url}/ready", timeout=30.0)
     finally:
         os.kill(shard, signal.SIGCONT)
     for sender in senders:
@@ -192,7 +193,8 @@ def test_sigterm_stops_everything_cleanly(auth_launcher: Launcher) -> None:
     assert answers == [200] * in_flight, f"in-flight requests at SIGTERM answered {answers}"
     assert refused.status_code == 503 and refused.headers.get("retry-after"), f"{refused.status_code} {refused.text}"
     assert error_detail(refused)["error_type"] == "draining", refused.text
-    assert health.status_code == 503, f"{health.status_code} {health.text}"
+    assert ready.status_code == 503 and ready.headers.get("retry-after"), f"{ready.status_code} {ready.text}"
+    assert [r["reason"] for r in ready.json()["reasons"]] == ["draining"], ready.text
     assert code is not None, f"still running {GRACE_S + 15} s after SIGTERM\n{auth_launcher.output_tail()}"
     assert code == 0, f"exit code {code} after SIGTERM\n{auth_launcher.output_tail()}"
     assert elapsed <= GRACE_S + 5, f"took {elapsed:.1f} s to stop (grace {GRACE_S} s)"
