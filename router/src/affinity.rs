@@ -71,12 +71,18 @@ mod tests {
         assert_eq!(key(&request(state.clone(), "", "angry")), base);
         // Another salt, another state, other instructions, media: other keys.
         assert_ne!(key(&request(state.clone(), "tenant-a", "urgent")), base);
-        assert_ne!(key(&request(json!({"ticket": "Refund received"}), "", "urgent")), base);
+        assert_ne!(
+            key(&request(json!({"ticket": "Refund received"}), "", "urgent")),
+            base
+        );
         let mut instructed = request(state.clone(), "", "urgent");
         instructed.instructions = Some("You route a support inbox.".into());
         assert_ne!(key(&instructed), base);
         let mut pictured = request(state.clone(), "", "urgent");
-        pictured.media.images.push("data:image/png;base64,AAAA".into());
+        pictured
+            .media
+            .images
+            .push("data:image/png;base64,AAAA".into());
         assert_ne!(key(&pictured), base);
         // The salt and the instructions are not mixed up with each other.
         let mut a = request(json!("s"), "x", "q");
@@ -96,7 +102,11 @@ mod tests {
             PYTHON_STRING_STATE
         );
         assert_eq!(
-            key(&request(json!({"ticket": "Remboursé ?", "days": 12}), "t1", "q")),
+            key(&request(
+                json!({"ticket": "Remboursé ?", "days": 12}),
+                "t1",
+                "q"
+            )),
             PYTHON_JSON_STATE
         );
     }

@@ -135,7 +135,11 @@ mod tests {
                 "{}: counters, and only counters, end in _total",
                 series.name
             );
-            assert!(!series.help.is_empty() && series.help.ends_with('.'), "{}", series.name);
+            assert!(
+                !series.help.is_empty() && series.help.ends_with('.'),
+                "{}",
+                series.name
+            );
         }
     }
 

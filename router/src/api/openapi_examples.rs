@@ -162,7 +162,11 @@ mod tests {
         for (path, item) in doc["paths"].as_object().unwrap() {
             for operation in item.as_object().unwrap().values() {
                 let keyed = operation["security"][0]["api_key"].is_array();
-                assert_eq!(keyed, !["/health", "/ready"].contains(&path.as_str()), "{path}");
+                assert_eq!(
+                    keyed,
+                    !["/health", "/ready"].contains(&path.as_str()),
+                    "{path}"
+                );
             }
         }
     }

@@ -86,7 +86,10 @@ mod tests {
         assert_eq!(call(&state, get("/health")).await.status(), StatusCode::OK);
         // /ready asks no key either: its one reason here is this test's missing model, not a 401.
         let ready = text(call(&state, get("/ready")).await).await;
-        assert!(ready.contains("not_servable") && !ready.contains("authentication_error"), "{ready}");
+        assert!(
+            ready.contains("not_servable") && !ready.contains("authentication_error"),
+            "{ready}"
+        );
         // The key holder sees where the model lives.
         let info: Value =
             serde_json::from_str(&text(call(&state, get_with_key("/info", "k3y")).await).await)

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -220,7 +220,10 @@ mod tests {
         let state = state_reading_from(shard.clone());
         shard.released.add_permits(1);
         let (path, body) = DECISION_BODIES[1];
-        assert_eq!(call(&state, post_json(path, body)).await.status(), StatusCode::OK);
+        assert_eq!(
+            call(&state, post_json(path, body)).await.status(),
+            StatusCode::OK
+        );
         let page = text(call(&state, get("/metrics")).await).await;
         let mut typed = std::collections::BTreeMap::new();
         let mut helped = std::collections::BTreeSet::new();
@@ -267,8 +270,7 @@ mod tests {
             assert!(typed.contains_key(name), "{name} missing from\n{page}");
         }
         for series in SERIES {
-            if let (Kind::Histogram(buckets), true) =
-                (series.kind, typed.contains_key(series.name))
+            if let (Kind::Histogram(buckets), true) = (series.kind, typed.contains_key(series.name))
             {
                 let prefix = format!("{}_bucket{{", series.name);
                 let lines: Vec<&str> = page.lines().filter(|l| l.starts_with(&prefix)).collect();
@@ -285,7 +287,9 @@ mod tests {
             .find(|l| l.starts_with("decision_cache_config_info{"))
             .unwrap();
         assert!(
-            info.contains("enabled=\"") && info.contains("budget_bytes=\"") && info.ends_with("} 1"),
+            info.contains("enabled=\"")
+                && info.contains("budget_bytes=\"")
+                && info.ends_with("} 1"),
             "{info}"
         );
     }
@@ -302,10 +306,12 @@ mod tests {
             (load.requests_queued(), load.requests_running())
         };
         let (path, body) = DECISION_BODIES[1];
-        let first = tokio::spawn(super::super::routes::app(state.clone()).oneshot(post_json(path, body)));
+        let first =
+            tokio::spawn(super::super::routes::app(state.clone()).oneshot(post_json(path, body)));
         shard.arrived.notified().await;
         assert_eq!(load(), (0, 1));
-        let second = tokio::spawn(super::super::routes::app(state.clone()).oneshot(post_json(path, body)));
+        let second =
+            tokio::spawn(super::super::routes::app(state.clone()).oneshot(post_json(path, body)));
         tokio::time::timeout(std::time::Duration::from_secs(5), async {
             while load() != (1, 1) {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;

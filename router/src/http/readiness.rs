@@ -192,7 +192,12 @@ mod tests {
         // 50 % of 4 reads: ready with 2 queued, not with 3.
         let state = state_reading_from_with(
             shard.clone(),
-            &["--max-queued-reads", "4", "--queue-high-water-percent", "50"],
+            &[
+                "--max-queued-reads",
+                "4",
+                "--queue-high-water-percent",
+                "50",
+            ],
         );
         let body = r#"{"state": "s", "questions": {"a": {"type": "noul", "instructions": "?"}, "b": {"type": "noul", "instructions": "?"}, "c": {"type": "noul", "instructions": "?"}}}"#;
         let answer = tokio::spawn(app(state.clone()).oneshot(post_json("/v1/systemone", body)));
@@ -207,7 +212,13 @@ mod tests {
             shown["reasons"][0]["message"],
             "3 reads are queued, over the high-water mark of 2 (--queue-high-water-percent of --max-queued-reads)"
         );
-        assert_eq!((shown["queued_reads"].as_u64(), shown["queue_high_water"].as_u64()), (Some(3), Some(2)));
+        assert_eq!(
+            (
+                shown["queued_reads"].as_u64(),
+                shown["queue_high_water"].as_u64()
+            ),
+            (Some(3), Some(2))
+        );
         shard.released.add_permits(1);
         assert_eq!(answer.await.unwrap().unwrap().status(), StatusCode::OK);
         assert_eq!(ready(&state).await.0, StatusCode::OK);
@@ -232,19 +243,37 @@ mod tests {
             Config::parse_from(args).flags.queue_high_water()
         };
         assert_eq!(mark(&[]), 3276);
-        assert_eq!(mark(&["--max-queued-reads", "10", "--queue-high-water-percent", "100"]), 10);
-        assert_eq!(mark(&["--max-queued-reads", "1", "--queue-high-water-percent", "50"]), 1);
+        assert_eq!(
+            mark(&[
+                "--max-queued-reads",
+                "10",
+                "--queue-high-water-percent",
+                "100"
+            ]),
+            10
+        );
+        assert_eq!(
+            mark(&[
+                "--max-queued-reads",
+                "1",
+                "--queue-high-water-percent",
+                "50"
+            ]),
+            1
+        );
         for bad in ["0", "101", "-5"] {
             let error = Config::try_parse_from([
                 "decision-router",
                 "--model-dir",
                 "/m",
-                "--queue-high-water-percent",
-                bad,
+                &format!("--queue-high-water-percent={bad}"),
             ])
             .unwrap_err()
             .to_string();
-            assert!(error.contains("--queue-high-water-percent"), "{bad}: {error}");
+            assert!(
+                error.contains("--queue-high-water-percent"),
+                "{bad}: {error}"
+            );
         }
     }
 }
