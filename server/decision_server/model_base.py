@@ -137,6 +137,11 @@ class LoadedModel(ABC):
         return False
 
     @property
+    def cuda_graph_buckets(self) -> tuple[int, ...]:
+        """The token-count buckets whose passes replay as CUDA graphs (`step_graphs`; the own decoder on CUDA)."""
+        return ()
+
+    @property
     def segment_attention(self) -> str:
         """How a packed pass attends its segments (`decoder.SEGMENT_KERNELS`); "" where the model takes one dense
         mask instead (`packs_segments` False)."""
