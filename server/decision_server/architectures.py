@@ -114,7 +114,11 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("Gemma4ForCausalLM", TRANSFORMERS),
         Architecture("Gemma4ForConditionalGeneration", TRANSFORMERS, media=IMAGES),
         Architecture("Lfm2VlForConditionalGeneration", TRANSFORMERS, media=IMAGES, image_area_cap=1024 * 1024),
-        Architecture("DiffusionGemmaForBlockDiffusion", TRANSFORMERS, reads=CANVAS),
+        # The seeds give it "T + I + V"; transformers' model reads images only (DiffusionGemmaEncoderModel: a vision
+        # tower and `pixel_values`, no video or audio input), so videos are refused rather than read another way.
+        Architecture(
+            "DiffusionGemmaForBlockDiffusion", TRANSFORMERS, reads=CANVAS, media=IMAGES, mm_token_type_ids=True
+        ),
     )
 }
 

@@ -17,7 +17,7 @@ MODALITIES = {decision_pb2.IMAGE: IMAGE, decision_pb2.AUDIO: AUDIO, decision_pb2
 
 
 class MediaSpec(Protocol):
-    """A read spec that can carry media (next-token and pooled reads)."""
+    """A read spec that can carry media (next-token, pooled and canvas reads)."""
 
     @property
     def id(self) -> int: ...
