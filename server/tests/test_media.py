@@ -1,5 +1,5 @@
-"""Image and video reads through the gRPC service on the processor-carrying fixtures (LFM2-VL images; Qwen3.5 dense
-and MoE images and videos): equal to an independent transformers forward over the processor's own outputs,
+"""Image and video reads through the gRPC service on the processor-carrying fixtures (LFM2-VL and Gemma4 images;
+Qwen3.5 dense and MoE images and videos): equal to an independent transformers forward over the processor's own outputs,
 media-aware (different images never share a result, the same image gives the same one), no state leaking into the
 next text read, every bad medium refused naming its request position; and the decoders' rules (area cap, 2 fps
 frame choice, duration and frame limits, audio resampling) as goldens."""
@@ -36,7 +36,7 @@ from decision_server.model import LoadOptions, load_model
 from decision_server.paths import models_dir
 from decision_server.pb import decision_pb2
 
-MEDIA_FIXTURES = ("tiny-lfm2-vl", "tiny-qwen3.5", "tiny-qwen3.5-moe")
+MEDIA_FIXTURES = ("tiny-lfm2-vl", "tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-gemma4-mm")
 VIDEO_FIXTURES = ("tiny-qwen3.5", "tiny-qwen3.5-moe")
 TOL = 1e-5
 
