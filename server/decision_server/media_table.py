@@ -1,4 +1,4 @@
-"""The table of every served architecture × medium (text, images, videos, audio) and its status, rendered from the
+"""The table of every served architecture and medium (text, images, videos, audio) and its status, rendered from the
 shard's registry (architectures.py), the one source of what each model reads: README and docs/media.md carry it
 between markers, and a test fails when they drift (`decision-server print-media-table` prints it)."""
 

@@ -426,7 +426,9 @@ def test_canvas_reads_with_images_equal_the_model_forward(
     with torch.inference_mode():
         features = encoder.get_image_features(inputs["pixel_values"], inputs["image_position_ids"], return_dict=True)
         causal = reference(
-            input_ids=inputs["input_ids"], decoder_input_ids=torch.tensor([canvas]), mm_encoder_outputs={"image": features}
+            input_ids=inputs["input_ids"],
+            decoder_input_ids=torch.tensor([canvas]),
+            mm_encoder_outputs={"image": features},
         )
     causal_values = torch.log_softmax(causal.logits[0].double(), dim=-1)[0, labels]
     assert max(abs(a - float(b)) for a, b in zip(values, causal_values, strict=True)) > 1e-3

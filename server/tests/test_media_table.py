@@ -1,4 +1,4 @@
-"""The media table (every served architecture × text, images, videos, audio) in README.md and docs/media.md is the
+"""The media table (every served architecture and text, images, videos, audio) in README.md and docs/media.md is the
 one `decision-server print-media-table` renders from the shard's registry, and each "yes" is what the shard reports
 for a fixture of that architecture whose folder ships its processor."""
 

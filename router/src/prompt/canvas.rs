@@ -9,9 +9,9 @@ use sha2::{Digest, Sha256, Sha512};
 use tokenizers::Tokenizer;
 
 use super::chat::{checked_kwargs, ChatPrompts};
-use super::template::Part;
 use super::labels::check_set;
 use super::load_error::{JointLinesError, LoadError};
+use super::template::Part;
 use super::wording::{PromptFormat, Wording};
 use super::{ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
