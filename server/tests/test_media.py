@@ -419,6 +419,24 @@ def test_a_text_model_reads_no_media(tiny_qwen3: Any) -> None:
         assert "reads no media" in (raised.value.details() or "")
 
 
+@pytest.mark.parametrize("name", ["tiny-gemma4-mm", "tiny-lfm2-vl"])
+def test_an_image_model_folder_without_its_processor_reads_no_media(name: str, tmp_path: Path) -> None:
+    """The image-text architecture alone is not enough: without `processor_config.json` beside the weights the shard
+    reports no media (the router then refuses them naming the field) and refuses a read that carries some."""
+    folder, _model = fixture(name)
+    for file in folder.iterdir():
+        if file.name != "processor_config.json" and file.is_file():
+            (tmp_path / file.name).symlink_to(file)
+    model = load_model(tmp_path, LoadOptions(dtype="float32"))
+    assert model.modalities == ()
+    with running_shard(model, "auto") as stub:
+        assert list(stub.Info(decision_pb2.InfoRequest()).modalities) == []
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Read(decision_pb2.ReadRequest(reads=[read(prompt_ids(_model, 1, "x"), [[5]], [item(png(1))])]))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "this model folder has no processor: it reads no media" in (raised.value.details() or "")
+
+
 def test_liquid_area_cap_goldens() -> None:
     """Liquid d1 shrinks by area to 1024·1024 px: scale = sqrt(cap / (w·h)), sides floored (values by hand)."""
     cap = 1024 * 1024
