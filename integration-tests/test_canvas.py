@@ -442,6 +442,25 @@ def test_images_equal_an_independent_forward(
     assert other["answers"] != got_body["answers"], "another image, other answers"
 
 
+def test_an_image_that_expands_a_prompt_past_the_model_is_a_400(
+    served: Launcher, reference: CanvasReference
+) -> None:
+    """The router checks each prompt with its image placeholder; the shard expands it. A state that fits with
+    the placeholder but not with the image's tokens is a 400 naming the images, and the server goes on."""
+    question = {"type": "noul", "instructions": "Urgent?"}
+    request = {"state": "9", "questions": {"q": question}}
+    base = len(reference.prompt(messages_for(request, question), images=1)) - 1
+    # A token per digit; the router allows the prompt plus the thought block and a 16-token canvas.
+    digits = 8192 - base - len(reference.thought) - 16 - 4
+    body = {**request, "state": "9" * digits, "images": [data_url(png(4))]}
+    r = httpx2.post(f"{served.url}/v1/systemone", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    assert "images: with its media expanded" in r.text and "8192 positions" in r.text, r.text
+    # Without the image it fits.
+    text_only = httpx2.post(f"{served.url}/v1/systemone", json={**body, "images": []}, timeout=120)
+    assert text_only.status_code == 200, text_only.text
+
+
 def test_refusals_name_the_field(served: Launcher) -> None:
     pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
     r = httpx2.post(f"{served.url}/v1/systemone", json={**REQUEST, "images": [pixel]}, timeout=60)

@@ -506,8 +506,9 @@ def test_the_questions_about_one_image_encode_it_once(
 
 
 def test_canvas_media_the_model_cannot_read_fail_their_own_read(stub: Any, tokenizer: Any) -> None:
-    """A video (DiffusionGemma's encoder takes images only), an image that is no image, and a prompt whose
-    placeholders do not match its images: each answered for its own read, naming the item; the others go on."""
+    """A video (DiffusionGemma's encoder takes images only), an image that is no image, and an image that makes the
+    prompt too long for the model: each answered for its own read, naming the field; the others go on. A prompt whose
+    placeholders do not match its images is a broken contract: the whole RPC is refused."""
     labels = [[token(tokenizer, "yes")], [token(tokenizer, "no")]]
     prompt = media_prompt_ids(tokenizer, 1, f"{STATES[0]}\n\n{QUESTION}")
     canvas = single_canvas(tokenizer, 150)
@@ -516,10 +517,22 @@ def test_canvas_media_the_model_cannot_read_fail_their_own_read(stub: Any, token
     broken = canvas_read(1, prompt, canvas, [(0, labels)])
     broken.media.append(media_item(b"not an image", "images.0"))
     good = with_media(canvas_read(2, prompt, canvas, [(0, labels)]), [png(5)])
-    results = stub.Read(decision_pb2.ReadRequest(reads=[video, broken, good])).results
+    # A prompt that fits the model's positions with its placeholder but not once its image expands: the router
+    # cannot know the expansion, so the read is answered with a media error (a 400), not refused as malformed.
+    short = media_prompt_ids(tokenizer, 1, "9")
+    digits = 8192 - len(canvas) - len(short) - 8
+    long_prompt = media_prompt_ids(tokenizer, 1, "9" * digits)
+    assert len(long_prompt) + len(canvas) <= 8192
+    too_long = with_media(canvas_read(3, long_prompt, canvas, [(0, labels)]), [png(5)])
+    results = stub.Read(decision_pb2.ReadRequest(reads=[video, broken, good, too_long])).results
     assert results[0].media_error == "videos.0: this model does not take video inputs"
     assert results[1].media_error.startswith("images.0: ")
     assert results[2].media_error == "" and len(results[2].canvas.rows) == 1
+    media_tokens = results[2].media_tokens
+    assert results[3].media_error == (
+        f"images: with its media expanded ({media_tokens} tokens) the prompt has {len(long_prompt) + media_tokens} "
+        "tokens, and its canvas adds 16: more than the model's 8192 positions"
+    )
     missing = with_media(canvas_read(3, media_prompt_ids(tokenizer, 0, "x"), canvas, [(0, labels)]), [png(5)])
     with pytest.raises(grpc.RpcError) as err:
         stub.Read(decision_pb2.ReadRequest(reads=[missing]))

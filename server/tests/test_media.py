@@ -410,6 +410,38 @@ def test_bad_media_fail_only_their_own_read_naming_their_position() -> None:
         assert "1 image placeholders for 2 images" in (raised.value.details() or "")
 
 
+def test_media_that_make_a_prompt_too_long_fail_only_their_own_read() -> None:
+    """The router checks a prompt's length before its placeholders expand; a read whose media take it past the
+    model's positions (here a model of 400, its label included) is answered with a media error naming the field
+    (a 400), the others go on."""
+    import dataclasses
+
+    from decision_server.engines import make_engine
+
+    _folder, model = fixture("tiny-gemma4-mm")
+    engine = make_engine("auto", model)
+    engine.capabilities = dataclasses.replace(engine.capabilities, max_positions=400)
+    label_ids = [*labels(model), model.media.tokenizer.encode(" maybe not", add_special_tokens=False)]
+    ids = prompt_ids(model, 1, "state")
+    with running_shard(model, engine) as stub:
+        fits = stub.Read(decision_pb2.ReadRequest(reads=[read(ids, label_ids, [item(png(1))])])).results[0]
+        media_tokens = fits.media_tokens
+        assert fits.media_error == "" and media_tokens > 0
+        filler = 400 - len(ids) - media_tokens
+        long_ids = prompt_ids(model, 1, "state" + " a" * filler)
+        results = stub.Read(
+            decision_pb2.ReadRequest(
+                reads=[read(long_ids, label_ids, [item(png(1))], 0), read(ids, label_ids, [item(png(2))], 1)]
+            )
+        ).results
+    assert len(long_ids) < 400 < len(long_ids) + media_tokens + 1
+    assert results[0].media_error == (
+        f"images: with its media expanded ({media_tokens} tokens) the prompt has {len(long_ids) + media_tokens} "
+        "tokens, and its longest label adds 1: more than the model's 400 positions"
+    )
+    assert results[1].media_error == "" and len(results[1].next_token.labels) == len(label_ids)
+
+
 def test_a_text_model_reads_no_media(tiny_qwen3: Any) -> None:
     with running_shard(tiny_qwen3, "tree") as stub:
         assert list(stub.Info(decision_pb2.InfoRequest()).modalities) == []

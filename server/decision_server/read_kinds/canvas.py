@@ -16,12 +16,13 @@ from decision_server.engines import (
     CanvasSpec,
     InvalidReadError,
 )
-from decision_server.media import MediaError
+from decision_server.media import MediaError, MediaPrompt
 from decision_server.model_base import LoadedModel
 from decision_server.pb import decision_pb2
 from decision_server.read_kinds.codec import (
     checked_kind,
     expand_media,
+    fitting,
     label_groups,
     media_items,
     with_media_errors,
@@ -114,7 +115,13 @@ class CanvasReads:
         if processor is None:
             first = next(spec for spec in specs if spec.media)
             raise InvalidReadError(first.id, "this model folder has no processor: it reads no media")
-        return await expand_media(specs, lambda spec: processor.prepare(spec.id, spec.prompt, spec.media), threads)
+        limit = engine.capabilities.max_positions
+
+        def prepare(spec: CanvasSpec) -> MediaPrompt:
+            expanded = processor.prepare(spec.id, spec.prompt, spec.media)
+            return fitting(expanded, spec.media, len(spec.canvas), "its canvas", limit)
+
+        return await expand_media(specs, prepare, threads)
 
     def to_pb(
         self, specs: list[CanvasSpec], batch: CanvasBatchOutcome, media_errors: dict[int, MediaError]

@@ -92,6 +92,21 @@ async def expand_media(
     return [item for item in done if not isinstance(item, MediaError)], errors
 
 
+def fitting(prompt: MediaPrompt, items: Sequence[MediaItem], after: int, what: str, max_positions: int) -> MediaPrompt:
+    """`prompt` when it and the `after` tokens read after it (`what`) fit the model's positions. Otherwise the media
+    made it too long (the router checked the prompt before they expanded): a MediaError naming the media fields,
+    which the read is answered with (a 400), never a broken contract."""
+    length = len(prompt.input_ids)
+    if max_positions and length + after > max_positions:
+        fields = ", ".join(dict.fromkeys(item.name.split(".")[0] for item in items))
+        raise MediaError(
+            fields,
+            f"with its media expanded ({prompt.media_tokens} tokens) the prompt has {length} tokens, and {what} "
+            f"adds {after}: more than the model's {max_positions} positions",
+        )
+    return prompt
+
+
 def with_media_errors(
     outcomes: Iterator[Any], media_errors: dict[int, MediaError], count: int, result: Callable[[Any], Any]
 ) -> list[decision_pb2.ReadResult]:
