@@ -550,3 +550,37 @@ def test_the_fixture_ships_gemma4s_processor_for_its_vision_tower(diffusion: Loa
     assert processor.tokenizer.convert_tokens_to_ids("<|image|>") == config.image_token_id < diffusion.vocab_size
     assert processor.image_processor.patch_size == config.vision_config.patch_size
     assert processor.image_processor.pooling_kernel_size == config.vision_config.pooling_kernel_size
+
+
+def test_prompts_that_part_before_their_image_are_encoded_whole(
+    stub: Any, reference: Any, diffusion_dir: Path, tokenizer: Any
+) -> None:
+    """Two canvases about one image whose prompts share a long head that ends before the image (their system
+    turns part late): a shared head would cut the image block, so each is encoded whole, equal to the model's own
+    forward."""
+    labels = [token(tokenizer, text) for text in LABELS]
+    image = png(31, 70, 90)
+    prompts = []
+    for ending in ("first", "second"):
+        content = [{"type": "image"}, {"type": "text", "text": f"{STATES[0]}\\n\\n{QUESTION}"}]
+        messages = [
+            {"role": "system", "content": "You route tickets. " * 8 + ending},
+            {"role": "user", "content": content},
+        ]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer.encode(text + THOUGHT, add_special_tokens=False))
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
+    image_at = prompts[0].index(tokenizer.convert_tokens_to_ids("<|image|>"))
+    assert 32 <= shared < image_at
+    canvases = [single_canvas(tokenizer, 160), single_canvas(tokenizer, 161)]
+    reads = [
+        with_media(canvas_read(i, prompt, canvas, [(0, [[t] for t in labels])]), [image])
+        for i, (prompt, canvas) in enumerate(zip(prompts, canvases, strict=True))
+    ]
+    results = stub.Read(decision_pb2.ReadRequest(reads=reads)).results
+    for prompt, canvas, result in zip(prompts, canvases, results, strict=True):
+        assert result.media_error == ""
+        expected = reference_media_logprobs(reference, diffusion_dir, prompt, [image], canvas)
+        (values,) = row_values(result)
+        assert values == pytest.approx([float(expected[0, t]) for t in labels], abs=1e-5)
+        assert result.tokens_computed == len(prompt) + result.media_tokens

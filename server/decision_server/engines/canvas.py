@@ -196,13 +196,10 @@ class CanvasEngine:
             for _, prompt in cluster:
                 shared = min(shared, common_prefix_len(cluster[0][1], prompt))
             first = media.get(cluster[0])
-            media_end = None if first is None else first.media_end
-            if len(cluster) == 1 or shared < MIN_SHARED_HEAD or (first is not None and not media_end):
-                for key in cluster:
-                    caches[key] = (self._encode(key[1], batch, media=media.get(key)), len(key[1]))
-                continue
-            if media_end is not None and shared < media_end:
-                # A head that ends inside an image block would cut its bidirectional attention: encode each whole.
+            # A head that ended inside an image block (or where the block's end is unknown) would cut the block's
+            # bidirectional attention: such prompts, like prompts that share too little, are encoded whole.
+            holds_media = first is None or (first.media_end is not None and 0 < first.media_end <= shared)
+            if len(cluster) == 1 or shared < MIN_SHARED_HEAD or not holds_media:
                 for key in cluster:
                     caches[key] = (self._encode(key[1], batch, media=media.get(key)), len(key[1]))
                 continue
