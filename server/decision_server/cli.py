@@ -212,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("name", choices=FIXTURE_NAMES, help="Which fixture shape to build.")
     fixture.add_argument("--out", type=Path, required=True, help="Output folder.")
     fixture.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
+
+    table = commands.add_parser(
+        "print-media-table",
+        help="Print the Markdown table of every served architecture and the media it reads (docs/media.md, README).",
+    )
+    table.add_argument("--compact", action="store_true", help="Statuses only, without notes (the README's table).")
     return parser
 
 
@@ -332,6 +338,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         make_fixture(args.name, args.out, seed=args.seed)
         print(args.out)
+        return 0
+    if args.command == "print-media-table":
+        from decision_server.media_table import media_table
+
+        print(media_table(notes=not args.compact), end="")
         return 0
     raise AssertionError(f"unhandled command {args.command}")
 
