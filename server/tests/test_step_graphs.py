@@ -191,6 +191,54 @@ def test_graphs_that_differ_from_the_compiled_pass_are_dropped(
         network.step_graphs = kept
 
 
+def test_graphs_that_match_the_compiled_pass_are_kept(
+    graphed_qwen3: DecoderModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    network = graphed_qwen3.network
+    kept = network.step_graphs
+    real_build = step_graphs.build
+    monkeypatch.setattr(
+        step_graphs,
+        "build",
+        lambda graph, mode, device, max_tokens=None: real_build(
+            graph, mode, device, max_tokens, step_graphs.replay_eagerly
+        ),
+    )
+    try:
+        assert network.capture_graphs("auto", max_tokens=100) == (16, 32, 64, 128)
+        assert graphed_qwen3.cuda_graph_buckets == (16, 32, 64, 128)
+        assert network.capture_graphs("off") == () and network.step_graphs is None
+    finally:
+        network.step_graphs = kept
+
+
+def test_a_replay_that_fails_at_the_load_check_leaves_the_compiled_layers(
+    graphed_qwen3: DecoderModel, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    network = graphed_qwen3.network
+    kept = network.step_graphs
+
+    def capture_failing(piece: Any) -> Any:
+        def replay() -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        return replay
+
+    real_build = step_graphs.build
+    monkeypatch.setattr(
+        step_graphs,
+        "build",
+        lambda graph, mode, device, max_tokens=None: real_build(graph, mode, device, max_tokens, capture_failing),
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="decision_server.decoder"):
+            assert network.capture_graphs("auto") == ()
+        assert network.step_graphs is None
+        assert any("a graphed pass failed" in r.getMessage() for r in caplog.records)
+    finally:
+        network.step_graphs = kept
+
+
 def test_the_shard_info_lists_the_captured_buckets(graphed_qwen3: DecoderModel, tiny_qwen3: Any, shard: Any) -> None:
     from decision_server.pb import decision_pb2
 
