@@ -23,6 +23,8 @@ pub struct DecisionRequest {
     /// Read several questions together (one canvas for many on block-diffusion models); a strategy
     /// that reads each question on its own refuses it.
     pub joint: bool,
+    /// `x_debias`: how this request's questions are read; `None` takes the server's `--debias`.
+    pub debias: Option<crate::debias::Debias>,
 }
 
 /// A kind of media input, named as the request field that carries it.
@@ -101,6 +103,9 @@ pub enum QuestionKind {
     YesNo {
         yes: Option<String>,
         no: Option<String>,
+        /// Shown no side first (the second label order of a debiased read, `debias.rs`); answers
+        /// stay yes then no, read by label.
+        no_first: bool,
     },
     /// One of the ordered levels; level i is worth i. `levels` are the texts the prompt shows (an
     /// object level rendered as JSON); `sent` holds each level exactly as the request sent it (an
@@ -145,6 +150,7 @@ impl QuestionKind {
             Kind::YesNo => QuestionKind::YesNo {
                 yes: None,
                 no: None,
+                no_first: false,
             },
             Kind::Score => QuestionKind::score(vec!["0".into()]),
         }
@@ -165,6 +171,9 @@ impl QuestionKind {
 pub struct Decision {
     pub answers: Vec<Answer>,
     pub usage: Usage,
+    /// Per answer, what a debiased read used (`debias.rs`); `None` when each question was read once,
+    /// in the order sent.
+    pub orders: Option<Vec<crate::debias::OrderReport>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod config;
+pub mod debias;
 pub mod decide;
 pub mod error;
 pub mod http;

@@ -393,6 +393,7 @@ mod tests {
         let yes_no = QuestionKind::YesNo {
             yes: None,
             no: None,
+            no_first: false,
         };
         assert_eq!(Compat::Typesafe.confidence(&yes_no, &a), None);
         assert!((Compat::Vllm.confidence(&yes_no, &a).unwrap() - 0.44).abs() < 1e-12);

@@ -209,6 +209,8 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, Startup
             fetcher,
             request_timeout: config.flags.request_timeout(),
             shards: shards.clone(),
+            debias: config.flags.debias,
+            max_orders: config.flags.debias_max_orders as usize,
         },
         shards,
         batch_budget,

@@ -704,6 +704,7 @@ mod tests {
             kind: QuestionKind::YesNo {
                 yes: None,
                 no: None,
+                no_first: false,
             },
         }
     }
@@ -748,6 +749,7 @@ mod tests {
             cache_salt: String::new(),
             media: Default::default(),
             joint,
+            debias: None,
         }
     }
 
