@@ -296,8 +296,10 @@ pub struct RouterFlags {
     /// order sent; `rotate`, a choice under cyclic rotations of its options (all of them up to
     /// --debias-max-orders, else that many evenly spaced), a score under both level orders, a yes/no
     /// under both label orders, each answer's probabilities averaged by name and its
-    /// `order_sensitivity` reported. The orders share the request's state, so each adds only its
-    /// question's own tokens.
+    /// `order_sensitivity` reported; `prior`, PriDe's label-prior correction: a choice read once with
+    /// its label prior divided out, once earlier rotated reads of the same question form (kind,
+    /// options, wording) have estimated one (8 samples), else read under all its rotations. The
+    /// orders share the request's state, so each adds only its question's own tokens.
     #[arg(long, env = "DEBIAS", value_enum, default_value = "off")]
     pub debias: crate::debias::Debias,
     /// Rotations a choice is read under at most with `rotate` (a choice with more options is read

@@ -9,6 +9,7 @@
 use clap::ValueEnum;
 
 use crate::ir::{Answer, DecisionRequest, Question, QuestionKind};
+use crate::label_prior::{self, Prior, PriorBook, Signature};
 use crate::probability;
 
 /// How a question is read (`--debias`, `x_debias`).
@@ -21,18 +22,23 @@ pub enum Debias {
     /// evenly spaced ones), a score under both level orders, a yes/no under both label orders; each
     /// answer's probabilities averaged by name.
     Rotate,
+    /// PriDe: a choice is read once and its label prior divided out, once its question signature has
+    /// a prior estimated from earlier traffic; until then it is read under all its rotations (which
+    /// adds a sample). Scores and yes/no questions are read as `rotate` reads them.
+    Prior,
 }
 
 /// `--debias-max-orders`' default: rotations read per choice.
 pub const DEFAULT_MAX_ORDERS: usize = 4;
 
 impl Debias {
-    pub const ALL: [Debias; 2] = [Debias::Off, Debias::Rotate];
+    pub const ALL: [Debias; 3] = [Debias::Off, Debias::Rotate, Debias::Prior];
 
     pub fn name(self) -> &'static str {
         match self {
             Debias::Off => "off",
             Debias::Rotate => "rotate",
+            Debias::Prior => "prior",
         }
     }
 
@@ -49,8 +55,11 @@ pub struct OrderReport {
     /// Orders read.
     pub orders: usize,
     /// The largest change of the chosen option's probability across the orders read
-    /// (max − min of its probability in each order); 0 for a question read in one order.
-    pub order_sensitivity: f64,
+    /// (max − min of its probability in each order); `None` for a question read in one order (a
+    /// prior-corrected read), where nothing was measured.
+    pub order_sensitivity: Option<f64>,
+    /// A prior-corrected read: the samples its signature's prior was estimated from.
+    pub prior_samples: Option<u64>,
 }
 
 impl OrderReport {
@@ -60,10 +69,12 @@ impl OrderReport {
         let mut out = serde_json::Map::new();
         out.insert(format!("{prefix}debias"), self.method.name().into());
         out.insert(format!("{prefix}orders"), self.orders.into());
-        out.insert(
-            format!("{prefix}order_sensitivity"),
-            self.order_sensitivity.into(),
-        );
+        if let Some(s) = self.order_sensitivity {
+            out.insert(format!("{prefix}order_sensitivity"), s.into());
+        }
+        if let Some(n) = self.prior_samples {
+            out.insert(format!("{prefix}prior_samples"), n.into());
+        }
         out
     }
 }
@@ -161,30 +172,80 @@ fn display_key(kind: &QuestionKind) -> Vec<String> {
     }
 }
 
-/// A request rewritten so every question is read in each of its orders.
+/// How one question of a debiased request is read.
+enum Plan {
+    /// In each of these orders, averaged by name (a choice read in all its rotations also adds a
+    /// sample to its signature's prior).
+    Orders {
+        variants: Vec<Variant>,
+        signature: Option<Signature>,
+    },
+    /// Once, in the order sent, its signature's label prior divided out.
+    Corrected { prior: Prior },
+}
+
+impl Plan {
+    fn reads(&self) -> usize {
+        match self {
+            Plan::Orders { variants, .. } => variants.len(),
+            Plan::Corrected { .. } => 1,
+        }
+    }
+}
+
+/// A request rewritten so every question is read in each of its orders (or once, for a
+/// prior-corrected choice).
 pub struct Expansion {
     /// The request the strategy renders: each question's orders in a row.
     pub request: DecisionRequest,
-    /// Per question of the request as sent: its orders (as many consecutive answers).
-    variants: Vec<Vec<Variant>>,
+    plans: Vec<Plan>,
 }
 
 impl Expansion {
-    pub fn new(request: &DecisionRequest, max_orders: usize) -> Expansion {
-        let variants: Vec<Vec<Variant>> = request
+    pub fn new(
+        request: &DecisionRequest,
+        mode: Debias,
+        max_orders: usize,
+        priors: &PriorBook,
+    ) -> Expansion {
+        let plans: Vec<Plan> = request
             .questions
             .iter()
-            .map(|q| variants(&q.kind, max_orders))
+            .map(|q| {
+                let signature = Signature::of(q);
+                let arity = q.kind.arity();
+                if mode == Debias::Prior {
+                    if let Some(prior) = signature.and_then(|s| priors.prior(s, arity)) {
+                        return Plan::Corrected { prior };
+                    }
+                }
+                // Estimating needs every rotation, whatever the cap.
+                let cap = if mode == Debias::Prior {
+                    max_orders.max(arity)
+                } else {
+                    max_orders
+                };
+                Plan::Orders {
+                    variants: variants(&q.kind, cap),
+                    signature,
+                }
+            })
             .collect();
         let questions = request
             .questions
             .iter()
-            .zip(&variants)
-            .flat_map(|(q, vs)| {
-                vs.iter().map(move |v| Question {
+            .zip(&plans)
+            .flat_map(|(q, plan)| {
+                let kinds: Vec<QuestionKind> = match plan {
+                    Plan::Orders { variants, .. } => {
+                        variants.iter().map(|v| v.kind.clone()).collect()
+                    }
+                    Plan::Corrected { .. } => vec![q.kind.clone()],
+                };
+                kinds.into_iter().map(move |kind| Question {
                     id: q.id.clone(),
                     instructions: q.instructions.clone(),
-                    kind: v.kind.clone(),
+                    kind,
                 })
             })
             .collect();
@@ -193,23 +254,65 @@ impl Expansion {
                 questions,
                 ..request.clone()
             },
-            variants,
+            plans,
         }
     }
 
-    /// The answers of the request as sent, from the answers of the expanded one (in its order).
-    pub fn combine(&self, answers: Vec<Answer>) -> (Vec<Answer>, Vec<OrderReport>) {
+    /// The answers of the request as sent, from the answers of the expanded one (in its order); every
+    /// choice read in all its rotations adds its sample to `priors`.
+    pub fn combine(
+        &self,
+        answers: Vec<Answer>,
+        priors: &PriorBook,
+    ) -> (Vec<Answer>, Vec<OrderReport>) {
         let mut rest = answers.into_iter();
-        let mut combined = Vec::with_capacity(self.variants.len());
-        let mut reports = Vec::with_capacity(self.variants.len());
-        for variants in &self.variants {
-            let read: Vec<Answer> = rest.by_ref().take(variants.len()).collect();
-            let (answer, report) = average(variants, &read);
+        let mut combined = Vec::with_capacity(self.plans.len());
+        let mut reports = Vec::with_capacity(self.plans.len());
+        for plan in &self.plans {
+            let read: Vec<Answer> = rest.by_ref().take(plan.reads()).collect();
+            let (answer, report) = match plan {
+                Plan::Orders {
+                    variants,
+                    signature,
+                } => {
+                    if let (Some(signature), Some(sample)) =
+                        (signature, label_prior::sample_log_prior(variants, &read))
+                    {
+                        priors.observe(*signature, &sample);
+                    }
+                    average(variants, &read)
+                }
+                Plan::Corrected { prior } => corrected(read, prior),
+            };
             combined.push(answer);
             reports.push(report);
         }
         (combined, reports)
     }
+}
+
+/// One read with its signature's label prior divided out (PriDe).
+fn corrected(read: Vec<Answer>, prior: &Prior) -> (Answer, OrderReport) {
+    let report = OrderReport {
+        method: Debias::Prior,
+        orders: read.len(),
+        order_sensitivity: None,
+        prior_samples: Some(prior.samples),
+    };
+    let Some(mut answer) = read.into_iter().next() else {
+        return (
+            Answer {
+                probabilities: Vec::new(),
+                label_mass: 0.0,
+                argmax_is_label: false,
+                label_logprobs: Vec::new(),
+                pooled: false,
+            },
+            report,
+        );
+    };
+    answer.probabilities = label_prior::correct(&answer.probabilities, &prior.probabilities);
+    (answer, report)
 }
 
 /// Averages the reads of one question's orders by answer name. Each answer's sum runs in the order
@@ -263,7 +366,8 @@ pub fn average(variants: &[Variant], reads: &[Answer]) -> (Answer, OrderReport) 
     let report = OrderReport {
         method: Debias::Rotate,
         orders: reads.len(),
-        order_sensitivity: if reads.is_empty() { 0.0 } else { hi - lo },
+        order_sensitivity: (!reads.is_empty()).then_some(hi - lo),
+        prior_samples: None,
     };
     (answer, report)
 }
@@ -382,7 +486,7 @@ mod tests {
             assert!((p - 0.25).abs() < 1e-12, "{:?}", answer.probabilities);
         }
         let first = reads[0].probabilities[0] - reads[0].probabilities[1];
-        assert!((report.order_sensitivity - first).abs() < 1e-12);
+        assert!((report.order_sensitivity.unwrap() - first).abs() < 1e-12);
         assert_eq!(report.orders, 4);
     }
 
@@ -411,7 +515,7 @@ mod tests {
             assert!((p - e).abs() < 1e-12, "{:?}", answer.probabilities);
         }
         // Chosen: level 2 (0.4), read 0.1 and 0.7.
-        assert!((report.order_sensitivity - 0.6).abs() < 1e-12);
+        assert!((report.order_sensitivity.unwrap() - 0.6).abs() < 1e-12);
     }
 
     #[test]
@@ -435,7 +539,7 @@ mod tests {
         assert!((answer.probabilities[0] - 0.7).abs() < 1e-12);
         assert!((answer.label_mass - 0.8).abs() < 1e-12);
         assert!(!answer.argmax_is_label);
-        assert!((report.order_sensitivity - 0.2).abs() < 1e-12);
+        assert!((report.order_sensitivity.unwrap() - 0.2).abs() < 1e-12);
     }
 
     #[test]
@@ -461,7 +565,8 @@ mod tests {
             joint: false,
             debias: Some(Debias::Rotate),
         };
-        let expansion = Expansion::new(&request, 4);
+        let priors = PriorBook::new(label_prior::DEFAULT_MIN_SAMPLES);
+        let expansion = Expansion::new(&request, Debias::Rotate, 4, &priors);
         let ids: Vec<&str> = expansion
             .request
             .questions
@@ -475,7 +580,7 @@ mod tests {
             .iter()
             .map(|q| biased_read(&q.kind))
             .collect();
-        let (answers, reports) = expansion.combine(reads);
+        let (answers, reports) = expansion.combine(reads, &priors);
         assert_eq!(answers.len(), 2);
         assert_eq!(answers[0].probabilities.len(), 3);
         assert_eq!(answers[1].probabilities.len(), 2);
@@ -483,6 +588,69 @@ mod tests {
         for a in &answers {
             assert!((a.probabilities.iter().sum::<f64>() - 1.0).abs() < 1e-12);
         }
+    }
+
+    /// `prior`: a form without an estimate is read in all its rotations (past the cap) and adds a
+    /// sample; once it has enough, one read, divided by the prior.
+    #[test]
+    fn prior_rotates_until_the_form_has_a_prior_then_reads_once() {
+        let names = ["a", "b", "c", "d", "e", "f"];
+        let request = DecisionRequest {
+            state: serde_json::json!("s"),
+            instructions: None,
+            questions: vec![Question {
+                id: "c".into(),
+                instructions: Some("Pick".into()),
+                kind: choice(&names),
+            }],
+            chat_template_kwargs: Default::default(),
+            cache_salt: String::new(),
+            media: Default::default(),
+            joint: false,
+            debias: Some(Debias::Prior),
+        };
+        let priors = PriorBook::new(2);
+        for round in 0..2 {
+            let expansion = Expansion::new(&request, Debias::Prior, 4, &priors);
+            assert_eq!(expansion.request.questions.len(), 6, "round {round}");
+            let reads = expansion
+                .request
+                .questions
+                .iter()
+                .map(|q| biased_read(&q.kind))
+                .collect();
+            let (_, reports) = expansion.combine(reads, &priors);
+            assert_eq!(reports[0].method, Debias::Rotate);
+        }
+        // The rotate mode keeps its cap and adds no sample (4 of 6 rotations).
+        let rotate = Expansion::new(&request, Debias::Rotate, 4, &priors);
+        assert_eq!(rotate.request.questions.len(), 4);
+        let expansion = Expansion::new(&request, Debias::Prior, 4, &priors);
+        assert_eq!(expansion.request.questions.len(), 1);
+        assert_eq!(
+            expansion.request.questions[0].kind,
+            request.questions[0].kind
+        );
+        let read = biased_read(&request.questions[0].kind);
+        let prior = priors
+            .prior(Signature::of(&request.questions[0]).unwrap(), 6)
+            .unwrap();
+        let (answers, reports) = expansion.combine(vec![read.clone()], &priors);
+        assert_eq!(
+            reports[0],
+            OrderReport {
+                method: Debias::Prior,
+                orders: 1,
+                order_sensitivity: None,
+                prior_samples: Some(2),
+            }
+        );
+        assert_eq!(
+            answers[0].probabilities,
+            label_prior::correct(&read.probabilities, &prior.probabilities)
+        );
+        // The biased reader's position bias is what the prior holds: position 0 most favoured.
+        assert_eq!(probability::argmax(&prior.probabilities), 0);
     }
 
     #[test]

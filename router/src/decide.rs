@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::debias::{Debias, Expansion};
 use crate::error::DecisionError;
 use crate::ir::{Decision, DecisionRequest, Media, Modality, Usage};
+use crate::label_prior::PriorBook;
 use crate::limits::{Budget, Limits};
 use crate::media::{self, Fetcher, MediaBlob, MediaPolicy, Position};
 use crate::prompt::wording::PromptFormat;
@@ -45,6 +46,8 @@ pub struct Decider {
     pub debias: Debias,
     /// `--debias-max-orders`: rotations read per choice at most.
     pub max_orders: usize,
+    /// The label priors estimated from this router's rotated reads (`x_debias: "prior"`).
+    pub priors: PriorBook,
 }
 
 impl Decider {
@@ -130,8 +133,9 @@ impl Decider {
         let strategy_ref = strategy.clone();
         // A debiased request reads every question in each of its orders: one request of more
         // questions, sharing its state, whose answers are combined by name below.
-        let expansion = (request.debias.unwrap_or(self.debias) == Debias::Rotate)
-            .then(|| Expansion::new(&request, self.max_orders));
+        let mode = request.debias.unwrap_or(self.debias);
+        let expansion = (mode != Debias::Off)
+            .then(|| Expansion::new(&request, mode, self.max_orders, &self.priors));
         let read_request = match &expansion {
             Some(e) => Arc::new(e.request.clone()),
             None => request.clone(),
@@ -200,7 +204,7 @@ impl Decider {
         }
         let (answers, orders) = match &expansion {
             Some(e) => {
-                let (answers, reports) = e.combine(answers);
+                let (answers, reports) = e.combine(answers, &self.priors);
                 (answers, Some(reports))
             }
             None => (answers, None),

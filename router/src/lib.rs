@@ -10,6 +10,7 @@ pub mod error;
 pub mod http;
 pub mod ir;
 pub mod json_text;
+pub mod label_prior;
 pub mod limits;
 pub mod media;
 pub mod probability;

@@ -964,7 +964,8 @@ mod tests {
             orders: Some(vec![OrderReport {
                 method: Debias::Rotate,
                 orders: 2,
-                order_sensitivity: 0.5,
+                order_sensitivity: Some(0.5),
+                prior_samples: None,
             }]),
         };
         let out = format(&p, &d, "served", Compat::Typesafe);

@@ -976,7 +976,8 @@ mod tests {
         let report = |orders, order_sensitivity| OrderReport {
             method: Debias::Rotate,
             orders,
-            order_sensitivity,
+            order_sensitivity: Some(order_sensitivity),
+            prior_samples: None,
         };
         let d = Decision {
             answers: vec![ans(vec![0.6, 0.4]), ans(vec![0.3, 0.7])],
@@ -996,6 +997,23 @@ mod tests {
         assert_eq!(
             vllm["diagnostics"]["urgent"]["order_sensitivity"],
             json!(0.125)
+        );
+        let prior = Decision {
+            orders: Some(vec![
+                OrderReport {
+                    method: Debias::Prior,
+                    orders: 1,
+                    order_sensitivity: None,
+                    prior_samples: Some(9),
+                },
+                report(2, 0.125),
+            ]),
+            ..d.clone()
+        };
+        // One order read: nothing measured, so no order_sensitivity; the prior's sample count instead.
+        assert_eq!(
+            format(&r, &prior, "m", Compat::Typesafe)["x_diagnostics"]["team"],
+            json!({"label_mass": 0.9, "argmax_is_label": true, "debias": "prior", "orders": 1, "prior_samples": 9})
         );
         let sglang = format(&r, &d, "m", Compat::Sglang);
         assert_eq!(sglang["answers"]["team"]["x_debias"], json!("rotate"));

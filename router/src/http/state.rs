@@ -211,6 +211,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, Startup
             shards: shards.clone(),
             debias: config.flags.debias,
             max_orders: config.flags.debias_max_orders as usize,
+            priors: crate::label_prior::PriorBook::new(crate::label_prior::DEFAULT_MIN_SAMPLES),
         },
         shards,
         batch_budget,

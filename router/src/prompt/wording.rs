@@ -319,6 +319,40 @@ mod tests {
         );
     }
 
+    /// A debiased read's second label order: the sides and the reply line list no first; the labels
+    /// (and so the answer's order) stay yes, no.
+    #[test]
+    fn yes_no_no_first_lists_no_first_in_both_wordings() {
+        let both = q(
+            Some("Urgent?"),
+            QuestionKind::YesNo {
+                yes: Some("money is moving".into()),
+                no: Some("n".into()),
+                no_first: true,
+            },
+        );
+        assert_eq!(
+            Wording::Vllm.user_message("S", &both),
+            "S\n\nQuestion: Urgent?\nno: n\nyes: money is moving\nAnswer with no or yes only."
+        );
+        assert_eq!(
+            Wording::Sglang.user_message("S", &both),
+            "S\n\nIs the following true? Urgent?\nno: n\nyes: money is moving\nAnswer with no or yes only."
+        );
+        let bare = q(
+            Some("Urgent?"),
+            QuestionKind::YesNo {
+                yes: None,
+                no: None,
+                no_first: true,
+            },
+        );
+        assert_eq!(
+            Wording::Vllm.user_message("S", &bare),
+            "S\n\nQuestion: Urgent?\nno\nyes\nAnswer with no or yes only."
+        );
+    }
+
     #[test]
     fn score_levels_are_numbered() {
         let question = q(
