@@ -63,8 +63,9 @@ pub fn sample_log_prior(variants: &[Variant], reads: &[Answer]) -> Option<Vec<f6
             sums[j] += p.max(f64::MIN_POSITIVE).ln();
         }
     }
-    let mean = sums.iter().sum::<f64>() / n as f64;
-    Some(sums.into_iter().map(|s| s / n as f64 - mean).collect())
+    let means: Vec<f64> = sums.into_iter().map(|s| s / n as f64).collect();
+    let centre = means.iter().sum::<f64>() / n as f64;
+    Some(means.into_iter().map(|m| m - centre).collect())
 }
 
 /// The prior as probabilities over positions: `softmax` of the mean log-prior.
