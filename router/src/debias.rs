@@ -6,78 +6,13 @@
 //! question are K questions of one request, so they share its state (the tree engine computes the
 //! chat head and state once, and each order's short suffix). Strategies and the shard never know.
 
-use clap::ValueEnum;
-
 use crate::ir::{Answer, DecisionRequest, Question, QuestionKind};
+pub use crate::ir::{Debias, OrderReport};
 use crate::label_prior::{self, Prior, PriorBook, Signature};
 use crate::probability;
 
-/// How a question is read (`--debias`, `x_debias`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum Debias {
-    /// One read in the order sent.
-    #[default]
-    Off,
-    /// A choice under cyclic rotations of its options (all of them up to `--debias-max-orders`, else
-    /// evenly spaced ones), a score under both level orders, a yes/no under both label orders; each
-    /// answer's probabilities averaged by name.
-    Rotate,
-    /// PriDe: a choice is read once and its label prior divided out, once its question signature has
-    /// a prior estimated from earlier traffic; until then it is read under all its rotations (which
-    /// adds a sample). Scores and yes/no questions are read as `rotate` reads them.
-    Prior,
-}
-
 /// `--debias-max-orders`' default: rotations read per choice.
 pub const DEFAULT_MAX_ORDERS: usize = 4;
-
-impl Debias {
-    pub const ALL: [Debias; 3] = [Debias::Off, Debias::Rotate, Debias::Prior];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Debias::Off => "off",
-            Debias::Rotate => "rotate",
-            Debias::Prior => "prior",
-        }
-    }
-
-    /// The value as a request sends it (`"off"`, `"rotate"`).
-    pub fn from_name(name: &str) -> Option<Debias> {
-        Debias::ALL.into_iter().find(|d| d.name() == name)
-    }
-}
-
-/// What one debiased answer used, reported where the profile puts its diagnostics.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OrderReport {
-    pub method: Debias,
-    /// Orders read.
-    pub orders: usize,
-    /// The largest change of the chosen option's probability across the orders read
-    /// (max − min of its probability in each order); `None` for a question read in one order (a
-    /// prior-corrected read), where nothing was measured.
-    pub order_sensitivity: Option<f64>,
-    /// A prior-corrected read: the samples its signature's prior was estimated from.
-    pub prior_samples: Option<u64>,
-}
-
-impl OrderReport {
-    /// The report as diagnostics fields (`prefix` "" in a diagnostics map, "x_" on an answer object
-    /// of a shape without one): `debias`, `orders`, `order_sensitivity`.
-    pub fn fields(&self, prefix: &str) -> serde_json::Map<String, serde_json::Value> {
-        let mut out = serde_json::Map::new();
-        out.insert(format!("{prefix}debias"), self.method.name().into());
-        out.insert(format!("{prefix}orders"), self.orders.into());
-        if let Some(s) = self.order_sensitivity {
-            out.insert(format!("{prefix}order_sensitivity"), s.into());
-        }
-        if let Some(n) = self.prior_samples {
-            out.insert(format!("{prefix}prior_samples"), n.into());
-        }
-        out
-    }
-}
 
 /// One order of a question: the question as rendered, and for each answer position of its read the
 /// index of that answer in the question as sent.
@@ -275,9 +210,10 @@ impl Expansion {
                     variants,
                     signature,
                 } => {
-                    if let (Some(signature), Some(sample)) =
-                        (signature, label_prior::sample_log_prior(variants, &read))
-                    {
+                    // A sample needs every rotation (the orders read are all n of them).
+                    let full = variants.len() == variants.first().map_or(0, |v| v.back.len());
+                    let sample = full.then(|| label_prior::sample_log_prior(&read)).flatten();
+                    if let (Some(signature), Some(sample)) = (signature, sample) {
                         priors.observe(*signature, &sample);
                     }
                     average(variants, &read)

@@ -6,14 +6,14 @@
 //! each position once, so the mean over the orders of `ln p(position j)` is the position's log-prior plus
 //! terms equal for every position (PriDe, Zheng et al. 2024, eq. 5). The orders are taken in their canonical
 //! sequence (sorted by what they show, `debias::variants`), never in the order the client sent, so the
-//! estimate a sample adds does not depend on how its options were listed.
+//! estimate a sample adds does not depend on how its options were listed. This module sits below
+//! `debias.rs`, which calls it, and knows nothing of orders.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
-use crate::debias::Variant;
 use crate::ir::{Answer, Question, QuestionKind};
 
 /// Rotated reads of a signature before single reads of it are corrected (PriDe estimates on a few
@@ -49,11 +49,12 @@ impl Signature {
     }
 }
 
-/// One sample's log-prior per position, from the reads of every cyclic order of one question (centred:
-/// only differences between positions mean anything). `None` unless the orders are all n rotations.
-pub fn sample_log_prior(variants: &[Variant], reads: &[Answer]) -> Option<Vec<f64>> {
-    let n = variants.first()?.back.len();
-    if n < 2 || variants.len() != n || reads.len() != n {
+/// One sample's log-prior per position, from the reads of all n cyclic orders of one n-option question
+/// (the caller knows they are; `debias.rs` passes only full rotation sets), centred: only differences
+/// between positions mean anything. `None` when the reads are not n reads of n labels each.
+pub fn sample_log_prior(reads: &[Answer]) -> Option<Vec<f64>> {
+    let n = reads.len();
+    if n < 2 || reads.iter().any(|r| r.probabilities.len() != n) {
         return None;
     }
     let mut sums = vec![0.0; n];
@@ -168,9 +169,21 @@ impl PriorBook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::debias::variants;
     use crate::ir::ChoiceOption;
     use crate::probability;
+
+    /// Every cyclic order of a question's options (what `debias::variants` reads, built here so this
+    /// module's tests do not reach above it).
+    fn rotations(q: &Question) -> Vec<QuestionKind> {
+        let QuestionKind::Choice { options } = &q.kind else {
+            unreachable!()
+        };
+        (0..options.len())
+            .map(|s| QuestionKind::Choice {
+                options: options[s..].iter().chain(&options[..s]).cloned().collect(),
+            })
+            .collect()
+    }
 
     /// A tiny deterministic generator (no dependency): xorshift64*.
     struct Rng(u64);
@@ -239,12 +252,11 @@ mod tests {
                 .collect();
             let q = question(&sent, "Which team?");
             assert_eq!(Signature::of(&q), Some(signature));
-            let vs = variants(&q.kind, 4);
-            let reads: Vec<Answer> = vs
+            let reads: Vec<Answer> = rotations(&q)
                 .iter()
-                .map(|v| read(&v.kind, &content, &planted))
+                .map(|kind| read(kind, &content, &planted))
                 .collect();
-            book.observe(signature, &sample_log_prior(&vs, &reads).unwrap());
+            book.observe(signature, &sample_log_prior(&reads).unwrap());
             if sample + 1 < DEFAULT_MIN_SAMPLES as usize {
                 assert_eq!(book.prior(signature, 4), None);
             }
@@ -294,24 +306,22 @@ mod tests {
     }
 
     #[test]
-    fn only_full_rotations_are_samples() {
+    fn a_sample_is_n_reads_of_n_labels_centred() {
         let names: Vec<String> = (0..6).map(|i| format!("o{i}")).collect();
         let q = question(&names, "Pick");
         let content: HashMap<String, f64> = names.iter().map(|n| (n.clone(), 0.0)).collect();
-        let bias = [0.0; 6];
-        let partial = variants(&q.kind, 4);
-        let reads: Vec<Answer> = partial
+        let bias = [0.5, 0.0, 0.0, 0.0, 0.0, -0.5];
+        let reads: Vec<Answer> = rotations(&q)
             .iter()
-            .map(|v| read(&v.kind, &content, &bias))
+            .map(|kind| read(kind, &content, &bias))
             .collect();
-        assert_eq!(sample_log_prior(&partial, &reads), None);
-        let full = variants(&q.kind, 6);
-        let reads: Vec<Answer> = full
-            .iter()
-            .map(|v| read(&v.kind, &content, &bias))
-            .collect();
-        let sample = sample_log_prior(&full, &reads).unwrap();
-        assert!(sample.iter().all(|x| x.abs() < 1e-12), "{sample:?}");
+        assert_eq!(sample_log_prior(&reads[..4]), None);
+        let sample = sample_log_prior(&reads).unwrap();
+        assert!(sample.iter().sum::<f64>().abs() < 1e-12, "{sample:?}");
+        assert!(
+            (sample[0] - 0.5).abs() < 1e-12 && (sample[5] + 0.5).abs() < 1e-12,
+            "{sample:?}"
+        );
     }
 
     #[test]
