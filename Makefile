@@ -101,7 +101,7 @@ run: install
 # Qwen3.5 with their real tokenizers; LFM2-VL, Gemma4 and DiffusionGemma with small synthetic ones), each built once.
 HYBRID_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl tiny-gemma4 tiny-gemma4-mm
 # Fixtures that ship their processor (image reads); a cached copy from before they did is rebuilt.
-PROCESSOR_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl
+PROCESSOR_FIXTURES := tiny-qwen3.5 tiny-qwen3.5-moe tiny-lfm2-vl tiny-gemma4-mm tiny-diffusiongemma
 # Block diffusion (DiffusionGemma canvas reads): MoE text layers, a Gemma-style synthetic tokenizer and template.
 DIFFUSION_FIXTURES := tiny-diffusiongemma
 # Joint-schema (Clef-Flash, Clef-Omni): tiny Qwen3.5 / Qwen3-Omni thinker backbones with a random head of a small config.

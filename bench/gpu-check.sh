@@ -5,8 +5,9 @@
 #   1. the environment: torch sees the GPU, which attention kernels are there (flash-attn, FlexAttention);
 #   2. the fixtures, made there from their configs and the Qwen3 tokenizer (random weights, seed 0: the tiny Qwen3
 #      and the Qwen3-0.6B shape, bfloat16; their weights are too big to carry);
-#   3. equality on CUDA: our shard's reads (tree and naive, float32 and bfloat16) against transformers' own forward
-#      on the tiny fixture, the tolerance per dtype as on CPU;
+#   3. equality on CUDA: our shard's reads (tree and naive, float32 and bfloat16, eager, compiled, and compiled with
+#      CUDA graphs) against transformers' own forward on the tiny fixture, the tolerance per dtype as on CPU; then
+#      the host-work proxy (bench/host_overhead.py) with CUDA graphs and without;
 #   4. decision-bench through the whole stack (bench/gpu-workloads.sh: launcher, router, one shard), Qwen3-0.6B shape,
 #      bfloat16: 8 q x 512 at C 1 and C 64, 1 q x 300 in an open loop at 1,000 requests/s, 32 q x 2,048 at C 64; then,
 #      when under 300 s have gone, 8 q x 2,048 at C 64 on a Qwen3-8B-shaped random model; reports, summary.json (rows
@@ -58,11 +59,16 @@ for _ in range(4):
     state = [1, *torch.randint(10, 400, (150,), generator=g).tolist()]
     prompts += [state + [60, 61], state + [62, 63, 64]]
 labels = ((3,), (4,), (7, 8))
-for dtype, tol, compile_mode in (("float32", 1e-4, "off"), ("bfloat16", 5e-2, "off"), ("bfloat16", 5e-2, "auto")):
-    # --compile auto: the layers between attentions as compiled graphs (layer_graph), the serving default.
-    model = load_model(folder, LoadOptions(dtype=dtype, compile_mode=compile_mode))
+cases = (("float32", 1e-4, "off", "off"), ("float32", 1e-4, "auto", "auto"), ("bfloat16", 5e-2, "off", "off"),
+         ("bfloat16", 5e-2, "auto", "off"), ("bfloat16", 5e-2, "auto", "auto"))
+for dtype, tol, compile_mode, graphs in cases:
+    # --compile auto: the layers between attentions as compiled graphs (layer_graph), the serving default;
+    # --cuda-graphs auto: those replayed as CUDA graphs per token-count bucket (step_graphs), the serving default.
+    model = load_model(folder, LoadOptions(dtype=dtype, compile_mode=compile_mode, cuda_graphs=graphs))
     assert model.device_name.startswith("cuda"), model.device_name
-    print(f"{dtype} compile {compile_mode}: compiled layers {model.compiled_layers}, segment attention {model.segment_attention}")
+    print(f"{dtype} compile {compile_mode} cuda graphs {graphs}: compiled layers {model.compiled_layers}, "
+          f"segment attention {model.segment_attention}, graph buckets {list(model.cuda_graph_buckets)}")
+    compile_mode = f"{compile_mode}/graphs-{graphs}"
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to("cuda").eval()
     # tree with the kernel chosen at load (flex where its probe passed), tree with SDPA per segment, and naive.
     chosen = model.segment_attention
@@ -83,6 +89,12 @@ for dtype, tol, compile_mode in (("float32", 1e-4, "off"), ("bfloat16", 5e-2, "o
         print(f"{dtype} {compile_mode} {mode} {kernel}: max |dlogprob| {worst:.2e} (tolerance {tol})", "ok" if worst < tol else "FAILED")
     model.segment_kernel = chosen
 EOF
+
+echo "== 3b. host work per forward (bench/host_overhead.py: 28 layers, hidden 64, 512 tokens), graphs on and off" | tee -a "$LOG"
+for graphs in auto off; do
+  timeout 120 python3 bench/host_overhead.py --dtype bfloat16 --runs 20 --cuda-graphs $graphs 2>&1 | tail -1 | tee -a "$LOG" \
+    || echo "host_overhead --cuda-graphs $graphs failed" | tee -a "$LOG"
+done
 
 echo "== 4. decision-bench, --num-shard 1, bfloat16, Qwen3-0.6B shape (bench/gpu-workloads.sh)" | tee -a "$LOG"
 FIXTURE=/tmp/gpu-models/qwen3-0.6b

@@ -81,10 +81,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument(
+        "--tokens", type=int, default=TOKENS, help="Tokens of the read (default 512, the issue's proxy)"
+    )
     parser.add_argument("--threads", type=int, default=None)
     # The serving path's defaults (`decision-server serve`): what the target is about.
     parser.add_argument("--matmul", default="auto")
     parser.add_argument("--compile", default="auto")
+    parser.add_argument("--cuda-graphs", default="auto")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -97,12 +101,15 @@ def main() -> None:
         folder = Path(tmp)
         build(folder, dtype)
         # The shard picks its device as serving does (CUDA where there is one).
-        ours = load_model(folder, LoadOptions(dtype=args.dtype, matmul=args.matmul, compile_mode=args.compile))
+        options = LoadOptions(
+            dtype=args.dtype, matmul=args.matmul, compile_mode=args.compile, cuda_graphs=args.cuda_graphs
+        )
+        ours = load_model(folder, options)
         device = ours.device
         engine = make_engine("auto", ours, 0)
         reference = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     generator = torch.Generator().manual_seed(1)
-    prompt = tuple(torch.randint(10, 1024, (TOKENS,), generator=generator).tolist())
+    prompt = tuple(torch.randint(10, 1024, (args.tokens,), generator=generator).tolist())
     read = ReadSpec(id=0, prompt=prompt, labels=((1,), (2,), (3,), (4,)))
     ids = torch.tensor([prompt], device=device)
 
@@ -126,9 +133,11 @@ def main() -> None:
                 "transformers_ops_per_layer": round(ops_per_layer(reference_forward, device), 1),
                 "device": ours.device_name,
                 "dtype": args.dtype,
+                "tokens": args.tokens,
                 "threads": torch.get_num_threads(),
                 "matmul": ours.matmul,
                 "compile": args.compile,
+                "cuda_graph_buckets": list(ours.cuda_graph_buckets),
             }
         )
     )

@@ -27,7 +27,7 @@ from decision_server.engines.media import run_media_read, run_media_reads
 from decision_server.engines.types import BatchOutcome, ReadOutcome
 from decision_server.fixtures import make_fixture
 from decision_server.media import IMAGE, MediaItem
-from decision_server.model import load_model
+from decision_server.model import LoadOptions, load_model
 from decision_server.model_base import MediaScoring
 from decision_server.paths import models_dir
 from PIL import Image
@@ -79,7 +79,7 @@ def arm(path: Callable[..., list[ReadOutcome]]) -> None:
 def bench(name: str, runs: int) -> dict[str, Any]:
     folder = models_dir() / name
     make_fixture(name, folder, seed=0)
-    model: Any = load_model(folder, dtype="float32")
+    model: Any = load_model(folder, LoadOptions(dtype="float32"))
     engine = make_engine("auto", model)
     data = image()
     times: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}

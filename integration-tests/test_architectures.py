@@ -240,7 +240,7 @@ def test_media_fields_are_read_or_refused_naming_the_field(served: tuple[str, La
     # The fixtures that ship their processor read images (as the reference's next-token and Liquid reads do), Qwen3.5
     # videos too (a one-pixel PNG is no video: refused naming videos.0); none reads audio; a folder without a
     # processor reads no media at all.
-    takes_images = name in ("tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-lfm2-vl")
+    takes_images = name in ("tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-lfm2-vl", "tiny-gemma4-mm")
     takes_videos = name in ("tiny-qwen3.5", "tiny-qwen3.5-moe")
     info = httpx2.get(f"{launcher.url}/info", timeout=10).json()
     expected = (["images"] if takes_images else []) + (["videos"] if takes_videos else [])

@@ -1,12 +1,16 @@
 """DiffusionGemma canvas reads through the whole stack, from the tiny-diffusiongemma fixture: `/info` names the
 strategy and engine, all three question types answer single and joint on `/v1/systemone` and the SGLang shape,
 and the probabilities and label mass equal an independent `DiffusionGemmaForBlockDiffusion` forward on prompts
-and canvases built here from the reference's rules (vLLM 0.33's DiffusionGemmaCanvasStrategy), not the server's.
+and canvases built here from the reference's rules (vLLM 0.33's DiffusionGemmaCanvasStrategy), not the server's;
+with images too (the folder's processor, the images before the state, each image block attended bidirectionally
+as transformers' `generate` masks it), and videos refused saying why.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import io
 import json
 import math
 import random
@@ -15,9 +19,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx2
+import numpy as np
 import pytest
 import torch
 import transformers
+from PIL import Image
 
 from conftest import HEALTH_TIMEOUT_S
 from launchers import Launcher, cache_dir
@@ -71,6 +77,7 @@ class CanvasReference:
     def __init__(self) -> None:
         torch.set_num_threads(1)
         folder = cache_dir() / "models" / FIXTURE
+        self.processor = transformers.AutoProcessor.from_pretrained(folder)
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
         self.model = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(
             folder, dtype=torch.float32
@@ -87,28 +94,60 @@ class CanvasReference:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt(self, messages: list[dict[str, str]]) -> list[int]:
+    def prompt(self, messages: list[dict[str, Any]], images: int = 0) -> list[int]:
+        if images:
+            # One image part per image before the user's text, as every model here places them.
+            user = messages[-1]
+            parts = [{"type": "image"} for _ in range(images)]
+            user["content"] = [*parts, {"type": "text", "text": user["content"]}]
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
         )
         return self.encode(text)
 
     @torch.inference_mode()
-    def logprobs(self, prompt_ids: list[int], canvas: list[int]) -> torch.Tensor:
+    def logprobs(
+        self, prompt_ids: list[int], canvas: list[int], images: list[bytes] = []  # noqa: B006 (never mutated)
+    ) -> torch.Tensor:
+        if not images:
+            output = self.model(
+                input_ids=torch.tensor([prompt_ids + self.thought]),
+                decoder_input_ids=torch.tensor([canvas]),
+            )
+            return torch.log_softmax(output.logits[0].double(), dim=-1)
+        # The processor expands the placeholders; the encoder's masks are built from the token types as
+        # transformers' `generate` builds them, and the vision tower's features go in as the model takes them.
+        text = self.tokenizer.decode(prompt_ids + self.thought, skip_special_tokens=False)
+        pil = [Image.open(io.BytesIO(data)).convert("RGB") for data in images]
+        inputs = self.processor(images=pil, text=[text], return_tensors="pt", add_special_tokens=False)
+        encoder = self.model.model.encoder
+        masks = encoder.create_masks_for_generate(
+            config=self.model.config,
+            inputs_embeds=torch.empty((1, inputs["input_ids"].shape[1], 0)),
+            attention_mask=inputs["attention_mask"],
+            cache=None,
+            position_ids=None,
+            mm_token_type_ids=inputs["mm_token_type_ids"],
+        )
+        features = encoder.get_image_features(
+            inputs["pixel_values"], inputs["image_position_ids"], return_dict=True
+        )
         output = self.model(
-            input_ids=torch.tensor([prompt_ids + self.thought]),
+            input_ids=inputs["input_ids"],
+            attention_mask=masks,
             decoder_input_ids=torch.tensor([canvas]),
+            mm_encoder_outputs={"image": features},
         )
         return torch.log_softmax(output.logits[0].double(), dim=-1)
 
     def single(
-        self, request: dict[str, Any], question: dict[str, Any]
+        self, request: dict[str, Any], question: dict[str, Any], images: list[bytes] = []  # noqa: B006
     ) -> tuple[list[float], float]:
-        prompt = self.prompt(messages_for(request, question))
+        prompt = self.prompt(messages_for(request, question), len(images))
         canvas = [seeded(prompt).randrange(self.vocab), self.end] + [self.pad] * 14
         _body, labels = question_body(question)
         ids = [self.encode(label)[0] for label in labels]
-        lp = self.logprobs(prompt, canvas)[0, ids]
+        lp = self.logprobs(prompt, canvas, images)[0, ids]
         return torch.softmax(lp, dim=-1).tolist(), float(torch.exp(lp).sum())
 
     def line_prefix(self, k: int, kind: str) -> list[int]:
@@ -125,7 +164,9 @@ class CanvasReference:
                 return spans
         return [(i, i + 1) for i in range(n)]
 
-    def joint(self, request: dict[str, Any]) -> dict[str, tuple[list[float], float]]:
+    def joint(
+        self, request: dict[str, Any], images: list[bytes] = []  # noqa: B006 (never mutated)
+    ) -> dict[str, tuple[list[float], float]]:
         questions = list(request["questions"].items())
         answers: dict[str, tuple[list[float], float]] = {}
         for a, b in self.chunks([q["type"] for _, q in questions]):
@@ -148,7 +189,7 @@ class CanvasReference:
                 messages.insert(
                     0, {"role": "system", "content": request["instructions"]}
                 )
-            prompt = self.prompt(messages)
+            prompt = self.prompt(messages, len(images))
             rng = seeded(prompt)
             canvas: list[int] = []
             slots = []
@@ -166,7 +207,7 @@ class CanvasReference:
             canvas.append(self.end)
             width = min(-(-(len(canvas) + 1) // 16) * 16, self.served)
             canvas += [self.pad] * (width - len(canvas))
-            logprobs = self.logprobs(prompt, canvas)
+            logprobs = self.logprobs(prompt, canvas, images)
             for qid, position, groups in slots:
                 best = torch.stack([logprobs[position, g].max() for g in groups])
                 mass = float(
@@ -354,14 +395,84 @@ def test_the_sglang_shape_reads_as_system_one_does(
     )
 
 
+def png(seed: int, width: int = 96, height: int = 64) -> bytes:
+    pixels = (np.random.RandomState(seed).rand(height, width, 3) * 255).astype("uint8")
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def data_url(data: bytes) -> str:
+    return f"data:image/png;base64,{base64.b64encode(data).decode()}"
+
+
+@pytest.mark.parametrize("joint", [False, True])
+def test_images_equal_an_independent_forward(
+    served: Launcher, reference: CanvasReference, joint: bool
+) -> None:
+    """Two images before the state, per question and on joint canvases: every probability and label mass equal
+    transformers' model over the folder's processor outputs; the images change the answers and count in usage."""
+    info = httpx2.get(f"{served.url}/info", timeout=10).json()
+    assert info["modalities"] == ["images"], info
+    images = [png(1), png(2, 40, 120)]
+    body = {**REQUEST, "joint": joint, "images": [data_url(data) for data in images]}
+    r = httpx2.post(f"{served.url}/v1/systemone", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    got_body = r.json()
+    expected = (
+        reference.joint(REQUEST, images)
+        if joint
+        else {q: reference.single(REQUEST, v, images) for q, v in REQUEST["questions"].items()}
+    )
+    for qid, question in REQUEST["questions"].items():
+        want, mass = expected[qid]
+        got = probabilities(got_body["answers"][qid], question["type"])
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-5, (qid, got, want)
+        assert math.isclose(
+            got_body["x_diagnostics"][qid]["label_mass"], mass, rel_tol=1e-4, abs_tol=1e-7
+        ), qid
+    text_only = httpx2.post(
+        f"{served.url}/v1/systemone", json={**REQUEST, "joint": joint}, timeout=120
+    ).json()
+    assert got_body["usage"]["input_tokens"] > text_only["usage"]["input_tokens"]
+    assert got_body["answers"] != text_only["answers"]
+    other = httpx2.post(
+        f"{served.url}/v1/systemone", json={**body, "images": [data_url(png(3)), body["images"][1]]}, timeout=120
+    ).json()
+    assert other["answers"] != got_body["answers"], "another image, other answers"
+
+
+def test_an_image_that_expands_a_prompt_past_the_model_is_a_400(
+    served: Launcher, reference: CanvasReference
+) -> None:
+    """The router checks each prompt with its image placeholder; the shard expands it. A state that fits with
+    the placeholder but not with the image's tokens is a 400 naming the images, and the server goes on."""
+    question = {"type": "noul", "instructions": "Urgent?"}
+    request = {"state": "9", "questions": {"q": question}}
+    base = len(reference.prompt(messages_for(request, question), images=1)) - 1
+    # A token per digit; the router allows the prompt plus the thought block and a 16-token canvas.
+    digits = 8192 - base - len(reference.thought) - 16 - 4
+    body = {**request, "state": "9" * digits, "images": [data_url(png(4))]}
+    r = httpx2.post(f"{served.url}/v1/systemone", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    assert "images: with its media expanded" in r.text and "8192 positions" in r.text, r.text
+    # Without the image it fits.
+    text_only = httpx2.post(f"{served.url}/v1/systemone", json={**body, "images": []}, timeout=120)
+    assert text_only.status_code == 200, text_only.text
+
+
 def test_refusals_name_the_field(served: Launcher) -> None:
     pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
-    for field in ("images", "videos", "audio"):
+    r = httpx2.post(f"{served.url}/v1/systemone", json={**REQUEST, "images": [pixel]}, timeout=60)
+    assert r.status_code == 200, r.text
+    for field in ("videos", "audio"):
         r = httpx2.post(
             f"{served.url}/v1/systemone", json={**REQUEST, field: [pixel]}, timeout=60
         )
         assert r.status_code == 400, (field, r.text)
         assert field in r.text, r.text
+        # Why: the reference the reads equal has no such input.
+        assert "encodes images only" in r.text, r.text
     r = httpx2.post(
         f"{served.url}/v1/systemone", json={**REQUEST, "joint": "yes"}, timeout=60
     )

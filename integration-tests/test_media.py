@@ -32,6 +32,7 @@ MEDIA_FIXTURES = {
     # fixture: (architecture, strategy, the media /info lists)
     "tiny-lfm2-vl": ("Lfm2VlForConditionalGeneration", "liquid", ["images"]),
     "tiny-qwen3.5": ("Qwen3_5ForConditionalGeneration", "next_token", ["images", "videos"]),
+    "tiny-gemma4-mm": ("Gemma4ForConditionalGeneration", "next_token", ["images"]),
 }
 TOL = 1e-5
 

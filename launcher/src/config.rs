@@ -150,6 +150,15 @@ pub struct ShardFlags {
     #[arg(long, env = "COMPILE", value_enum, default_value_t = Compile::Auto)]
     pub compile: Compile,
 
+    /// `auto`: on a CUDA device, the compiled layers (`--compile auto`) replay as CUDA graphs, one
+    /// per layer and token-count bucket (16 to 4,096 tokens; a pass is padded to its bucket and
+    /// attention stays eager between replays), captured at load within 60 s and checked against
+    /// the compiled pass; a longer pass runs the compiled layers. `/info`'s `cuda_graph_buckets`
+    /// lists the captured buckets. Nothing is captured on CPU or above one shard. `off`: the
+    /// compiled layers without graphs.
+    #[arg(long, env = "CUDA_GRAPHS", value_enum, default_value_t = CudaGraphs::Auto)]
+    pub cuda_graphs: CudaGraphs,
+
     /// CPU threads each shard uses for compute. Omitted: the shard's own default.
     #[arg(long, env = "THREADS", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
@@ -323,6 +332,12 @@ pub enum Compile {
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaGraphs {
+    Auto,
+    Off,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShardLogLevel {
     Error,
     Warning,
@@ -424,6 +439,7 @@ mod tests {
         assert_eq!(config.shard.read_mode, ReadMode::Auto);
         assert_eq!(config.shard.matmul, Matmul::Auto);
         assert_eq!(config.shard.compile, Compile::Auto);
+        assert_eq!(config.shard.cuda_graphs, CudaGraphs::Auto);
         assert_eq!(config.uds_path, PathBuf::from("/tmp/decision-server"));
         assert_eq!(config.router.compat, Compat::Typesafe);
         assert_eq!(config.router.api_key, None);

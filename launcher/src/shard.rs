@@ -79,7 +79,7 @@ impl Rendezvous {
 }
 
 /// `decision-server --log-level L serve MODEL_DIR --uds-path SOCKET [every shard flag: --dtype D --read-mode M
-/// --matmul X --compile C [--threads T] --prefix-cache-mb C] --rank R --world-size N [--master-addr A --master-port P]
+/// --matmul X --compile C --cuda-graphs G [--threads T] --prefix-cache-mb C] --rank R --world-size N [--master-addr A --master-port P]
 /// [--max-batch-prefill-tokens B] [--otlp-endpoint E]`: every rank's place in the group is an explicit flag, and
 /// the shard flags come from their one declaration (`config::ShardFlags`).
 pub fn spec(
@@ -356,6 +356,8 @@ mod tests {
                 "fast",
                 "--compile",
                 "off",
+                "--cuda-graphs",
+                "auto",
                 "--threads",
                 "8",
                 "--prefix-cache-mb",
@@ -374,6 +376,9 @@ mod tests {
         assert!(default_threads.contains(&OsString::from("auto")));
         assert_eq!(value_after(&default_threads, "--matmul"), "auto");
         assert_eq!(value_after(&default_threads, "--compile"), "auto");
+        assert_eq!(value_after(&default_threads, "--cuda-graphs"), "auto");
+        let eager = rank0_args(&model, socket, &["--cuda-graphs", "off"]);
+        assert_eq!(value_after(&eager, "--cuda-graphs"), "off");
         let split = rank0_args(&model, socket, &["--matmul", "split"]);
         assert_eq!(value_after(&split, "--matmul"), "split");
         let widen = rank0_args(&model, socket, &["--matmul", "widen"]);
@@ -438,7 +443,12 @@ mod tests {
             &[],
         );
         assert_eq!(rank1.name, "shard 1");
-        let tail: Vec<OsString> = rank1.args[16..].to_vec();
+        let rank_at = rank1
+            .args
+            .iter()
+            .position(|a| a == "--rank")
+            .expect("--rank");
+        let tail: Vec<OsString> = rank1.args[rank_at..].to_vec();
         assert_eq!(
             tail,
             [

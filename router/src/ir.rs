@@ -4,6 +4,7 @@
 use clap::ValueEnum;
 use serde_json::Value;
 
+use crate::probability;
 pub use crate::probability::Answer;
 use crate::question_kind::Kind;
 
@@ -123,7 +124,44 @@ pub struct ChoiceOption {
     pub description: Option<String>,
 }
 
+/// An answer in its question's terms, with what the wire shapes echo: the chosen option of a choice
+/// (the most probable; the first of equals), the two sides of a yes/no, a score's expected level
+/// (level i is worth i). Every shape's `format` (`api/`) spells one of these; none recomputes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Reading<'a> {
+    Choice {
+        options: &'a [ChoiceOption],
+        chosen: usize,
+    },
+    YesNo {
+        yes: f64,
+        no: f64,
+    },
+    Score {
+        sent: &'a [Value],
+        expected: f64,
+    },
+}
+
 impl QuestionKind {
+    /// The answer `p` (renormalised probabilities in answer order) as this question reads it.
+    pub fn reading(&self, p: &[f64]) -> Reading<'_> {
+        match self {
+            QuestionKind::Choice { options } => Reading::Choice {
+                options,
+                chosen: probability::argmax(p),
+            },
+            QuestionKind::YesNo { .. } => Reading::YesNo {
+                yes: p[0],
+                no: p[1],
+            },
+            QuestionKind::Score { sent, .. } => Reading::Score {
+                sent,
+                expected: probability::expected_score(p),
+            },
+        }
+    }
+
     /// A score whose levels were sent as these strings.
     pub fn score(levels: Vec<String>) -> Self {
         let sent = levels.iter().map(|l| Value::String(l.clone())).collect();
@@ -251,5 +289,53 @@ impl OrderReport {
             out.insert(format!("{prefix}prior_samples"), n.into());
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(names: &[&str]) -> Vec<ChoiceOption> {
+        names
+            .iter()
+            .map(|n| ChoiceOption {
+                name: n.to_string(),
+                description: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reading_is_the_answer_in_its_questions_terms() {
+        let choice = QuestionKind::Choice {
+            options: options(&["a", "b", "c"]),
+        };
+        match choice.reading(&[0.2, 0.5, 0.3]) {
+            Reading::Choice { options, chosen } => assert_eq!(options[chosen].name, "b"),
+            other => panic!("{other:?}"),
+        }
+        // Equal probabilities: the first listed option is chosen, in every wire shape.
+        match choice.reading(&[0.4, 0.2, 0.4]) {
+            Reading::Choice { chosen, .. } => assert_eq!(chosen, 0),
+            other => panic!("{other:?}"),
+        }
+        let yes_no = QuestionKind::YesNo {
+            yes: None,
+            no: None,
+            no_first: false,
+        };
+        assert_eq!(
+            yes_no.reading(&[0.7, 0.3]),
+            Reading::YesNo { yes: 0.7, no: 0.3 }
+        );
+        let score = QuestionKind::score(vec!["low".into(), "mid".into(), "high".into()]);
+        match score.reading(&[0.25, 0.25, 0.5]) {
+            Reading::Score { sent, expected } => {
+                assert_eq!(sent.len(), 3);
+                assert!((expected - 1.25).abs() < 1e-12);
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

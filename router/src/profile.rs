@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use clap::ValueEnum;
 
 use crate::error::DecisionError;
-use crate::ir::{Answer, QuestionKind, Usage};
+use crate::ir::{Answer, Usage};
 use crate::limits::{Limits, DIGIT_LABELS, LETTER_LABELS};
 
 /// vLLM's question limit (seeds 000/001 "Limits", and its OpenAI MVP's "1–64 questions").
@@ -15,6 +15,7 @@ pub const OPENAI_MAX_QUESTIONS: usize = 200;
 pub const OPENAI_MAX_CHOICES: usize = 255;
 use crate::probability;
 use crate::prompt::wording::Wording;
+use crate::question_kind::Kind;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Compat {
@@ -192,7 +193,7 @@ impl Compat {
     }
 
     /// Confidence of an answer; `None` where the profile reports none (yes/no outside vLLM).
-    pub fn confidence(&self, kind: &QuestionKind, answer: &Answer) -> Option<f64> {
+    pub fn confidence(&self, kind: Kind, answer: &Answer) -> Option<f64> {
         let p = &answer.probabilities;
         if answer.pooled {
             // The head has no labels: the chosen option's probability, in every profile (the seeds).
@@ -202,7 +203,7 @@ impl Compat {
             // vLLM: the chosen label's full-vocabulary probability (its share times the label mass).
             Compat::Vllm => Some(p[probability::argmax(p)] * answer.label_mass),
             // TypeSafe's formula of the question's kind (`question_kind.rs`).
-            _ => kind.kind().confidence(p),
+            _ => kind.confidence(p),
         }
     }
 }
@@ -387,15 +388,9 @@ mod tests {
     #[test]
     fn confidence_per_profile() {
         let a = answer(vec![0.88, 0.12], 0.5);
-        let choice = QuestionKind::Choice { options: vec![] };
-        assert!((Compat::Typesafe.confidence(&choice, &a).unwrap() - 0.76).abs() < 1e-12);
-        assert!((Compat::Vllm.confidence(&choice, &a).unwrap() - 0.44).abs() < 1e-12);
-        let yes_no = QuestionKind::YesNo {
-            yes: None,
-            no: None,
-            no_first: false,
-        };
-        assert_eq!(Compat::Typesafe.confidence(&yes_no, &a), None);
-        assert!((Compat::Vllm.confidence(&yes_no, &a).unwrap() - 0.44).abs() < 1e-12);
+        assert!((Compat::Typesafe.confidence(Kind::Choice, &a).unwrap() - 0.76).abs() < 1e-12);
+        assert!((Compat::Vllm.confidence(Kind::Choice, &a).unwrap() - 0.44).abs() < 1e-12);
+        assert_eq!(Compat::Typesafe.confidence(Kind::YesNo, &a), None);
+        assert!((Compat::Vllm.confidence(Kind::YesNo, &a).unwrap() - 0.44).abs() < 1e-12);
     }
 }

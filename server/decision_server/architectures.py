@@ -82,15 +82,19 @@ class Architecture:
     mm_token_type_ids: bool = False
     # The read kind the model computes: next-token reads (causal LMs) or canvas reads (block diffusion).
     reads: str = NEXT_TOKEN
+    # What the media table (media_table.py) says beside a medium: how it is read, or why it is refused.
+    media_notes: tuple[tuple[str, str], ...] = ()
 
     @property
     def transformers_class(self) -> str:
         return self.model_class or self.name
 
 
-IMAGES = frozenset({"image"})
+IMAGE, VIDEO, AUDIO = "image", "video", "audio"
+IMAGES = frozenset({IMAGE})
 # Qwen3.5 reads videos too (the seed's "T + I + V"; vLLM 0.33's next-token reads stop at images).
-IMAGES_AND_VIDEOS = frozenset({"image", "video"})
+IMAGES_AND_VIDEOS = frozenset({IMAGE, VIDEO})
+TWO_FPS = "2 fps"
 
 ARCHITECTURES: dict[str, Architecture] = {
     entry.name: entry
@@ -103,6 +107,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             prepare_forward=reset_rope_deltas,
             media=IMAGES_AND_VIDEOS,
             mm_token_type_ids=True,
+            media_notes=((VIDEO, f"{TWO_FPS}; vLLM 0.33's next-token reads stop at images"),),
         ),
         Architecture(
             "Qwen3_5MoeForConditionalGeneration",
@@ -110,11 +115,35 @@ ARCHITECTURES: dict[str, Architecture] = {
             prepare_forward=reset_rope_deltas,
             media=IMAGES_AND_VIDEOS,
             mm_token_type_ids=True,
+            media_notes=((VIDEO, f"{TWO_FPS}; vLLM 0.33's next-token reads stop at images"),),
         ),
         Architecture("Gemma4ForCausalLM", TRANSFORMERS),
-        Architecture("Gemma4ForConditionalGeneration", TRANSFORMERS, media=IMAGES),
-        Architecture("Lfm2VlForConditionalGeneration", TRANSFORMERS, media=IMAGES, image_area_cap=1024 * 1024),
-        Architecture("DiffusionGemmaForBlockDiffusion", TRANSFORMERS, reads=CANVAS),
+        Architecture(
+            "Gemma4ForConditionalGeneration",
+            TRANSFORMERS,
+            media=IMAGES,
+            media_notes=((VIDEO, "not served: the seeds list no Gemma4 video reads"),),
+        ),
+        Architecture(
+            "Lfm2VlForConditionalGeneration",
+            TRANSFORMERS,
+            media=IMAGES,
+            image_area_cap=1024 * 1024,
+            media_notes=((IMAGE, "shrunk to 1024² px by area"),),
+        ),
+        # The seeds give it "T + I + V"; transformers' model reads images only (DiffusionGemmaEncoderModel: a vision
+        # tower and `pixel_values`, no video or audio input), so videos are refused rather than read another way.
+        Architecture(
+            "DiffusionGemmaForBlockDiffusion",
+            TRANSFORMERS,
+            reads=CANVAS,
+            media=IMAGES,
+            mm_token_type_ids=True,
+            media_notes=(
+                (IMAGE, "per question and joint canvases"),
+                (VIDEO, "transformers' model encodes images only"),
+            ),
+        ),
     )
 }
 
@@ -134,6 +163,8 @@ class JointSchemaFamily:
     prepare_forward: Callable[[Any], None] | None = None
     # Passed to the processor with every medium (Clef-Omni caps image pixels at 65,536..1,048,576).
     processor_kwargs: dict[str, Any] | None = None
+    # What the media table says beside a medium (as Architecture.media_notes).
+    media_notes: tuple[tuple[str, str], ...] = ()
 
 
 JOINT_SCHEMA_FAMILIES: dict[str, JointSchemaFamily] = {
@@ -146,14 +177,20 @@ JOINT_SCHEMA_FAMILIES: dict[str, JointSchemaFamily] = {
             media=IMAGES_AND_VIDEOS,
             mm_token_type_ids=True,
             prepare_forward=reset_rope_deltas,
+            media_notes=((VIDEO, f"{TWO_FPS}, soundtracks ignored"), (AUDIO, "the seed refuses audio")),
         ),
         JointSchemaFamily(
             "Clef-Omni",
             "Qwen3OmniMoeForConditionalGeneration",
             "Qwen3OmniMoeForConditionalGeneration",
-            media=frozenset({"image", "audio", "video"}),
+            media=frozenset({IMAGE, AUDIO, VIDEO}),
             omni=True,
             processor_kwargs={"images_kwargs": {"size": {"shortest_edge": 65_536, "longest_edge": 1_048_576}}},
+            media_notes=(
+                (IMAGE, "65,536..1,048,576 px"),
+                (VIDEO, f"{TWO_FPS}, soundtrack heard when every video has one"),
+                (AUDIO, "400 beside videos with soundtracks"),
+            ),
         ),
     )
 }

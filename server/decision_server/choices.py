@@ -20,10 +20,14 @@ MATMUL_CHOICES = ("auto", *MATMUL_MODES, "widen")
 # `--compile`: whether half-precision elementwise chains are fused with torch.compile (`fused`).
 COMPILE_MODES = ("auto", "off")
 
+# `--cuda-graphs`: whether the compiled layers replay as CUDA graphs per token-count bucket (`step_graphs`).
+CUDA_GRAPH_MODES = ("auto", "off")
+
 # Every option flag of `decision-server serve` with a fixed set of values, by flag: what the launcher must accept.
 SERVE_CHOICES: dict[str, tuple[str, ...]] = {
     "--dtype": DTYPE_CHOICES,
     "--read-mode": READ_MODES,
     "--matmul": MATMUL_CHOICES,
     "--compile": COMPILE_MODES,
+    "--cuda-graphs": CUDA_GRAPH_MODES,
 }

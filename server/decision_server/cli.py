@@ -113,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
         "log-probability). off: always eager, float32 bit-equal to transformers. Applies to the shard's own "
         "decoder (Llama family, Qwen3) at world size 1.",
     )
+    serve.add_argument(
+        "--cuda-graphs",
+        choices=choices.CUDA_GRAPH_MODES,
+        default="auto",
+        help="auto: on a CUDA device, the compiled layers (--compile auto) replay as CUDA graphs, one per layer and "
+        "token-count bucket (16 to 4,096 tokens; a pass is padded to its bucket, attention stays eager between "
+        "replays), captured at load within 60 s and checked against the compiled pass; a longer pass runs the "
+        "compiled layers. Info's cuda_graph_buckets lists the captured buckets. Nothing to capture on CPU or "
+        "above world size 1. off: the compiled layers without graphs.",
+    )
     serve.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice).")
     serve.add_argument(
         "--prefix-cache-mb",
@@ -202,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("name", choices=FIXTURE_NAMES, help="Which fixture shape to build.")
     fixture.add_argument("--out", type=Path, required=True, help="Output folder.")
     fixture.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
+
+    table = commands.add_parser(
+        "print-media-table",
+        help="Print the Markdown table of every served architecture and the media it reads (docs/media.md, README).",
+    )
+    table.add_argument("--compact", action="store_true", help="Statuses only, without notes (the README's table).")
     return parser
 
 
@@ -280,6 +296,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             read_mode=args.read_mode,
             matmul=args.matmul,
             compile_mode=args.compile,
+            cuda_graphs=args.cuda_graphs,
             matmul_record=matmul_record(),
             threads=args.threads,
             prefix_cache_mb=args.prefix_cache_mb,
@@ -321,6 +338,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         make_fixture(args.name, args.out, seed=args.seed)
         print(args.out)
+        return 0
+    if args.command == "print-media-table":
+        from decision_server.media_table import media_table
+
+        print(media_table(notes=not args.compact), end="")
         return 0
     raise AssertionError(f"unhandled command {args.command}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decision_server import fused, layer_graph
+from decision_server import fused, layer_graph, step_graphs
 from decision_server.checkpoint import Checkpoint
 from decision_server.distributed import ShardGroup, partition
 from decision_server.flex_segments import FlexSegments
@@ -28,6 +29,8 @@ from decision_server.layers import (
     linear_weight_bytes,
 )
 from decision_server.segments import NEW, SegmentLayout
+
+logger = logging.getLogger(__name__)
 
 # Architectures this decoder implements; others fall back to transformers' modeling at world size 1 only.
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
@@ -930,6 +933,8 @@ class DecoderLM(nn.Module):
         self.bucket_rows = amx_row_buckets(self)
         # The layers between attentions as compiled graphs (`compile_layers`), or None: eager.
         self.graph: layer_graph.LayerGraph | None = None
+        # Those graphs replayed as CUDA graphs per token-count bucket (`capture_graphs`), or None.
+        self.step_graphs: step_graphs.StepGraphs | None = None
 
     @classmethod
     def load(
@@ -1081,6 +1086,10 @@ class DecoderLM(nn.Module):
                 rows = KeptRows.of(keep, mask, past_length, tokens, self.bucket_rows)
         last = len(self.layers) - 1
         new: list[LayerKV] = []
+        bucket = self.step_graphs.bucket(tokens) if self.step_graphs is not None else None
+        if self.step_graphs is not None and bucket is not None and run_rows == tokens >= layer_graph.MIN_TOKENS:
+            hidden = self._graphed_layers(self.step_graphs, bucket, hidden, cos, sin, layer_mask, past, rows, new)
+            return self.norm(hidden[: tokens if keep is None else len(keep)]), new
         if self.graph is not None and run_rows == tokens >= layer_graph.MIN_TOKENS:
             hidden = self._compiled_layers(self.graph, hidden, cos, sin, layer_mask, past, rows, new)
             return self.norm(hidden[: tokens if keep is None else len(keep)]), new
@@ -1122,6 +1131,81 @@ class DecoderLM(nn.Module):
                 if attended is not None:
                     hidden = layer.finish(hidden, layer.attention.out(attended))
         return hidden
+
+    def _graphed_layers(
+        self,
+        graphs: step_graphs.StepGraphs,
+        bucket: int,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | TreeAfterPast | SegmentPlan | None,
+        past: list[LayerKV] | None,
+        rows: KeptRows | SegmentRows | None,
+        new: list[LayerKV],
+    ) -> torch.Tensor:
+        """`_compiled_layers` with the compiled pieces replayed in `bucket` rows (`step_graphs`): the pass's rows
+        are copied into the graphs' buffers, attention runs eagerly on the pass's rows between replays."""
+        tokens, last = hidden.shape[0], len(self.layers) - 1
+        graphs.load(bucket, hidden, cos, sin)
+        for index, layer in enumerate(self.layers):
+            query, key, value = graphs.projected(tokens)
+            kv = LayerKV(key, value)
+            new.append(kv)
+            layer_rows = rows if index == last else None
+            layer_past = past[index] if past is not None else None
+            attended = layer.attention.attend(query, kv, mask, layer_past, layer_rows, tokens)
+            if layer_rows is None:
+                assert attended is not None
+                graphs.advance(index, bucket, attended)
+                continue
+            # The last layer's kept rows leave eagerly, as in `_compiled_layers`.
+            kept = graphs.rows(tokens).index_select(0, layer_rows.index)
+            return kept if attended is None else layer.finish(kept, layer.attention.out(attended))
+        # A view of the buffers: the caller's final norm reads it before any other pass runs.
+        return graphs.rows(tokens)
+
+    def capture_graphs(self, mode: str, max_tokens: int | None = None) -> tuple[int, ...]:
+        """Replays the compiled layers (`compile_layers`) as CUDA graphs per token-count bucket from now on, where
+        `mode` is "auto", the device has graphs and they capture and match the compiled pass (`step_graphs`; logged
+        otherwise); returns the captured buckets (none: the compiled pieces serve every pass)."""
+        self.step_graphs = None
+        if self.graph is None:
+            return ()
+        device = self.norm.weight.device
+        graphs = step_graphs.build(self.graph, mode, device, max_tokens)
+        try:
+            if graphs is not None and not self._graphs_match(graphs):
+                graphs = None
+        except Exception as err:  # a replay that fails: the compiled pieces serve every pass
+            logger.warning(
+                "cuda graphs: a graphed pass failed; the compiled layers run without graphs",
+                extra={"fields": {"error": f"{type(err).__name__}: {err}"[:500]}},
+            )
+            graphs = None
+        self.step_graphs = graphs
+        return graphs.captured if graphs is not None else ()
+
+    def _graphs_match(self, graphs: step_graphs.StepGraphs) -> bool:
+        """Whether a causal pass of 37 random tokens through the graphs equals the compiled pass (logged if not)."""
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, int(self.embedding.weight.shape[0]), (37,), generator=generator)
+        ids = ids.to(self.norm.weight.device)
+        positions = torch.arange(37, device=ids.device)
+        with torch.inference_mode():
+            self.step_graphs = graphs
+            graphed, _ = self.hidden_states(ids, positions, None, None)
+            self.step_graphs = None
+            compiled, _ = self.hidden_states(ids, positions, None, None)
+        worst = float((graphed.float() - compiled.float()).abs().max())
+        tolerance = 1e-4 if graphed.dtype == torch.float32 else 3e-2
+        if worst <= tolerance:
+            return True
+        logger.warning(
+            "cuda graphs: a graphed pass differs from the compiled one; the compiled layers run without graphs",
+            extra={"fields": {"max_abs_difference": worst, "tolerance": tolerance}},
+        )
+        return False
 
     def compile_layers(self) -> bool:
         """Runs the layers between attentions as compiled graphs from now on (`layer_graph`) where the model is not

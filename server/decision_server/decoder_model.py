@@ -54,6 +54,11 @@ class DecoderModel(LoadedModel):
         return self.network.graph is not None
 
     @property
+    def cuda_graph_buckets(self) -> tuple[int, ...]:
+        graphs = self.network.step_graphs
+        return graphs.captured if graphs is not None else ()
+
+    @property
     def rank(self) -> int:
         return self.group.rank
 

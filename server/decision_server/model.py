@@ -12,6 +12,7 @@ import torch
 
 from decision_server import fused
 from decision_server.architectures import AUTO_CAUSAL_LM, DECODER, architecture_of, joint_schema_family, lookup
+from decision_server.choices import CUDA_GRAPH_MODES
 from decision_server.decoder_model import load_decoder_model
 from decision_server.distributed import ParallelConfig
 from decision_server.model_base import (
@@ -68,6 +69,10 @@ class LoadOptions:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     matmul: str = "exact"
     compile_mode: str = "off"
+    # "auto": the compiled layers replay as CUDA graphs where the device has them (`step_graphs`); "off": never.
+    cuda_graphs: str = "off"
+    # The batch budget the shard was given (None: its device's own), which bounds the graphs' buckets.
+    max_batch_prefill_tokens: int | None = None
     matmul_record: Path | None = None
 
 
@@ -87,6 +92,8 @@ def load_model(path: Path, options: LoadOptions | None = None) -> LoadedModel:
     `compile_mode` ("auto" or "off", `fused.COMPILE_MODES`): "auto" runs the own decoder's layers between attentions as
     compiled graphs (`layer_graph`) and fuses its half-precision elementwise chains (`fused`), where inductor builds on
     this machine.
+    `cuda_graphs` ("auto" or "off", `choices.CUDA_GRAPH_MODES`): "auto" replays those compiled layers as CUDA graphs
+    per token-count bucket on a CUDA device (`step_graphs`), up to `max_batch_prefill_tokens` where it is given.
     """
     from transformers.utils import logging as hf_logging
 
@@ -138,6 +145,8 @@ def load_model(path: Path, options: LoadOptions | None = None) -> LoadedModel:
         return pooled
     check_matmul(matmul)
     fused.check_mode(compile_mode)
+    if options.cuda_graphs not in CUDA_GRAPH_MODES:
+        raise ValueError(f"cuda graphs must be one of {', '.join(CUDA_GRAPH_MODES)}, got {options.cuda_graphs!r}")
     requested_matmul = matmul
     native = architecture.implementation == DECODER
     native_refusal: str | None = None
@@ -158,6 +167,7 @@ def load_model(path: Path, options: LoadOptions | None = None) -> LoadedModel:
         compiled = fused.enable(compile_mode, torch_dtype, device)
         if compile_mode == "auto":
             layers_compiled = decoder.network.compile_layers()
+            decoder.network.capture_graphs(options.cuda_graphs, options.max_batch_prefill_tokens)
         decoder.choose_segment_kernel()
     elif parallel.world_size > 1:
         reason = native_refusal or f"{architecture.name} has no tensor-parallel implementation"
@@ -187,6 +197,7 @@ def load_model(path: Path, options: LoadOptions | None = None) -> LoadedModel:
                 "compiled_chains": compiled,
                 "compiled_layers": layers_compiled,
                 "segment_attention": loaded.segment_attention,
+                "cuda_graph_buckets": list(loaded.cuda_graph_buckets),
                 "device": loaded.device_name,
                 "rank": loaded.rank,
                 "world_size": loaded.world_size,

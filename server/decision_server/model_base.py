@@ -137,6 +137,11 @@ class LoadedModel(ABC):
         return False
 
     @property
+    def cuda_graph_buckets(self) -> tuple[int, ...]:
+        """The token-count buckets whose passes replay as CUDA graphs (`step_graphs`; the own decoder on CUDA)."""
+        return ()
+
+    @property
     def segment_attention(self) -> str:
         """How a packed pass attends its segments (`decoder.SEGMENT_KERNELS`); "" where the model takes one dense
         mask instead (`packs_segments` False)."""
@@ -345,6 +350,8 @@ class Capabilities:
     pooled: PooledScoring | None = None
     # A block-diffusion module (transformers' `…ForBlockDiffusion`: `module.model.encoder` and `.decoder`).
     block_diffusion: Any = None
+    # The model's positions: a prompt whose media expand it beyond them is refused in the media step (0: unknown).
+    max_positions: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The capabilities as log fields."""
@@ -369,4 +376,5 @@ def capabilities_of(model: LoadedModel) -> Capabilities:
         media_processor=model.media_processor(),
         pooled=model if isinstance(model, PooledScoring) else None,
         block_diffusion=module if module is not None and inner is not None and diffusion else None,
+        max_positions=int(getattr(model, "max_position_embeddings", 0) or 0),
     )

@@ -41,6 +41,7 @@ class ServeConfig:
     read_mode: str = "auto"
     matmul: str = "auto"
     compile_mode: str = "auto"
+    cuda_graphs: str = "auto"
     # Where `--matmul auto` keeps its probes' fastest times (`paths.matmul_record()` from the CLI; None: nowhere).
     matmul_record: Path | None = None
     threads: int | None = None
@@ -59,6 +60,8 @@ class ServeConfig:
             parallel=self.parallel,
             matmul=self.matmul,
             compile_mode=self.compile_mode,
+            cuda_graphs=self.cuda_graphs,
+            max_batch_prefill_tokens=self.max_batch_prefill_tokens,
             matmul_record=self.matmul_record,
         )
 

@@ -107,6 +107,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             compiled_chains=fused.enabled(),
             compiled_layers=model.compiled_layers,
             segment_attention=model.segment_attention,
+            cuda_graph_buckets=list(model.cuda_graph_buckets),
             batch_token_budget=self._engine.batch_budget.tokens,
             batch_budget_rule=self._engine.batch_budget.rule,
             read_kind=self._engine.read_kind,

@@ -1,5 +1,5 @@
-"""Image and video reads through the gRPC service on the processor-carrying fixtures (LFM2-VL images; Qwen3.5 dense
-and MoE images and videos): equal to an independent transformers forward over the processor's own outputs,
+"""Image and video reads through the gRPC service on the processor-carrying fixtures (LFM2-VL and Gemma4 images;
+Qwen3.5 dense and MoE images and videos): equal to an independent transformers forward over the processor's own outputs,
 media-aware (different images never share a result, the same image gives the same one), no state leaking into the
 next text read, every bad medium refused naming its request position; and the decoders' rules (area cap, 2 fps
 frame choice, duration and frame limits, audio resampling) as goldens."""
@@ -36,7 +36,7 @@ from decision_server.model import LoadOptions, load_model
 from decision_server.paths import models_dir
 from decision_server.pb import decision_pb2
 
-MEDIA_FIXTURES = ("tiny-lfm2-vl", "tiny-qwen3.5", "tiny-qwen3.5-moe")
+MEDIA_FIXTURES = ("tiny-lfm2-vl", "tiny-qwen3.5", "tiny-qwen3.5-moe", "tiny-gemma4-mm")
 VIDEO_FIXTURES = ("tiny-qwen3.5", "tiny-qwen3.5-moe")
 TOL = 1e-5
 
@@ -410,6 +410,38 @@ def test_bad_media_fail_only_their_own_read_naming_their_position() -> None:
         assert "1 image placeholders for 2 images" in (raised.value.details() or "")
 
 
+def test_media_that_make_a_prompt_too_long_fail_only_their_own_read() -> None:
+    """The router checks a prompt's length before its placeholders expand; a read whose media take it past the
+    model's positions (here a model of 400, its label included) is answered with a media error naming the field
+    (a 400), the others go on."""
+    import dataclasses
+
+    from decision_server.engines import make_engine
+
+    _folder, model = fixture("tiny-gemma4-mm")
+    engine = make_engine("auto", model)
+    engine.capabilities = dataclasses.replace(engine.capabilities, max_positions=400)
+    label_ids = [*labels(model), model.media.tokenizer.encode(" maybe not", add_special_tokens=False)]
+    ids = prompt_ids(model, 1, "state")
+    with running_shard(model, engine) as stub:
+        fits = stub.Read(decision_pb2.ReadRequest(reads=[read(ids, label_ids, [item(png(1))])])).results[0]
+        media_tokens = fits.media_tokens
+        assert fits.media_error == "" and media_tokens > 0
+        filler = 400 - len(ids) - media_tokens
+        long_ids = prompt_ids(model, 1, "state" + " a" * filler)
+        results = stub.Read(
+            decision_pb2.ReadRequest(
+                reads=[read(long_ids, label_ids, [item(png(1))], 0), read(ids, label_ids, [item(png(2))], 1)]
+            )
+        ).results
+    assert len(long_ids) < 400 < len(long_ids) + media_tokens + 1
+    assert results[0].media_error == (
+        f"images: with its media expanded ({media_tokens} tokens) the prompt has {len(long_ids) + media_tokens} "
+        "tokens, and its longest label adds 1: more than the model's 400 positions"
+    )
+    assert results[1].media_error == "" and len(results[1].next_token.labels) == len(label_ids)
+
+
 def test_a_text_model_reads_no_media(tiny_qwen3: Any) -> None:
     with running_shard(tiny_qwen3, "tree") as stub:
         assert list(stub.Info(decision_pb2.InfoRequest()).modalities) == []
@@ -417,6 +449,24 @@ def test_a_text_model_reads_no_media(tiny_qwen3: Any) -> None:
             stub.Read(decision_pb2.ReadRequest(reads=[read([1, 2, 3], [[5]], [item(png(1))])]))
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "reads no media" in (raised.value.details() or "")
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma4-mm", "tiny-lfm2-vl"])
+def test_an_image_model_folder_without_its_processor_reads_no_media(name: str, tmp_path: Path) -> None:
+    """The image-text architecture alone is not enough: without `processor_config.json` beside the weights the shard
+    reports no media (the router then refuses them naming the field) and refuses a read that carries some."""
+    folder, _model = fixture(name)
+    for file in folder.iterdir():
+        if file.name != "processor_config.json" and file.is_file():
+            (tmp_path / file.name).symlink_to(file)
+    model = load_model(tmp_path, LoadOptions(dtype="float32"))
+    assert model.modalities == ()
+    with running_shard(model, "auto") as stub:
+        assert list(stub.Info(decision_pb2.InfoRequest()).modalities) == []
+        with pytest.raises(grpc.RpcError) as raised:
+            stub.Read(decision_pb2.ReadRequest(reads=[read(prompt_ids(_model, 1, "x"), [[5]], [item(png(1))])]))
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "this model folder has no processor: it reads no media" in (raised.value.details() or "")
 
 
 def test_liquid_area_cap_goldens() -> None:

@@ -7,11 +7,12 @@ use serde_json::{json, Map, Value};
 
 use super::fields::{self, field_error as err};
 use crate::error::{DecisionError, FieldError, Loc};
-use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind};
+use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind, Reading};
 use crate::json_text::{self, Separators};
 use crate::limits::Limits;
 use crate::probability;
 use crate::profile::Compat;
+use crate::question_kind::Kind;
 
 const TOP_LEVEL: [&str; 8] = [
     "model",
@@ -537,33 +538,34 @@ pub fn format(parsed: &Parsed, decision: &Decision, model: &str, compat: Compat)
     let answers: Vec<Value> = parsed
         .echo
         .iter()
+        .zip(&parsed.request.questions)
         .zip(&decision.answers)
         .enumerate()
-        .map(|(i, (echo, answer))| {
+        .map(|(i, ((echo, question), answer))| {
             let p = &answer.probabilities;
+            // Every question here is a lettered choice (`parse`): a predicate over [false, true], a
+            // score over its levels, whose answer is still the expected level and whose confidence is
+            // the score's (`question_kind.rs`).
+            let Reading::Choice { chosen, .. } = question.kind.reading(p) else {
+                unreachable!("OpenAI's questions are all lettered choices")
+            };
             let mut value = match echo {
                 Echo::Predicate { name } => json!({"type": "predicate", "name": name, "probability": p[1]}),
-                Echo::Choice { name, values } => {
-                    let kind = QuestionKind::Choice { options: Vec::new() };
-                    json!({
-                        "type": "choice",
-                        "name": name,
-                        "choice": values[probability::argmax(p)],
-                        "probabilities": values.iter().zip(p).map(|(v, pi)| json!({"value": v, "probability": pi})).collect::<Vec<_>>(),
-                        "confidence": compat.confidence(&kind, answer),
-                    })
-                }
-                Echo::Score { name, labels } => {
-                    let kind = QuestionKind::score(Vec::new());
-                    json!({
-                        "type": "score",
-                        "name": name,
-                        "score": probability::expected_score(p),
-                        "probabilities": labels.iter().zip(p).enumerate()
-                            .map(|(i, (label, pi))| json!({"value": i, "label": label, "probability": pi})).collect::<Vec<_>>(),
-                        "confidence": compat.confidence(&kind, answer),
-                    })
-                }
+                Echo::Choice { name, values } => json!({
+                    "type": "choice",
+                    "name": name,
+                    "choice": values[chosen],
+                    "probabilities": values.iter().zip(p).map(|(v, pi)| json!({"value": v, "probability": pi})).collect::<Vec<_>>(),
+                    "confidence": compat.confidence(Kind::Choice, answer),
+                }),
+                Echo::Score { name, labels } => json!({
+                    "type": "score",
+                    "name": name,
+                    "score": probability::expected_score(p),
+                    "probabilities": labels.iter().zip(p).enumerate()
+                        .map(|(i, (label, pi))| json!({"value": i, "label": label, "probability": pi})).collect::<Vec<_>>(),
+                    "confidence": compat.confidence(Kind::Score, answer),
+                }),
             };
             // A debiased read reports what it used on the answer (the shape has no diagnostics).
             if let (Some(r), Some(obj)) = (

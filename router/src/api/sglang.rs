@@ -7,9 +7,8 @@ use std::sync::Arc;
 use serde_json::{json, Map, Value};
 
 use crate::error::{DecisionError, FieldError, Loc};
-use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind};
+use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind, Reading};
 use crate::limits::Limits;
-use crate::probability;
 use crate::profile::Compat;
 use crate::prompt::wording::PromptFormat;
 use crate::prompt::{LabelGroup, PreparedRead};
@@ -464,20 +463,20 @@ pub fn format(
         .enumerate()
     {
         let p = &answer.probabilities;
-        let mut value = match &question.kind {
-            QuestionKind::Choice { options } => json!({
+        let mut value = match question.kind.reading(p) {
+            Reading::Choice { options, chosen } => json!({
                 "type": "choice",
-                "choice": options[probability::argmax(p)].name,
+                "choice": options[chosen].name,
                 "probabilities": options.iter().zip(p).map(|(o, pi)| (o.name.clone(), json!(pi))).collect::<Map<_, _>>(),
             }),
-            QuestionKind::YesNo { .. } => {
-                json!({"type": "yes_no", "probabilities": {"yes": p[0], "no": p[1]}})
+            Reading::YesNo { yes, no } => {
+                json!({"type": "yes_no", "probabilities": {"yes": yes, "no": no}})
             }
             // Keyed by level index (seed 003): equal level texts stay apart.
-            QuestionKind::Score { levels, .. } => json!({
+            Reading::Score { expected, .. } => json!({
                 "type": "score",
-                "score": probability::expected_score(p),
-                "probabilities": (0..levels.len()).zip(p).map(|(k, pi)| (k.to_string(), json!(pi))).collect::<Map<_, _>>(),
+                "score": expected,
+                "probabilities": (0..p.len()).zip(p).map(|(k, pi)| (k.to_string(), json!(pi))).collect::<Map<_, _>>(),
             }),
         };
         let obj = value.as_object_mut().expect("object literal");

@@ -5,9 +5,10 @@ use serde_json::{json, Map, Value};
 
 use super::fields;
 use crate::error::{DecisionError, FieldError, Loc};
-use crate::ir::{ChoiceOption, Decision, DecisionRequest, Media, Modality, Question, QuestionKind};
+use crate::ir::{
+    ChoiceOption, Decision, DecisionRequest, Media, Modality, Question, QuestionKind, Reading,
+};
 use crate::limits::Limits;
-use crate::probability;
 use crate::profile::Compat;
 
 /// Parses and validates a System One request; every problem found is reported, each naming its field.
@@ -459,22 +460,22 @@ pub fn format(
     let mut diagnostics = Map::new();
     for (i, (question, answer)) in request.questions.iter().zip(&decision.answers).enumerate() {
         let p = &answer.probabilities;
-        let confidence = compat.confidence(&question.kind, answer);
-        let mut value = match &question.kind {
-            QuestionKind::Choice { options } => {
+        let confidence = compat.confidence(question.kind.kind(), answer);
+        let mut value = match question.kind.reading(p) {
+            Reading::Choice { options, chosen } => {
                 let probabilities: Map<String, Value> = options
                     .iter()
                     .zip(p)
                     .map(|(o, pi)| (o.name.clone(), json!(pi)))
                     .collect();
-                json!({"type": "choice", "choice": options[probability::argmax(p)].name, "probabilities": probabilities})
+                json!({"type": "choice", "choice": options[chosen].name, "probabilities": probabilities})
             }
             // vLLM keys a noul's probabilities by its labels (seed 000 and its NoulQuestion.answer).
-            QuestionKind::YesNo { .. } if compat == Compat::Vllm => {
-                json!({"type": "noul", "noul": p[0], "probabilities": {"yes": p[0], "no": p[1]}})
+            Reading::YesNo { yes, no } if compat == Compat::Vllm => {
+                json!({"type": "noul", "noul": yes, "probabilities": {"yes": yes, "no": no}})
             }
-            QuestionKind::YesNo { .. } => json!({"type": "noul", "noul": p[0]}),
-            QuestionKind::Score { sent, .. } => {
+            Reading::YesNo { yes, .. } => json!({"type": "noul", "noul": yes}),
+            Reading::Score { sent, expected } => {
                 // The legend echoes the levels exactly as sent (objects stay objects).
                 let legend: Map<String, Value> = sent
                     .iter()
@@ -486,7 +487,7 @@ pub fn format(
                     .enumerate()
                     .map(|(i, pi)| (i.to_string(), json!(pi)))
                     .collect();
-                json!({"type": "score", "score": probability::expected_score(p), "legend": legend, "probabilities": probabilities})
+                json!({"type": "score", "score": expected, "legend": legend, "probabilities": probabilities})
             }
         };
         if let (Some(c), Some(obj)) = (confidence, value.as_object_mut()) {

@@ -97,6 +97,7 @@ pub(super) async fn info_handler(
         "compiled_chains": info.compiled_chains,
         "compiled_layers": info.compiled_layers,
         "segment_attention": info.segment_attention,
+        "cuda_graph_buckets": info.cuda_graph_buckets,
         "read_strategy": state.decider.strategy.as_ref().map(|s| s.name()).unwrap_or("none"),
         "modalities": state.decider.strategy.as_ref().map(|s| s.modalities().iter().map(|m| m.field()).collect::<Vec<_>>()).unwrap_or_default(),
         "prompt_format": state.decider.prompt_format().map(|f| json!({"name": f.name, "version": f.version})),

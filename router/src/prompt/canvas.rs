@@ -11,10 +11,11 @@ use tokenizers::Tokenizer;
 use super::chat::{checked_kwargs, ChatPrompts};
 use super::labels::check_set;
 use super::load_error::{JointLinesError, LoadError};
+use super::template::Part;
 use super::wording::{PromptFormat, Wording};
 use super::{ReadStrategy, StrategyOptions};
 use crate::error::DecisionError;
-use crate::ir::{DecisionRequest, Question, QuestionKind};
+use crate::ir::{DecisionRequest, Modality, Question, QuestionKind};
 use crate::question_kind::Kind;
 use crate::read::{CanvasRow, LabelGroup, PreparedRead};
 
@@ -55,7 +56,13 @@ pub struct DiffusionGemmaCanvasStrategy {
     max_positions: usize,
     /// Why joint reads are off for this tokenizer, when they are.
     joint: Result<JointLines, JointLinesError>,
+    /// The media the shard reads for this model (images, when the folder ships its processor).
+    modalities: Vec<Modality>,
 }
+
+/// Why a canvas read takes no videos or audio even where the shard has a processor for them: transformers'
+/// `DiffusionGemmaForBlockDiffusion`, the reference the reads equal, encodes images only.
+const NO_VIDEO_OR_AUDIO: &str = "transformers' DiffusionGemmaForBlockDiffusion encodes images only (its encoder has a vision tower and no video or audio input), so there is no reference to read them as";
 
 impl DiffusionGemmaCanvasStrategy {
     pub fn load(model_dir: &Path, max_positions: usize) -> Result<Self, LoadError> {
@@ -117,6 +124,7 @@ impl DiffusionGemmaCanvasStrategy {
             served,
             max_positions,
             joint,
+            modalities: Vec::new(),
         })
     }
 
@@ -125,7 +133,9 @@ impl DiffusionGemmaCanvasStrategy {
         model_dir: &Path,
         options: &StrategyOptions,
     ) -> Result<Box<dyn ReadStrategy>, LoadError> {
-        Self::load(model_dir, options.max_positions).map(|s| Box::new(s) as Box<dyn ReadStrategy>)
+        let mut strategy = Self::load(model_dir, options.max_positions)?;
+        strategy.modalities = options.modalities.clone();
+        Ok(Box::new(strategy))
     }
 
     /// Why joint reads are refused on this model, if they are.
@@ -174,10 +184,13 @@ impl DiffusionGemmaCanvasStrategy {
     ) -> Result<Vec<String>, DecisionError> {
         let kwargs = checked_kwargs(&request.chat_template_kwargs)?;
         let instructions = request.instructions.as_deref().filter(|i| !i.is_empty());
+        // Images lead the user message, before the state (as on every model here); each canvas read of the
+        // request carries them all.
+        let media: Vec<Part> = ChatPrompts::media_parts(&request.media);
         contents
             .into_iter()
             .map(|user| {
-                let messages = ChatPrompts::messages(instructions, true, &[], user);
+                let messages = ChatPrompts::messages(instructions, true, &media, user);
                 self.chat.render(&messages, &kwargs)
             })
             .collect()
@@ -268,6 +281,14 @@ impl ReadStrategy for DiffusionGemmaCanvasStrategy {
     fn refusal(&self, _kind: &QuestionKind) -> Option<String> {
         // Every label set was checked after the thought block at startup (a failure refuses the model).
         None
+    }
+
+    fn modalities(&self) -> &[Modality] {
+        &self.modalities
+    }
+
+    fn media_refusal(&self, modality: Modality) -> Option<&'static str> {
+        (modality != Modality::Image).then_some(NO_VIDEO_OR_AUDIO)
     }
 
     fn supports_joint(&self) -> bool {
@@ -851,6 +872,71 @@ mod tests {
         assert_eq!(s.prepare(&r, usize::MAX).unwrap(), reads);
         let joint_one = DecisionRequest { joint: true, ..r };
         assert_eq!(s.prepare(&joint_one, usize::MAX).unwrap(), reads);
+    }
+
+    #[test]
+    fn images_lead_the_user_message_of_every_canvas_and_videos_are_refused_saying_why() {
+        let s = DiffusionGemmaCanvasStrategy::boxed(
+            &fixture_dir(FIXTURE),
+            &StrategyOptions {
+                max_positions: 8192,
+                wording: Wording::Vllm,
+                modalities: vec![Modality::Image],
+            },
+        )
+        .expect("loads");
+        assert_eq!(s.modalities(), &[Modality::Image]);
+        let image = "<|image|>";
+        let mut r = request(vec![noul("urgent", Some("Urgent?")), team()], None, false);
+        r.media.images = vec!["data:a".into(), "data:b".into()];
+        let plain = strategy();
+        let texts = plain.render(&r).unwrap();
+        // (The unboxed strategy renders the same placeholders: the parts come from the request.)
+        assert_eq!(texts.len(), 2);
+        for text in &texts {
+            assert!(
+                text.starts_with(&format!("<bos><|turn>user\n{image}{image}{{\"ticket\"")),
+                "{text}"
+            );
+        }
+        let reads = s.prepare(&r, usize::MAX).unwrap();
+        let placeholder = plain.chat.tokenizer().token_to_id(image).expect("a token");
+        for read in &reads {
+            assert_eq!(
+                read.token_ids.iter().filter(|t| **t == placeholder).count(),
+                2
+            );
+        }
+        // Joint canvases carry the images too, once per chunk.
+        let joint = DecisionRequest {
+            joint: true,
+            ..r.clone()
+        };
+        let joint_reads = s.prepare(&joint, usize::MAX).unwrap();
+        assert_eq!(joint_reads.len(), 1);
+        assert_eq!(
+            joint_reads[0]
+                .token_ids
+                .iter()
+                .filter(|t| **t == placeholder)
+                .count(),
+            2
+        );
+        // A video names the field and why: the reference has no video input.
+        let mut video = request(vec![noul("urgent", None)], None, false);
+        video.media.videos = vec!["data:v".into()];
+        let err = crate::prompt::check_media(s.as_ref(), &video).unwrap_err();
+        let DecisionError::BadRequest { param, message } = err else {
+            panic!("a 400")
+        };
+        assert_eq!(param.as_deref(), Some("videos"));
+        assert_eq!(
+            message,
+            format!("videos: this model (diffusion_gemma_canvas reads) does not take video inputs: {NO_VIDEO_OR_AUDIO}")
+        );
+        assert!(crate::prompt::check_media(s.as_ref(), &r).is_ok());
+        // A folder without a processor (the shard reports no media) refuses images as before.
+        assert!(crate::prompt::check_media(&plain, &r).is_err());
     }
 
     #[test]

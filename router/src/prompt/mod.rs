@@ -47,6 +47,11 @@ pub trait ReadStrategy: Send + Sync {
     fn modalities(&self) -> &[Modality] {
         &[]
     }
+    /// Why this strategy refuses a medium, when there is more to say than that the model does not take
+    /// it (appended to the 400).
+    fn media_refusal(&self, _modality: Modality) -> Option<&'static str> {
+        None
+    }
     /// One read per question, in question order. A prompt that certainly needs more than
     /// `max_input_tokens` is refused before it is tokenized.
     fn prepare(
@@ -100,10 +105,14 @@ pub fn check_media(
         Some(modality) => Err(DecisionError::BadRequest {
             param: Some(modality.field().into()),
             message: format!(
-                "{}: this model ({} reads) does not take {} inputs",
+                "{}: this model ({} reads) does not take {} inputs{}",
                 modality.field(),
                 strategy.name(),
-                modality.noun()
+                modality.noun(),
+                strategy
+                    .media_refusal(modality)
+                    .map(|why| format!(": {why}"))
+                    .unwrap_or_default()
             ),
         }),
     }

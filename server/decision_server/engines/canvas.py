@@ -1,6 +1,11 @@
 """The canvas engine: block-diffusion reads (DiffusionGemma). The encoder runs once per distinct prompt of a batch and
 its keys/values are shared by every canvas after that prompt; one read-only bidirectional denoising step runs over
-the canvases, batched per prompt and width, and each row's full-vocabulary log-probabilities are read."""
+the canvases, batched per prompt and width, and each row's full-vocabulary log-probabilities are read.
+
+Prompts with images run the vision tower inside the encoder pass that covers their image block, with the encoder's
+masks built as transformers' `generate` builds them (image tokens attend bidirectionally within their image when
+the config says `use_bidirectional_attention: "vision"`). Reads share an encoder pass or a head only with equal
+images (by content hash, in order) and equal expanded ids, so equal ids with different images share nothing."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from decision_server.engines.types import (
     CanvasSpec,
     InvalidReadError,
 )
+from decision_server.media import MediaPrompt
 from decision_server.model_base import LoadedModel, capabilities_of
 from decision_server.prefix_cache import CachePlan, PrefixCache
 
@@ -36,13 +42,22 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return shared
 
 
-def shared_head_clusters(
-    prompts: list[tuple[str, tuple[int, ...]]],
-) -> list[list[tuple[str, tuple[int, ...]]]]:
-    """Distinct (salt, prompt) keys grouped so that each group's prompts have one salt and all start with the same
-    `MIN_SHARED_HEAD` tokens or more (sorted, then cut where a neighbour shares less); first-seen order inside."""
-    clusters: list[list[tuple[str, tuple[int, ...]]]] = []
-    for key in sorted(prompts):
+# A distinct prompt of a batch: what it may share with (its salt, or its salt and media hashes) and its encoded ids.
+PromptKey = tuple[Any, tuple[int, ...]]
+
+
+def prompt_key(read: CanvasSpec) -> PromptKey:
+    """Reads share the encoder only with the same salt and the same media (content hashes, in order)."""
+    media = tuple(f"{item.modality}:{item.sha256}" for item in read.media)
+    return ((read.cache_salt, media) if media else read.cache_salt), read.encoded
+
+
+def shared_head_clusters(prompts: list[PromptKey]) -> list[list[PromptKey]]:
+    """Distinct (group, prompt) keys clustered so that each cluster's prompts have one group (salt, media) and all
+    start with the same `MIN_SHARED_HEAD` tokens or more (sorted, then cut where a neighbour shares less);
+    first-seen order inside."""
+    clusters: list[list[PromptKey]] = []
+    for key in sorted(prompts, key=lambda k: (repr(k[0]), k[1])):
         if clusters:
             last = clusters[-1][-1]
             if last[0] == key[0] and common_prefix_len(last[1], key[1]) >= MIN_SHARED_HEAD:
@@ -61,17 +76,21 @@ def validate_canvas(read: CanvasSpec, token_limit: int, max_positions: int) -> N
         raise InvalidReadError(read.id, "canvas has no tokens")
     if not read.rows:
         raise InvalidReadError(read.id, "canvas read has no rows")
+    if read.media and read.media_prompt is None:
+        raise InvalidReadError(read.id, "a read with media reached the engine unprocessed")
     for where, tokens in (("prompt", read.prompt), ("canvas", read.canvas)):
         for token in tokens:
             if token >= token_limit:
                 raise InvalidReadError(
                     read.id, f"{where} token id {token} is out of range (vocabulary size {token_limit})"
                 )
-    total = len(read.prompt) + len(read.canvas)
+    encoded = read.encoded
+    with_media = " with its media" if read.media_prompt is not None else ""
+    total = len(encoded) + len(read.canvas)
     if total > max_positions:
         raise InvalidReadError(
             read.id,
-            f"prompt of {len(read.prompt)} tokens plus a canvas of {len(read.canvas)} exceeds "
+            f"prompt of {len(encoded)} tokens{with_media} plus a canvas of {len(read.canvas)} exceeds "
             f"max_position_embeddings {max_positions}",
         )
     for index, row in enumerate(read.rows):
@@ -132,11 +151,16 @@ class CanvasEngine:
         batch = CanvasBatchOutcome(outcomes=[])
         rows: dict[int, list[CanvasRowOutcome]] = {}
         computed: dict[int, int] = {}
-        # Reads with the same prompt (and salt) share one encoder pass; within it, canvases of one width one step.
-        by_prompt: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+        # Reads with the same prompt (salt and media) share one encoder pass; within it, canvases of one width one
+        # step. The media tensors of a prompt are its first read's (equal hashes and ids: equal processor outputs).
+        by_prompt: dict[PromptKey, list[int]] = {}
+        media: dict[PromptKey, MediaPrompt] = {}
         for index, read in enumerate(reads):
-            by_prompt.setdefault((read.cache_salt, read.prompt), []).append(index)
-        caches = self._encode_all(list(by_prompt), batch)
+            key = prompt_key(read)
+            by_prompt.setdefault(key, []).append(index)
+            if read.media_prompt is not None:
+                media.setdefault(key, read.media_prompt)
+        caches = self._encode_all(list(by_prompt), media, batch)
         for key, members in by_prompt.items():
             cache, tokens = caches[key]
             computed[members[0]] = tokens
@@ -148,36 +172,88 @@ class CanvasEngine:
                 for slot, index in enumerate(group):
                     rows[index] = self._rows(reads[index], logprobs[slot])
         for index, read in enumerate(reads):
-            batch.outcomes.append(CanvasOutcome(id=read.id, rows=rows[index], tokens_computed=computed.get(index, 0)))
+            media_tokens = read.media_prompt.media_tokens if read.media_prompt is not None else 0
+            batch.outcomes.append(
+                CanvasOutcome(
+                    id=read.id,
+                    rows=rows[index],
+                    tokens_computed=computed.get(index, 0),
+                    media_tokens=media_tokens,
+                )
+            )
         return batch
 
     def _encode_all(
-        self, prompts: list[tuple[str, tuple[int, ...]]], batch: CanvasBatchOutcome
-    ) -> dict[tuple[str, tuple[int, ...]], tuple[Any, int]]:
-        """The encoder cache of every distinct (salt, prompt), and the tokens its pass computed. The encoder is
-        causal, so prompts of one salt that start alike (the questions of a request share the chat head and the
-        state) encode their shared head once; each continues from its own copy of that cache."""
-        caches: dict[tuple[str, tuple[int, ...]], tuple[Any, int]] = {}
+        self, prompts: list[PromptKey], media: dict[PromptKey, MediaPrompt], batch: CanvasBatchOutcome
+    ) -> dict[PromptKey, tuple[Any, int]]:
+        """The encoder cache of every distinct prompt, and the tokens its pass computed. The encoder is causal
+        outside image blocks, so prompts of one salt and media that start alike (the questions of a request share
+        the chat head, the images and the state) encode their shared head once, the vision tower included, when
+        the head holds every image token; each continues from its own copy of that cache."""
+        caches: dict[PromptKey, tuple[Any, int]] = {}
         for cluster in shared_head_clusters(prompts):
             shared = min(len(prompt) for _, prompt in cluster)
             for _, prompt in cluster:
                 shared = min(shared, common_prefix_len(cluster[0][1], prompt))
-            if len(cluster) == 1 or shared < MIN_SHARED_HEAD:
+            first = media.get(cluster[0])
+            # A head that ended inside an image block (or where the block's end is unknown) would cut the block's
+            # bidirectional attention: such prompts, like prompts that share too little, are encoded whole.
+            holds_media = first is None or (first.media_end is not None and 0 < first.media_end <= shared)
+            if len(cluster) == 1 or shared < MIN_SHARED_HEAD or not holds_media:
                 for key in cluster:
-                    caches[key] = (self._encode(key[1], batch), len(key[1]))
+                    caches[key] = (self._encode(key[1], batch, media=media.get(key)), len(key[1]))
                 continue
-            head = self._encode(cluster[0][1][:shared], batch)
+            head = self._encode(cluster[0][1][:shared], batch, media=first)
             for position, key in enumerate(cluster):
                 tail = key[1][shared:]
                 cache = self._encode(tail, batch, copy.deepcopy(head)) if tail else head
                 caches[key] = (cache, len(tail) + (shared if position == 0 else 0))
         return caches
 
-    def _encode(self, prompt: tuple[int, ...], batch: CanvasBatchOutcome, after: Any = None) -> Any:
-        """The encoder's cache after `prompt`, continuing `after` (a cache the pass extends in place) if given."""
+    def _media_inputs(self, media: MediaPrompt, length: int, after: Any) -> dict[str, Any]:
+        """The encoder's keyword arguments for the first `length` ids of a prompt with images: the processor's
+        tensors (pixel values, patch positions), and the masks transformers' `generate` builds from the token
+        types (each image block bidirectional when the config asks for it)."""
+        device = self.model.device
+        inputs: dict[str, Any] = {}
+        types: torch.Tensor | None = None
+        for name, value in media.tensors.items():
+            if value.dim() == 2 and value.shape == (1, len(media.input_ids)):
+                value = value[:, :length]
+            value = value.to(device)
+            if name == "mm_token_type_ids":
+                types = value
+                continue
+            inputs[name] = value.to(self.model.dtype) if value.is_floating_point() else value
+        if types is None:
+            types = torch.zeros((1, length), dtype=torch.long, device=device)
+        encoder = self._module.model.encoder
+        inputs["attention_mask"] = encoder.create_masks_for_generate(
+            config=self._module.config,
+            inputs_embeds=torch.empty((1, length, 0), dtype=self.model.dtype, device=device),
+            attention_mask=None,
+            cache=after,
+            position_ids=torch.arange(length, device=device).unsqueeze(0),
+            mm_token_type_ids=types,
+        )
+        return inputs
+
+    def _encode(
+        self, prompt: tuple[int, ...], batch: CanvasBatchOutcome, after: Any = None, media: MediaPrompt | None = None
+    ) -> Any:
+        """The encoder's cache after `prompt`, continuing `after` (a cache the pass extends in place) if given;
+        `media`: the processor's outputs for a prompt that starts with these ids and holds all their images."""
         started = time.perf_counter()
         ids = torch.tensor([prompt], dtype=torch.long, device=self.model.device)
-        cache = self._module.model.encoder(input_ids=ids, cache=after).cache
+        if media is None:
+            cache = self._module.model.encoder(input_ids=ids, cache=after).cache
+        else:
+            if after is None:
+                from transformers import DynamicCache
+
+                after = DynamicCache(config=self._module.config.get_text_config())
+            inputs = self._media_inputs(media, len(prompt), after)
+            cache = self._module.model.encoder(input_ids=ids, cache=after, **inputs).cache
         self.model.synchronize()
         batch.forward_seconds += time.perf_counter() - started
         batch.forward_passes += 1

@@ -94,6 +94,15 @@ class CanvasSpec:
     canvas: tuple[int, ...]
     rows: tuple[CanvasRowSpec, ...]
     cache_salt: str = ""
+    # The images the prompt's placeholders stand for, and the processor's expansion of prompt and images (made
+    # before the batch runs, off the model thread).
+    media: tuple[MediaItem, ...] = ()
+    media_prompt: MediaPrompt | None = None
+
+    @property
+    def encoded(self) -> tuple[int, ...]:
+        """The ids the encoder runs: the prompt with its media placeholders expanded, or the prompt itself."""
+        return self.media_prompt.input_ids if self.media_prompt is not None else self.prompt
 
 
 @dataclass
@@ -110,6 +119,8 @@ class CanvasOutcome:
     # Prompt tokens the encoder ran for this read: a prompt shared within a batch counts once, on its first read.
     tokens_computed: int
     tokens_cached: int = 0
+    # Tokens the media placeholders grew into (part of the encoded prompt).
+    media_tokens: int = 0
 
 
 @dataclass

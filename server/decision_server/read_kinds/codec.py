@@ -17,7 +17,7 @@ MODALITIES = {decision_pb2.IMAGE: IMAGE, decision_pb2.AUDIO: AUDIO, decision_pb2
 
 
 class MediaSpec(Protocol):
-    """A read spec that can carry media (next-token and pooled reads)."""
+    """A read spec that can carry media (next-token, pooled and canvas reads)."""
 
     @property
     def id(self) -> int: ...
@@ -90,6 +90,21 @@ async def expand_media(
     done = await asyncio.gather(*(processed(spec) for spec in specs))
     errors = {position: item for position, item in enumerate(done) if isinstance(item, MediaError)}
     return [item for item in done if not isinstance(item, MediaError)], errors
+
+
+def fitting(prompt: MediaPrompt, items: Sequence[MediaItem], after: int, what: str, max_positions: int) -> MediaPrompt:
+    """`prompt` when it and the `after` tokens read after it (`what`) fit the model's positions. Otherwise the media
+    made it too long (the router checked the prompt before they expanded): a MediaError naming the media fields,
+    which the read is answered with (a 400), never a broken contract."""
+    length = len(prompt.input_ids)
+    if max_positions and length + after > max_positions:
+        fields = ", ".join(dict.fromkeys(item.name.split(".")[0] for item in items))
+        raise MediaError(
+            fields,
+            f"with its media expanded ({prompt.media_tokens} tokens) the prompt has {length} tokens, and {what} "
+            f"adds {after}: more than the model's {max_positions} positions",
+        )
+    return prompt
 
 
 def with_media_errors(

@@ -9,10 +9,17 @@ from typing import Any
 
 from decision_server.architectures import NEXT_TOKEN
 from decision_server.engines import AnyEngine, BatchOutcome, InvalidReadError, ReadSpec
-from decision_server.media import MediaError
+from decision_server.media import MediaError, MediaPrompt
 from decision_server.model_base import LoadedModel, ScoreRequest
 from decision_server.pb import decision_pb2
-from decision_server.read_kinds.codec import checked_kind, expand_media, label_groups, media_items, with_media_errors
+from decision_server.read_kinds.codec import (
+    checked_kind,
+    expand_media,
+    fitting,
+    label_groups,
+    media_items,
+    with_media_errors,
+)
 
 
 def read_spec(read: decision_pb2.Read) -> ReadSpec:
@@ -82,7 +89,15 @@ class NextTokenReads:
         if processor is None:
             first = next(spec for spec in specs if spec.media)
             raise InvalidReadError(first.id, "this model folder has no processor: it reads no media")
-        return await expand_media(specs, lambda spec: processor.prepare(spec.id, spec.prompt, spec.media), threads)
+        limit = engine.capabilities.max_positions
+
+        def prepare(spec: ReadSpec) -> MediaPrompt:
+            # The longest label is read after the prompt (all but its last token are positions too).
+            longest = max((len(label) for label in spec.labels), default=1)
+            expanded = processor.prepare(spec.id, spec.prompt, spec.media)
+            return fitting(expanded, spec.media, longest - 1, "its longest label", limit)
+
+        return await expand_media(specs, prepare, threads)
 
     def to_pb(
         self, specs: list[ReadSpec], batch: BatchOutcome, media_errors: dict[int, MediaError]
