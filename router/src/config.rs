@@ -304,6 +304,20 @@ pub struct RouterFlags {
     /// Seconds of one audio clip; checked by the shard's decoder.
     #[arg(long, env = "MAX_AUDIO_SECONDS", default_value_t = 60.0, value_parser = positive_seconds)]
     pub max_audio_seconds: f64,
+    /// How decision questions are read when a request does not say (`x_debias`): `off`, once in the
+    /// order sent; `rotate`, a choice under cyclic rotations of its options (all of them up to
+    /// --debias-max-orders, else that many evenly spaced), a score under both level orders, a yes/no
+    /// under both label orders, each answer's probabilities averaged by name and its
+    /// `order_sensitivity` reported; `prior`, PriDe's label-prior correction: a choice read once with
+    /// its label prior divided out, once earlier rotated reads of the same question form (kind,
+    /// options, wording) have estimated one (8 samples), else read under all its rotations. The
+    /// orders share the request's state, so each adds only its question's own tokens.
+    #[arg(long, env = "DEBIAS", value_enum, default_value = "off")]
+    pub debias: crate::debias::Debias,
+    /// Rotations a choice is read under at most with `rotate` (a choice with more options is read
+    /// under this many evenly spaced rotations).
+    #[arg(long, env = "DEBIAS_MAX_ORDERS", default_value_t = crate::debias::DEFAULT_MAX_ORDERS as u64, value_parser = clap::value_parser!(u64).range(1..=255))]
+    pub debias_max_orders: u64,
     /// Emit logs as JSON lines (under the launcher: its own and every child's).
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,

@@ -4,8 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::debias::{Debias, Expansion};
 use crate::error::DecisionError;
 use crate::ir::{Decision, DecisionRequest, Media, Modality, Usage};
+use crate::label_prior::PriorBook;
 use crate::limits::{Budget, Limits};
 use crate::media::{self, Fetcher, MediaBlob, MediaPolicy, Position};
 use crate::prompt::wording::PromptFormat;
@@ -40,6 +42,12 @@ pub struct Decider {
     pub request_timeout: Option<Duration>,
     /// Probed when a request runs out of time, to tell a frozen shard from a busy one.
     pub shards: ShardSet,
+    /// `--debias`: how a request without `x_debias` is read.
+    pub debias: Debias,
+    /// `--debias-max-orders`: rotations read per choice at most.
+    pub max_orders: usize,
+    /// The label priors estimated from this router's rotated reads (`x_debias: "prior"`).
+    pub priors: PriorBook,
 }
 
 impl Decider {
@@ -123,11 +131,20 @@ impl Decider {
             .map(|blob| read_media(blob, &request.media, &self.media))
             .collect();
         let strategy_ref = strategy.clone();
+        // A debiased request reads every question in each of its orders: one request of more
+        // questions, sharing its state, whose answers are combined by name below.
+        let mode = request.debias.unwrap_or(self.debias);
+        let expansion = (mode != Debias::Off)
+            .then(|| Expansion::new(&request, mode, self.max_orders, &self.priors));
+        let read_request = match &expansion {
+            Some(e) => Arc::new(e.request.clone()),
+            None => request.clone(),
+        };
         // From here until its reads are queued, a forming batch may wait for this request.
         let arrival = self.queue.arrival();
         // Rendering and tokenizing are CPU work: keep them off the async workers.
         let max_input_tokens = self.limits.max_input_tokens;
-        let shared = request.clone();
+        let shared = read_request.clone();
         let prepared =
             tokio::task::spawn_blocking(move || strategy.prepare(&shared, max_input_tokens));
         let mut reads = prepared
@@ -177,14 +194,21 @@ impl Decider {
             .zip(&outcomes)
             .flat_map(|(read, outcome)| strategy_ref.answers(read, outcome, temperature))
             .collect();
-        if answers.len() != request.questions.len() {
+        if answers.len() != read_request.questions.len() {
             return Err(DecisionError::Internal(format!(
                 "{} reads answered {} questions of {}",
                 reads.len(),
                 answers.len(),
-                request.questions.len()
+                read_request.questions.len()
             )));
         }
+        let (answers, orders) = match &expansion {
+            Some(e) => {
+                let (answers, reports) = e.combine(answers, &self.priors);
+                (answers, Some(reports))
+            }
+            None => (answers, None),
+        };
         metrics::counter!("decision_questions_total").increment(answers.len() as u64);
         let kept = keep_reads.then_some(reads);
         let usage = Usage {
@@ -194,7 +218,11 @@ impl Decider {
             pooled: !answers.is_empty() && answers.iter().all(|a| a.pooled),
         };
         Ok(Decided {
-            decision: Decision { answers, usage },
+            decision: Decision {
+                answers,
+                usage,
+                orders,
+            },
             reads: kept,
             timing,
             prompt_format: strategy_ref.prompt_format(),

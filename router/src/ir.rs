@@ -1,6 +1,7 @@
 //! The decision IR: what every wire shape parses into and everything after parsing works on.
 //! Nothing here knows about JSON field names or response shapes.
 
+use clap::ValueEnum;
 use serde_json::Value;
 
 use crate::probability;
@@ -24,6 +25,8 @@ pub struct DecisionRequest {
     /// Read several questions together (one canvas for many on block-diffusion models); a strategy
     /// that reads each question on its own refuses it.
     pub joint: bool,
+    /// `x_debias`: how this request's questions are read; `None` takes the server's `--debias`.
+    pub debias: Option<Debias>,
 }
 
 /// A kind of media input, named as the request field that carries it.
@@ -102,6 +105,9 @@ pub enum QuestionKind {
     YesNo {
         yes: Option<String>,
         no: Option<String>,
+        /// Shown no side first (the second label order of a debiased read, `debias.rs`); answers
+        /// stay yes then no, read by label.
+        no_first: bool,
     },
     /// One of the ordered levels; level i is worth i. `levels` are the texts the prompt shows (an
     /// object level rendered as JSON); `sent` holds each level exactly as the request sent it (an
@@ -183,6 +189,7 @@ impl QuestionKind {
             Kind::YesNo => QuestionKind::YesNo {
                 yes: None,
                 no: None,
+                no_first: false,
             },
             Kind::Score => QuestionKind::score(vec!["0".into()]),
         }
@@ -203,6 +210,9 @@ impl QuestionKind {
 pub struct Decision {
     pub answers: Vec<Answer>,
     pub usage: Usage,
+    /// Per answer, what a debiased read used (`debias.rs`); `None` when each question was read once,
+    /// in the order sent.
+    pub orders: Option<Vec<OrderReport>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -216,6 +226,70 @@ pub struct Usage {
     /// Every question was read in one pooled read (Clef): every profile counts the prompt once and no
     /// output tokens.
     pub pooled: bool,
+}
+
+/// How a request's questions are read (`--debias`, `x_debias`); the reads themselves are `debias.rs`'s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Debias {
+    /// One read in the order sent.
+    #[default]
+    Off,
+    /// A choice under cyclic rotations of its options (all of them up to `--debias-max-orders`, else
+    /// evenly spaced ones), a score under both level orders, a yes/no under both label orders; each
+    /// answer's probabilities averaged by name.
+    Rotate,
+    /// PriDe: a choice is read once and its label prior divided out, once its question signature has
+    /// a prior estimated from earlier traffic; until then it is read under all its rotations (which
+    /// adds a sample). Scores and yes/no questions are read as `rotate` reads them.
+    Prior,
+}
+
+impl Debias {
+    pub const ALL: [Debias; 3] = [Debias::Off, Debias::Rotate, Debias::Prior];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Debias::Off => "off",
+            Debias::Rotate => "rotate",
+            Debias::Prior => "prior",
+        }
+    }
+
+    /// The value as a request sends it (`"off"`, `"rotate"`).
+    pub fn from_name(name: &str) -> Option<Debias> {
+        Debias::ALL.into_iter().find(|d| d.name() == name)
+    }
+}
+
+/// What one debiased answer used, reported where the profile puts its diagnostics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OrderReport {
+    pub method: Debias,
+    /// Orders read.
+    pub orders: usize,
+    /// The largest change of the chosen option's probability across the orders read
+    /// (max − min of its probability in each order); `None` for a question read in one order (a
+    /// prior-corrected read), where nothing was measured.
+    pub order_sensitivity: Option<f64>,
+    /// A prior-corrected read: the samples its signature's prior was estimated from.
+    pub prior_samples: Option<u64>,
+}
+
+impl OrderReport {
+    /// The report as diagnostics fields (`prefix` "" in a diagnostics map, "x_" on an answer object
+    /// of a shape without one): `debias`, `orders`, `order_sensitivity`.
+    pub fn fields(&self, prefix: &str) -> serde_json::Map<String, serde_json::Value> {
+        let mut out = serde_json::Map::new();
+        out.insert(format!("{prefix}debias"), self.method.name().into());
+        out.insert(format!("{prefix}orders"), self.orders.into());
+        if let Some(s) = self.order_sensitivity {
+            out.insert(format!("{prefix}order_sensitivity"), s.into());
+        }
+        if let Some(n) = self.prior_samples {
+            out.insert(format!("{prefix}prior_samples"), n.into());
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -249,6 +323,7 @@ mod tests {
         let yes_no = QuestionKind::YesNo {
             yes: None,
             no: None,
+            no_first: false,
         };
         assert_eq!(
             yes_no.reading(&[0.7, 0.3]),

@@ -5,11 +5,13 @@
 pub mod affinity;
 pub mod api;
 pub mod config;
+pub mod debias;
 pub mod decide;
 pub mod error;
 pub mod http;
 pub mod ir;
 pub mod json_text;
+pub mod label_prior;
 pub mod limits;
 pub mod media;
 pub mod probability;

@@ -20,6 +20,8 @@ pub const DIGITS: [&str; DIGIT_LABELS] = ["0", "1", "2", "3", "4", "5", "6", "7"
 
 pub const CHOICE_REPLY: &str = "Answer with the letter of one option only.";
 pub const YES_NO_REPLY: &str = "Answer with yes or no only.";
+/// The reply line of a yes/no shown no side first (a debiased read's second label order).
+pub const NO_YES_REPLY: &str = "Answer with no or yes only.";
 pub const SCORE_REPLY: &str = "Answer with the number of one level only.";
 
 /// Choices beyond 26 options are labelled A..Z, AA..AZ, BA.. and read as exact token sequences.
@@ -77,6 +79,15 @@ impl Kind {
             Kind::Choice => CHOICE_REPLY,
             Kind::YesNo => YES_NO_REPLY,
             Kind::Score => SCORE_REPLY,
+        }
+    }
+
+    /// The reply line of a yes/no in the label order shown (`no_first`: a debiased read's second order).
+    pub fn yes_no_reply(no_first: bool) -> &'static str {
+        if no_first {
+            NO_YES_REPLY
+        } else {
+            YES_NO_REPLY
         }
     }
 

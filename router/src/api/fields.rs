@@ -4,6 +4,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::debias::Debias;
 use crate::error::{DecisionError, FieldError, Loc};
 use crate::limits::Limits;
 
@@ -91,6 +92,38 @@ pub(crate) fn optional_bool(
         }
     }
 }
+
+/// `x_debias` (`"off"` or `"rotate"`): absent or null is `None` (the server's `--debias`); anything
+/// else is a field error of `kind` naming the field and the values it takes.
+pub(crate) fn debias(
+    obj: &Map<String, Value>,
+    kind: &'static str,
+    errors: &mut Vec<FieldError>,
+) -> Option<Debias> {
+    let value = obj.get(DEBIAS_FIELD)?;
+    if value.is_null() {
+        return None;
+    }
+    let parsed = value.as_str().and_then(Debias::from_name);
+    if parsed.is_none() {
+        let names: Vec<String> = Debias::ALL
+            .iter()
+            .map(|d| format!("'{}'", d.name()))
+            .collect();
+        errors.push(field_error(
+            &[DEBIAS_FIELD.into()],
+            kind,
+            format!(
+                "{DEBIAS_FIELD} must be one of {}, got {value}",
+                names.join(", ")
+            ),
+        ));
+    }
+    parsed
+}
+
+/// The request field that overrides `--debias`.
+pub const DEBIAS_FIELD: &str = "x_debias";
 
 /// `chat_template_kwargs`: absent or null is empty; anything but an object is a field error of `kind`.
 pub(crate) fn template_kwargs(

@@ -56,9 +56,17 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
     let limits = &compat.limits(crate::profile::Shape::OpenAi, limits);
     let obj = fields::body_object(body, "type_error")?;
     let mut errors = Vec::new();
+    // `x_debias` is this server's extension: vLLM's profile refuses it as upstream refuses any
+    // field it does not know.
+    let extensions: &[&str] = if compat == Compat::Vllm {
+        &[]
+    } else {
+        &[fields::DEBIAS_FIELD]
+    };
+    let allowed: Vec<&str> = TOP_LEVEL.iter().chain(extensions).copied().collect();
     fields::unknown_keys(
         obj,
-        &TOP_LEVEL,
+        &allowed,
         &[],
         "unknown_parameter",
         |key| format!("Unrecognized request argument supplied: {key}"),
@@ -94,6 +102,11 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         Some(v) => input_text(v, compat, &mut images, &mut image_parts, &mut errors),
     };
     let chat_template_kwargs = fields::template_kwargs(obj, "invalid_type", &mut errors);
+    let debias = if extensions.is_empty() {
+        None
+    } else {
+        fields::debias(obj, "invalid_value", &mut errors)
+    };
     let max_choices = limits.max_choices;
     let mut questions = Vec::new();
     let mut echo = Vec::new();
@@ -128,6 +141,7 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
             ..Default::default()
         },
         joint: false,
+        debias,
     };
     Ok(Parsed {
         request: Arc::new(request),
@@ -526,7 +540,8 @@ pub fn format(parsed: &Parsed, decision: &Decision, model: &str, compat: Compat)
         .iter()
         .zip(&parsed.request.questions)
         .zip(&decision.answers)
-        .map(|((echo, question), answer)| {
+        .enumerate()
+        .map(|(i, ((echo, question), answer))| {
             let p = &answer.probabilities;
             // Every question here is a lettered choice (`parse`): a predicate over [false, true], a
             // score over its levels, whose answer is still the expected level and whose confidence is
@@ -534,7 +549,7 @@ pub fn format(parsed: &Parsed, decision: &Decision, model: &str, compat: Compat)
             let Reading::Choice { chosen, .. } = question.kind.reading(p) else {
                 unreachable!("OpenAI's questions are all lettered choices")
             };
-            match echo {
+            let mut value = match echo {
                 Echo::Predicate { name } => json!({"type": "predicate", "name": name, "probability": p[1]}),
                 Echo::Choice { name, values } => json!({
                     "type": "choice",
@@ -551,7 +566,15 @@ pub fn format(parsed: &Parsed, decision: &Decision, model: &str, compat: Compat)
                         .map(|(i, (label, pi))| json!({"value": i, "label": label, "probability": pi})).collect::<Vec<_>>(),
                     "confidence": compat.confidence(Kind::Score, answer),
                 }),
+            };
+            // A debiased read reports what it used on the answer (the shape has no diagnostics).
+            if let (Some(r), Some(obj)) = (
+                decision.orders.as_ref().and_then(|r| r.get(i)),
+                value.as_object_mut(),
+            ) {
+                obj.extend(r.fields("x_"));
             }
+            value
         })
         .collect();
     let usage = compat.usage(&decision.usage, parsed.echo.len());
@@ -865,6 +888,7 @@ mod tests {
                 per_question_prompt_tokens: 30,
                 pooled: false,
             },
+            orders: None,
         };
         let out = format(&p, &d, "served", Compat::Typesafe);
         assert_eq!(
@@ -888,6 +912,69 @@ mod tests {
         );
         assert_eq!(out["usage"]["total_tokens"], json!(10));
         assert_eq!(out["model"], "served");
+    }
+
+    #[test]
+    fn x_debias_is_an_extension_the_vllm_profile_refuses() {
+        use crate::debias::Debias;
+        let body = |v: Value| json!({"model": "m", "input": "x", "x_debias": v, "questions": [{"type": "predicate", "instructions": "i"}]});
+        assert_eq!(
+            parse_ok(body(json!("rotate"))).request.debias,
+            Some(Debias::Rotate)
+        );
+        assert_eq!(
+            parse_ok(body(json!("off"))).request.debias,
+            Some(Debias::Off)
+        );
+        assert_eq!(parse_ok(body(Value::Null)).request.debias, None);
+        let errors = invalid(body(json!("all")));
+        assert_eq!(
+            (errors[0].param(), errors[0].kind),
+            ("x_debias".to_owned(), "invalid_value")
+        );
+        let error = error_body(&DecisionError::Invalid(errors));
+        assert_eq!(error["error"]["param"], json!("x_debias"));
+        // vLLM's OpenAI shape refuses any field it does not know, this one too.
+        let Err(DecisionError::Invalid(errors)) =
+            parse(&body(json!("rotate")), &Limits::default(), Compat::Vllm)
+        else {
+            panic!("--compat vllm refuses x_debias")
+        };
+        assert_eq!(
+            (errors[0].param(), errors[0].msg.as_str()),
+            (
+                "x_debias".to_owned(),
+                "Unrecognized request argument supplied: x_debias"
+            )
+        );
+    }
+
+    #[test]
+    fn a_debiased_answer_carries_its_orders() {
+        use crate::debias::{Debias, OrderReport};
+        let p = parse_ok(json!({"model": "m", "input": "x", "questions": [
+            {"type": "predicate", "instructions": "i", "name": "p"}]}));
+        let d = Decision {
+            answers: vec![Answer {
+                label_logprobs: vec![],
+                probabilities: vec![0.4, 0.6],
+                label_mass: 1.0,
+                argmax_is_label: true,
+                pooled: false,
+            }],
+            usage: Usage::default(),
+            orders: Some(vec![OrderReport {
+                method: Debias::Rotate,
+                orders: 2,
+                order_sensitivity: Some(0.5),
+                prior_samples: None,
+            }]),
+        };
+        let out = format(&p, &d, "served", Compat::Typesafe);
+        assert_eq!(
+            out["answers"][0],
+            json!({"type": "predicate", "name": "p", "probability": 0.6, "x_debias": "rotate", "x_orders": 2, "x_order_sensitivity": 0.5})
+        );
     }
 
     #[test]

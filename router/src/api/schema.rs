@@ -57,6 +57,16 @@ pub struct SystemOneRequest {
     /// canvases, numbered answer lines on as few even chunks as fit the model's canvas (one question reads
     /// on its own). Models that read each question on their own answer 400 naming `joint`.
     pub joint: Option<bool>,
+    /// `"off"` | `"rotate"` | `"prior"`: how the questions are read, overriding the server's
+    /// `--debias`. `rotate` reads a choice under cyclic rotations of its options (up to
+    /// `--debias-max-orders`), a score under both level orders, a noul under both label orders,
+    /// averages each answer's probabilities by name and reports `debias`, `orders` and
+    /// `order_sensitivity` (the largest change of the chosen option's probability across the orders
+    /// read) with the answer's diagnostics. `prior` (PriDe) reads a choice once and divides out the
+    /// label prior its question form has shown in earlier rotated reads (reporting `prior_samples`
+    /// instead of `order_sensitivity`), or reads all its rotations while there is none yet. Any
+    /// other value is a 4xx naming `x_debias`.
+    pub x_debias: Option<String>,
     /// `--compat sglang`: `/v1/decisions` fields, refused here unless null (422).
     pub temperature: Option<Value>,
     pub prompt_format_version: Option<Value>,
@@ -80,6 +90,12 @@ pub struct SystemOneAnswer {
     pub confidence: Option<f64>,
     /// `--compat sglang`: the labels' full-vocabulary probability.
     pub x_label_mass: Option<f64>,
+    /// `--compat sglang`, a debiased read: `rotate`, the orders read and the chosen option's largest
+    /// change across them (the other profiles put them in their diagnostics).
+    pub x_debias: Option<String>,
+    pub x_orders: Option<u64>,
+    pub x_order_sensitivity: Option<f64>,
+    pub x_prior_samples: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -93,7 +109,9 @@ pub struct SystemOneResponse {
     pub model: String,
     pub answers: BTreeMap<String, SystemOneAnswer>,
     pub usage: SystemOneUsage,
-    /// Default profile. Per question: `label_mass` and `argmax_is_label`.
+    /// Default profile. Per question: `label_mass` and `argmax_is_label`; for a debiased read also
+    /// `debias` (`rotate` or `prior`), `orders` (how many were read) and `order_sensitivity`, or for a
+    /// prior-corrected read `prior_samples`.
     pub x_diagnostics: Option<BTreeMap<String, Value>>,
     /// Default profile: prompt tokens read from the prefix cache.
     pub x_cached_tokens: Option<u64>,
@@ -171,11 +189,17 @@ pub struct DecisionsRequest {
     /// SGLang shape: read several questions together, as `joint` on `/v1/systemone` (block-diffusion
     /// models only; others answer 400 naming `joint`). The OpenAI shape does not take it.
     pub joint: Option<bool>,
+    /// As on `/v1/systemone`, on both shapes; each debiased answer carries `x_debias`, `x_orders` and
+    /// `x_order_sensitivity`. Refused as an unknown field by the OpenAI shape under `--compat vllm`
+    /// and by the SGLang shape under `--compat sglang`, as those servers refuse it.
+    pub x_debias: Option<String>,
 }
 
 /// OpenAI: `{model, answers: [...], usage}`; SGLang: `{object: "decisions", model, prompt_format_version, answers: {...}, usage}`.
 /// An SGLang answer has `type`, `probabilities` (by option name, level index, or `yes`/`no`), `choice`
 /// or `score`, `label_mass`, and with `return_prompt_token_ids` its `prompt_token_ids` and `label_token_ids`.
+/// A debiased answer (`x_debias`, `--debias`; either shape) also has `x_debias`, `x_orders` and
+/// `x_order_sensitivity` (a prior-corrected one `x_prior_samples` instead).
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct DecisionsResponse {
     pub model: String,

@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 use crate::error::{DecisionError, FieldError, Loc};
 use crate::ir::{ChoiceOption, Decision, DecisionRequest, Question, QuestionKind, Reading};
 use crate::limits::Limits;
+use crate::profile::Compat;
 use crate::prompt::wording::PromptFormat;
 use crate::prompt::{LabelGroup, PreparedRead};
 
@@ -38,28 +39,50 @@ pub struct Parsed {
 }
 
 /// `served` is the wording this server renders in (`None` when the model has no strategy: the
-/// request is then refused with a 501 after parsing).
+/// request is then refused with a 501 after parsing). Parsed as the default profile does.
 pub fn parse(
     body: &Value,
     limits: &Limits,
     served: Option<PromptFormat>,
 ) -> Result<Parsed, DecisionError> {
+    parse_in(body, limits, served, Compat::Typesafe)
+}
+
+/// `parse` under a profile: SGLang's own refuses this server's extension fields (`x_debias`) as
+/// unknown, as its seed refuses any field it does not list.
+pub fn parse_in(
+    body: &Value,
+    limits: &Limits,
+    served: Option<PromptFormat>,
+    compat: Compat,
+) -> Result<Parsed, DecisionError> {
     let obj = fields::body_object(body, "type_error")?;
     let mut errors = Vec::new();
+    let extensions: &[&str] = if compat == Compat::Sglang {
+        &[]
+    } else {
+        &[fields::DEBIAS_FIELD]
+    };
+    let allowed: Vec<&str> = FIELDS.iter().chain(extensions).copied().collect();
     // Seed 003: "an unknown field anywhere in the request" is a 400.
     fields::unknown_keys(
         obj,
-        FIELDS,
+        &allowed,
         &[],
         "extra_forbidden",
         |key| {
             format!(
                 "unknown field '{key}'; the request takes {}",
-                FIELDS.join(", ")
+                allowed.join(", ")
             )
         },
         &mut errors,
     );
+    let debias = if extensions.is_empty() {
+        None
+    } else {
+        fields::debias(obj, "value_error", &mut errors)
+    };
     // Echoed in the response, `default` when omitted (seed 003's `model` row).
     let model =
         fields::model_name(obj, "type_error", &mut errors)?.unwrap_or_else(|| "default".to_owned());
@@ -134,6 +157,7 @@ pub fn parse(
         cache_salt: String::new(),
         media: Default::default(),
         joint,
+        debias,
     };
     Ok(Parsed {
         request: Arc::new(request),
@@ -409,6 +433,7 @@ fn parse_sides(
     Some(QuestionKind::YesNo {
         yes: side("yes", errors),
         no: side("no", errors),
+        no_first: false,
     })
 }
 
@@ -456,6 +481,10 @@ pub fn format(
         };
         let obj = value.as_object_mut().expect("object literal");
         obj.insert("label_mass".into(), json!(answer.label_mass));
+        // A debiased read reports what it used on the answer (the shape has no diagnostics).
+        if let Some(r) = decision.orders.as_ref().and_then(|r| r.get(i)) {
+            obj.extend(r.fields("x_"));
+        }
         if let Some((prompt, groups)) = per_question.as_ref().and_then(|r| r.get(i)) {
             obj.insert("prompt_token_ids".into(), json!(prompt));
             let labels: Vec<Value> = groups
@@ -515,6 +544,43 @@ mod tests {
     }
 
     #[test]
+    fn x_debias_is_an_extension_the_sglang_profile_refuses() {
+        use crate::debias::Debias;
+        let body = |v: Value| json!({"input": "x", "x_debias": v, "questions": [{"id": "u", "type": "yes_no", "question": "Urgent?"}]});
+        let parsed = |v| parse(&body(v), &Limits::default(), None);
+        assert_eq!(
+            parsed(json!("rotate")).unwrap().request.debias,
+            Some(Debias::Rotate)
+        );
+        assert_eq!(parsed(Value::Null).unwrap().request.debias, None);
+        let Err(DecisionError::Invalid(errors)) = parsed(json!(1)) else {
+            panic!("x_debias must be off or rotate")
+        };
+        assert_eq!(
+            (errors[0].param(), errors[0].kind),
+            ("x_debias".to_owned(), "value_error")
+        );
+        assert_eq!(
+            error_body(&DecisionError::Invalid(errors), 400)["param"],
+            json!("x_debias")
+        );
+        // Seed 003: an unknown field anywhere is a 400; SGLang does not know this one.
+        let Err(DecisionError::Invalid(errors)) = parse_in(
+            &body(json!("rotate")),
+            &Limits::default(),
+            None,
+            Compat::Sglang,
+        ) else {
+            panic!("--compat sglang refuses x_debias")
+        };
+        assert_eq!(
+            (errors[0].param(), errors[0].kind),
+            ("x_debias".to_owned(), "extra_forbidden")
+        );
+        assert!(!errors[0].msg.contains("takes input, questions, temperature, chat_template_kwargs, prompt_format_version, return_prompt_token_ids, model, joint, x_debias"));
+    }
+
+    #[test]
     fn parses_all_types_with_temperature() {
         let p = parse(
             &json!({"input": {"ticket": "x"}, "temperature": 0.5, "prompt_format_version": 1, "return_prompt_token_ids": true, "questions": [
@@ -531,7 +597,8 @@ mod tests {
             p.request.questions[1].kind,
             QuestionKind::YesNo {
                 yes: None,
-                no: Some("calm".into())
+                no: Some("calm".into()),
+                no_first: false,
             }
         );
     }
@@ -677,7 +744,8 @@ mod tests {
             parsed.request.questions[0].kind,
             QuestionKind::YesNo {
                 yes: Some(r#"["a",1]"#.into()),
-                no: None
+                no: None,
+                no_first: false,
             }
         );
         assert_eq!(

@@ -67,6 +67,7 @@ pub fn parse(
     };
     let media = parse_media(obj, &mut errors);
     let joint = fields::optional_bool(obj, "joint", "bool_type", &mut errors);
+    let debias = fields::debias(obj, "literal_error", &mut errors);
     let questions = match obj.get("questions") {
         None => {
             errors.push(FieldError::new(
@@ -97,6 +98,7 @@ pub fn parse(
         cache_salt,
         media,
         joint,
+        debias,
     })
 }
 
@@ -369,7 +371,11 @@ fn parse_noul(
         ));
         return None;
     }
-    Some(QuestionKind::YesNo { yes, no })
+    Some(QuestionKind::YesNo {
+        yes,
+        no,
+        no_first: false,
+    })
 }
 
 fn parse_score(
@@ -452,7 +458,7 @@ pub fn format(
 ) -> Value {
     let mut answers = Map::new();
     let mut diagnostics = Map::new();
-    for (question, answer) in request.questions.iter().zip(&decision.answers) {
+    for (i, (question, answer)) in request.questions.iter().zip(&decision.answers).enumerate() {
         let p = &answer.probabilities;
         let confidence = compat.confidence(question.kind.kind(), answer);
         let mut value = match question.kind.reading(p) {
@@ -487,16 +493,21 @@ pub fn format(
         if let (Some(c), Some(obj)) = (confidence, value.as_object_mut()) {
             obj.insert("confidence".into(), json!(c));
         }
+        let report = decision.orders.as_ref().and_then(|r| r.get(i));
         if compat == Compat::Sglang {
             if let Some(obj) = value.as_object_mut() {
                 obj.insert("x_label_mass".into(), json!(answer.label_mass));
+                // This profile has no diagnostics map: its extensions sit on the answer.
+                obj.extend(report.map(|r| r.fields("x_")).unwrap_or_default());
             }
         }
         answers.insert(question.id.clone(), value);
-        diagnostics.insert(
-            question.id.clone(),
-            json!({"label_mass": answer.label_mass, "argmax_is_label": answer.argmax_is_label}),
-        );
+        let mut diagnostic =
+            json!({"label_mass": answer.label_mass, "argmax_is_label": answer.argmax_is_label});
+        if let (Some(r), Some(obj)) = (report, diagnostic.as_object_mut()) {
+            obj.extend(r.fields(""));
+        }
+        diagnostics.insert(question.id.clone(), diagnostic);
     }
     let usage = compat.usage(&decision.usage, request.questions.len());
     let mut out = json!({
@@ -633,7 +644,8 @@ mod tests {
             r.questions[1].kind,
             QuestionKind::YesNo {
                 yes: Some("money is moving".into()),
-                no: None
+                no: None,
+                no_first: false,
             }
         );
         assert_eq!(
@@ -854,6 +866,7 @@ mod tests {
                 per_question_prompt_tokens: 100,
                 pooled: false,
             },
+            orders: None,
         };
         let out = format(&r, &d, "m", Compat::Typesafe);
         assert_eq!(out["answers"]["team"]["choice"], "billing");
@@ -908,6 +921,107 @@ mod tests {
         assert_eq!(
             sglang["usage"],
             json!({"input_tokens": 100, "output_tokens": 0})
+        );
+    }
+
+    #[test]
+    fn x_debias_is_parsed_and_a_bad_value_names_the_field() {
+        use crate::debias::Debias;
+        let body = |v: Value| json!({"state": "s", "x_debias": v, "questions": {"q": {"type": "noul", "instructions": "x"}}});
+        for compat in [Compat::Typesafe, Compat::Vllm, Compat::Sglang] {
+            let parsed = |v| parse(&body(v), &limits(), compat).unwrap().debias;
+            assert_eq!(parsed(json!("rotate")), Some(Debias::Rotate));
+            assert_eq!(parsed(json!("off")), Some(Debias::Off));
+            assert_eq!(parsed(Value::Null), None);
+            for bad in [json!("shuffle"), json!(true), json!(["rotate"])] {
+                let Err(DecisionError::Invalid(errors)) = parse(&body(bad), &limits(), compat)
+                else {
+                    panic!("x_debias must be off or rotate")
+                };
+                assert_eq!(
+                    (errors[0].param(), errors[0].kind),
+                    ("x_debias".to_owned(), "literal_error")
+                );
+                assert!(
+                    errors[0].msg.contains("'off', 'rotate'"),
+                    "{}",
+                    errors[0].msg
+                );
+            }
+        }
+        let absent =
+            json!({"state": "s", "questions": {"q": {"type": "noul", "instructions": "x"}}});
+        assert_eq!(
+            parse(&absent, &limits(), Compat::Typesafe).unwrap().debias,
+            None
+        );
+    }
+
+    /// A debiased answer reports what it used where each profile puts its diagnostics; with the
+    /// feature off nothing changes (the test above holds the off shape byte for byte).
+    #[test]
+    fn debiased_answers_report_orders_where_the_profile_puts_diagnostics() {
+        use crate::debias::{Debias, OrderReport};
+        use crate::ir::{Answer, Usage};
+        let body = json!({"state": "s", "questions": {
+            "team": {"type": "choice", "criteria": {"billing": null, "tech": null}},
+            "urgent": {"type": "noul", "instructions": "u"}}});
+        let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
+        let ans = |p: Vec<f64>| Answer {
+            label_logprobs: p.iter().map(|x| x.ln()).collect(),
+            probabilities: p,
+            label_mass: 0.9,
+            argmax_is_label: true,
+            pooled: false,
+        };
+        let report = |orders, order_sensitivity| OrderReport {
+            method: Debias::Rotate,
+            orders,
+            order_sensitivity: Some(order_sensitivity),
+            prior_samples: None,
+        };
+        let d = Decision {
+            answers: vec![ans(vec![0.6, 0.4]), ans(vec![0.3, 0.7])],
+            usage: Usage::default(),
+            orders: Some(vec![report(2, 0.25), report(2, 0.125)]),
+        };
+        let out = format(&r, &d, "m", Compat::Typesafe);
+        assert_eq!(
+            out["x_diagnostics"]["team"],
+            json!({"label_mass": 0.9, "argmax_is_label": true, "debias": "rotate", "orders": 2, "order_sensitivity": 0.25})
+        );
+        assert_eq!(
+            out["answers"]["urgent"],
+            json!({"type": "noul", "noul": 0.3})
+        );
+        let vllm = format(&r, &d, "m", Compat::Vllm);
+        assert_eq!(
+            vllm["diagnostics"]["urgent"]["order_sensitivity"],
+            json!(0.125)
+        );
+        let prior = Decision {
+            orders: Some(vec![
+                OrderReport {
+                    method: Debias::Prior,
+                    orders: 1,
+                    order_sensitivity: None,
+                    prior_samples: Some(9),
+                },
+                report(2, 0.125),
+            ]),
+            ..d.clone()
+        };
+        // One order read: nothing measured, so no order_sensitivity; the prior's sample count instead.
+        assert_eq!(
+            format(&r, &prior, "m", Compat::Typesafe)["x_diagnostics"]["team"],
+            json!({"label_mass": 0.9, "argmax_is_label": true, "debias": "prior", "orders": 1, "prior_samples": 9})
+        );
+        let sglang = format(&r, &d, "m", Compat::Sglang);
+        assert_eq!(sglang["answers"]["team"]["x_debias"], json!("rotate"));
+        assert_eq!(sglang["answers"]["team"]["x_orders"], json!(2));
+        assert_eq!(
+            sglang["answers"]["urgent"]["x_order_sensitivity"],
+            json!(0.125)
         );
     }
 

@@ -79,7 +79,12 @@ impl DecisionRoute for Decisions {
         let limits = &state.decider.limits;
         if shape == Shape::Sglang {
             let limits = &state.config.flags.compat.limits(Shape::Sglang, limits);
-            let parsed = sglang::parse(body, limits, state.decider.prompt_format())?;
+            let parsed = sglang::parse_in(
+                body,
+                limits,
+                state.decider.prompt_format(),
+                state.config.flags.compat,
+            )?;
             Ok(DecisionsRequest::Sglang(parsed))
         } else {
             let parsed = openai::parse(body, limits, state.config.flags.compat)?;

@@ -725,6 +725,7 @@ mod tests {
             kind: QuestionKind::YesNo {
                 yes: None,
                 no: None,
+                no_first: false,
             },
         }
     }
@@ -769,6 +770,7 @@ mod tests {
             cache_salt: String::new(),
             media: Default::default(),
             joint,
+            debias: None,
         }
     }
 

@@ -253,18 +253,25 @@ impl PromptOption {
 /// levels by index (`option_id` the index, description the level).
 fn prompt_options(question: &Question) -> Vec<PromptOption> {
     match &question.kind {
-        QuestionKind::YesNo { yes, no } => vec![
-            PromptOption {
-                index: 0,
-                id: "true".into(),
-                description: Some(yes.clone().unwrap_or_else(|| NOUL_TRUE.into())),
-            },
-            PromptOption {
-                index: 1,
-                id: "false".into(),
-                description: Some(no.clone().unwrap_or_else(|| NOUL_FALSE.into())),
-            },
-        ],
+        QuestionKind::YesNo { yes, no, no_first } => {
+            let mut sides = vec![
+                PromptOption {
+                    index: 0,
+                    id: "true".into(),
+                    description: Some(yes.clone().unwrap_or_else(|| NOUL_TRUE.into())),
+                },
+                PromptOption {
+                    index: 1,
+                    id: "false".into(),
+                    description: Some(no.clone().unwrap_or_else(|| NOUL_FALSE.into())),
+                },
+            ];
+            // A debiased read's second label order: false listed first, answers still by index.
+            if *no_first {
+                sides.reverse();
+            }
+            sides
+        }
         QuestionKind::Choice { options } => {
             let mut listed: Vec<PromptOption> = options
                 .iter()
@@ -447,6 +454,7 @@ mod tests {
                 kind: QuestionKind::YesNo {
                     yes: Some("money is moving".into()),
                     no: None,
+                    no_first: false,
                 },
             },
             Question {
@@ -466,6 +474,7 @@ mod tests {
             cache_salt: String::new(),
             media: Media::default(),
             joint: false,
+            debias: None,
         }
     }
 

@@ -17,6 +17,8 @@ use crate::read::{LabelGroup, PreparedRead};
 
 pub const CHOICE_REPLY: &str = "Reply with the option code only.";
 pub const YES_NO_REPLY: &str = "Reply with yes or no only.";
+/// Its reply shown no side first (a debiased read's second label order).
+pub const NO_YES_REPLY: &str = "Reply with no or yes only.";
 
 pub struct LiquidStrategy {
     chat: ChatPrompts,
@@ -213,16 +215,23 @@ fn ask(question: &Question) -> String {
                 lines.join("\n")
             )
         }
-        QuestionKind::YesNo { yes, no } => {
+        QuestionKind::YesNo { yes, no, no_first } => {
             let truthy = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
             // A side that was not given prints as Python's `None`, as the reference's f-string does.
             let side = |s: &Option<String>| s.clone().unwrap_or_else(|| "None".into());
-            let sides = if truthy(yes) || truthy(no) {
-                format!("\nYes: {}\nNo: {}", side(yes), side(no))
-            } else {
-                String::new()
+            let (sides, reply) = match (truthy(yes) || truthy(no), *no_first) {
+                (false, false) => (String::new(), YES_NO_REPLY),
+                (false, true) => (String::new(), NO_YES_REPLY),
+                (true, false) => (
+                    format!("\nYes: {}\nNo: {}", side(yes), side(no)),
+                    YES_NO_REPLY,
+                ),
+                (true, true) => (
+                    format!("\nNo: {}\nYes: {}", side(no), side(yes)),
+                    NO_YES_REPLY,
+                ),
             };
-            format!("{instructions}{sides}\n\n{YES_NO_REPLY}")
+            format!("{instructions}{sides}\n\n{reply}")
         }
         QuestionKind::Score { levels, .. } => {
             let legend: Vec<String> = levels
@@ -284,6 +293,7 @@ mod tests {
         QuestionKind::YesNo {
             yes: yes.map(Into::into),
             no: no.map(Into::into),
+            no_first: false,
         }
     }
 
@@ -405,6 +415,7 @@ mod tests {
             cache_salt: String::new(),
             media: Default::default(),
             joint: false,
+            debias: None,
         };
         let reads = s.prepare(&request, usize::MAX).expect("prepares");
         let ids = |r: &PreparedRead| -> Vec<Vec<Vec<u32>>> {
@@ -452,6 +463,7 @@ mod tests {
             cache_salt: String::new(),
             media: Default::default(),
             joint: false,
+            debias: None,
         };
         let err = s.prepare(&request, usize::MAX).expect_err("refused");
         assert!(

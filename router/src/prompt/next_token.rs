@@ -160,6 +160,7 @@ mod tests {
             cache_salt: String::new(),
             media: Default::default(),
             joint: false,
+            debias: None,
         }
     }
 
@@ -183,6 +184,7 @@ mod tests {
                 kind: QuestionKind::YesNo {
                     yes: None,
                     no: None,
+                    no_first: false,
                 },
             },
             Question {

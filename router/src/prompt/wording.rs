@@ -122,17 +122,17 @@ impl Wording {
         let mut lines: Vec<String> = Vec::new();
         let instructions = question.instructions.as_deref().filter(|s| !s.is_empty());
         match (&question.kind, self) {
-            (QuestionKind::YesNo { yes, no }, Wording::Sglang) => {
+            (QuestionKind::YesNo { yes, no, no_first }, Wording::Sglang) => {
                 lines.push(match instructions {
                     Some(i) => format!("Is the following true? {i}"),
                     None => "Is the following true?".to_owned(),
                 });
-                for (label, side) in [("yes", yes), ("no", no)] {
+                for (label, side) in yes_no_sides(yes, no, *no_first) {
                     if let Some(d) = side.as_deref().filter(|d| !d.is_empty()) {
                         lines.push(format!("{label}: {d}"));
                     }
                 }
-                lines.push(Kind::YesNo.reply().to_owned());
+                lines.push(Kind::yes_no_reply(*no_first).to_owned());
                 return lines.join("\n");
             }
             _ => {
@@ -162,10 +162,11 @@ impl Wording {
                 };
                 lines.push(reply.to_owned());
             }
-            QuestionKind::YesNo { yes, no } => {
-                lines.push(side("yes", yes.as_deref()));
-                lines.push(side("no", no.as_deref()));
-                lines.push(Kind::YesNo.reply().to_owned());
+            QuestionKind::YesNo { yes, no, no_first } => {
+                for (label, description) in yes_no_sides(yes, no, *no_first) {
+                    lines.push(side(label, description.as_deref()));
+                }
+                lines.push(Kind::yes_no_reply(*no_first).to_owned());
             }
             QuestionKind::Score { levels, .. } => {
                 for (i, level) in levels.iter().enumerate() {
@@ -194,6 +195,19 @@ impl Wording {
             (Kind::Choice, Wording::Sglang) => LabelScheme::TwoLetterTokens,
             (kind, _) => LabelScheme::Single(kind),
         }
+    }
+}
+
+/// A yes/no's sides in the order shown: yes first, or no first (a debiased read's second order).
+fn yes_no_sides<'a>(
+    yes: &'a Option<String>,
+    no: &'a Option<String>,
+    no_first: bool,
+) -> [(&'static str, &'a Option<String>); 2] {
+    if no_first {
+        [("no", no), ("yes", yes)]
+    } else {
+        [("yes", yes), ("no", no)]
     }
 }
 
@@ -272,6 +286,7 @@ mod tests {
             QuestionKind::YesNo {
                 yes: None,
                 no: None,
+                no_first: false,
             },
         );
         assert_eq!(
@@ -283,6 +298,7 @@ mod tests {
             QuestionKind::YesNo {
                 yes: None,
                 no: Some("all calm".into()),
+                no_first: false,
             },
         );
         assert_eq!(
@@ -294,11 +310,46 @@ mod tests {
             QuestionKind::YesNo {
                 yes: Some("money is moving".into()),
                 no: Some("n".into()),
+                no_first: false,
             },
         );
         assert_eq!(
             Wording::Vllm.user_message("S", &both),
             "S\n\nQuestion: Urgent?\nyes: money is moving\nno: n\nAnswer with yes or no only."
+        );
+    }
+
+    /// A debiased read's second label order: the sides and the reply line list no first; the labels
+    /// (and so the answer's order) stay yes, no.
+    #[test]
+    fn yes_no_no_first_lists_no_first_in_both_wordings() {
+        let both = q(
+            Some("Urgent?"),
+            QuestionKind::YesNo {
+                yes: Some("money is moving".into()),
+                no: Some("n".into()),
+                no_first: true,
+            },
+        );
+        assert_eq!(
+            Wording::Vllm.user_message("S", &both),
+            "S\n\nQuestion: Urgent?\nno: n\nyes: money is moving\nAnswer with no or yes only."
+        );
+        assert_eq!(
+            Wording::Sglang.user_message("S", &both),
+            "S\n\nIs the following true? Urgent?\nno: n\nyes: money is moving\nAnswer with no or yes only."
+        );
+        let bare = q(
+            Some("Urgent?"),
+            QuestionKind::YesNo {
+                yes: None,
+                no: None,
+                no_first: true,
+            },
+        );
+        assert_eq!(
+            Wording::Vllm.user_message("S", &bare),
+            "S\n\nQuestion: Urgent?\nno\nyes\nAnswer with no or yes only."
         );
     }
 
@@ -369,6 +420,7 @@ mod tests {
             QuestionKind::YesNo {
                 yes: None,
                 no: Some("calm".into()),
+                no_first: false,
             },
         );
         assert_eq!(
@@ -382,6 +434,7 @@ mod tests {
             QuestionKind::YesNo {
                 yes: None,
                 no: None,
+                no_first: false,
             },
         );
         assert_eq!(
