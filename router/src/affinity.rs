@@ -58,6 +58,7 @@ mod tests {
             cache_salt: salt.into(),
             media: Media::default(),
             joint: false,
+            debias: None,
         }
     }
 
