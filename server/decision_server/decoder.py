@@ -1086,12 +1086,8 @@ class DecoderLM(nn.Module):
                 rows = KeptRows.of(keep, mask, past_length, tokens, self.bucket_rows)
         last = len(self.layers) - 1
         new: list[LayerKV] = []
-        bucket = self.step_graphs.bucket(tokens) if self.step_graphs is not None else None
-        if self.step_graphs is not None and bucket is not None and run_rows == tokens >= layer_graph.MIN_TOKENS:
-            hidden = self._graphed_layers(self.step_graphs, bucket, hidden, cos, sin, layer_mask, past, rows, new)
-            return self.norm(hidden[: tokens if keep is None else len(keep)]), new
         if self.graph is not None and run_rows == tokens >= layer_graph.MIN_TOKENS:
-            hidden = self._compiled_layers(self.graph, hidden, cos, sin, layer_mask, past, rows, new)
+            hidden = self._compiled_layers(hidden, cos, sin, layer_mask, past, rows, new)
             return self.norm(hidden[: tokens if keep is None else len(keep)]), new
         for index, layer in enumerate(self.layers):
             layer_past = past[index] if past is not None else None
@@ -1101,7 +1097,6 @@ class DecoderLM(nn.Module):
 
     def _compiled_layers(
         self,
-        graph: layer_graph.LayerGraph,
         hidden: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -1110,46 +1105,19 @@ class DecoderLM(nn.Module):
         rows: KeptRows | SegmentRows | None,
         new: list[LayerKV],
     ) -> torch.Tensor:
-        """`hidden_states`' layers with everything between two attentions one compiled call (`layer_graph`) and
-        attention eager, as `Attention.attend` computes it; the last layer's kept rows leave eagerly."""
-        last = len(self.layers) - 1
-        query, key, value = graph.enter(0, hidden, cos, sin)
-        for index, layer in enumerate(self.layers):
-            kv = LayerKV(key, value)
-            new.append(kv)
-            layer_rows = rows if index == last else None
-            layer_past = past[index] if past is not None else None
-            attended = layer.attention.attend(query, kv, mask, layer_past, layer_rows, hidden.shape[0])
-            if index < last:
-                assert attended is not None
-                hidden, query, key, value = graph.step(index, hidden, attended, cos, sin)
-            elif layer_rows is None:
-                assert attended is not None
-                hidden = graph.leave(index, hidden, attended)
-            else:
-                hidden = hidden.index_select(0, layer_rows.index)
-                if attended is not None:
-                    hidden = layer.finish(hidden, layer.attention.out(attended))
-        return hidden
-
-    def _graphed_layers(
-        self,
-        graphs: step_graphs.StepGraphs,
-        bucket: int,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | TreeAfterPast | SegmentPlan | None,
-        past: list[LayerKV] | None,
-        rows: KeptRows | SegmentRows | None,
-        new: list[LayerKV],
-    ) -> torch.Tensor:
-        """`_compiled_layers` with the compiled pieces replayed in `bucket` rows (`step_graphs`): the pass's rows
-        are copied into the graphs' buffers, attention runs eagerly on the pass's rows between replays."""
+        """`hidden_states`' layers with everything between two attentions one compiled call (`layer_graph`),
+        replayed as a CUDA graph where the pass fits a captured bucket (`step_graphs`), and attention eager, as
+        `Attention.attend` computes it; the last layer's kept rows leave eagerly."""
+        assert self.graph is not None
         tokens, last = hidden.shape[0], len(self.layers) - 1
-        graphs.load(bucket, hidden, cos, sin)
+        bucket = self.step_graphs.bucket(tokens) if self.step_graphs is not None else None
+        run: layer_graph.LayerRun | step_graphs.GraphedRun
+        if self.step_graphs is not None and bucket is not None:
+            run = self.step_graphs.run(bucket, hidden, cos, sin)
+        else:
+            run = layer_graph.LayerRun(self.graph, hidden, cos, sin)
         for index, layer in enumerate(self.layers):
-            query, key, value = graphs.projected(tokens)
+            query, key, value = run.projected()
             kv = LayerKV(key, value)
             new.append(kv)
             layer_rows = rows if index == last else None
@@ -1157,13 +1125,11 @@ class DecoderLM(nn.Module):
             attended = layer.attention.attend(query, kv, mask, layer_past, layer_rows, tokens)
             if layer_rows is None:
                 assert attended is not None
-                graphs.advance(index, bucket, attended)
+                run.advance(index, attended)
                 continue
-            # The last layer's kept rows leave eagerly, as in `_compiled_layers`.
-            kept = graphs.rows(tokens).index_select(0, layer_rows.index)
+            kept = run.rows().index_select(0, layer_rows.index)
             return kept if attended is None else layer.finish(kept, layer.attention.out(attended))
-        # A view of the buffers: the caller's final norm reads it before any other pass runs.
-        return graphs.rows(tokens)
+        return run.rows()
 
     def capture_graphs(self, mode: str, max_tokens: int | None = None) -> tuple[int, ...]:
         """Replays the compiled layers (`compile_layers`) as CUDA graphs per token-count bucket from now on, where

@@ -188,6 +188,31 @@ class LayerGraph:
         return self._leave(hidden, attended, *self.layers[index].leaving())
 
 
+class LayerRun:
+    """One pass through the compiled pieces, as the decoder's layer loop walks it: `projected` gives the current
+    layer's queries, keys and values (heads-major), `advance` takes its attention output to the next layer's entry
+    (or, after the last layer, its exit), `rows` the hidden rows. `step_graphs.GraphedRun` walks the same way with
+    the pieces replayed as CUDA graphs."""
+
+    def __init__(self, graph: LayerGraph, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.graph, self.hidden, self.cos, self.sin = graph, hidden, cos, sin
+        self.query, self.key, self.value = graph.enter(0, hidden, cos, sin)
+
+    def projected(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.query, self.key, self.value
+
+    def advance(self, index: int, attended: torch.Tensor) -> None:
+        if index < len(self.graph.layers) - 1:
+            self.hidden, self.query, self.key, self.value = self.graph.step(
+                index, self.hidden, attended, self.cos, self.sin
+            )
+        else:
+            self.hidden = self.graph.leave(index, self.hidden, attended)
+
+    def rows(self) -> torch.Tensor:
+        return self.hidden
+
+
 def _heads_major(projected: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     query, key, value = projected
     return query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)

@@ -180,31 +180,44 @@ class StepGraphs:
         """The captured bucket a pass of `tokens` rows runs in, or None (the compiled pieces serve it)."""
         return bucket_for(tokens, self.captured)
 
-    def load(self, bucket: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        """Copies a pass's rows into the buffers, zero rows after them up to `bucket`, and replays layer 0's entry."""
+    def run(self, bucket: int, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> GraphedRun:
+        """A pass in `bucket` rows: its rows copied into the buffers, zero rows after them up to `bucket`, and layer
+        0's entry replayed."""
         tokens = hidden.shape[0]
         self.hidden[:tokens].copy_(hidden)
         self.hidden[tokens:bucket].zero_()
         self.cos[:tokens].copy_(cos)
         self.sin[:tokens].copy_(sin)
         self._replays[("enter", 0, bucket)]()
+        return GraphedRun(self, bucket, tokens)
 
-    def projected(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+
+@dataclass
+class GraphedRun:
+    """One pass through the replays, walked as `layer_graph.LayerRun` is (the decoder's one layer loop)."""
+
+    graphs: StepGraphs
+    bucket: int
+    tokens: int
+
+    def projected(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The current layer's queries (a view, read before the next replay) and its keys and values (copies, which
         outlive it), each (heads, tokens, head_dim)."""
-        query = self.query[:tokens].transpose(0, 1)
-        return query, self.key[:tokens].transpose(0, 1).clone(), self.value[:tokens].transpose(0, 1).clone()
+        graphs, tokens = self.graphs, self.tokens
+        query = graphs.query[:tokens].transpose(0, 1)
+        return query, graphs.key[:tokens].transpose(0, 1).clone(), graphs.value[:tokens].transpose(0, 1).clone()
 
-    def advance(self, index: int, bucket: int, attended: torch.Tensor) -> None:
+    def advance(self, index: int, attended: torch.Tensor) -> None:
         """Layer `index`'s exit from its attention output `attended` (tokens, heads * head_dim), then the next
         layer's entry; after the last layer, its exit only. The result stays in the buffers (`rows`)."""
-        self.attended[: attended.shape[0]].copy_(attended)
-        piece = "leave" if index == len(self.graph.layers) - 1 else "step"
-        self._replays[(piece, index, bucket)]()
+        graphs = self.graphs
+        graphs.attended[: attended.shape[0]].copy_(attended)
+        piece = "leave" if index == len(graphs.graph.layers) - 1 else "step"
+        graphs._replays[(piece, index, self.bucket)]()
 
-    def rows(self, tokens: int) -> torch.Tensor:
+    def rows(self) -> torch.Tensor:
         """The hidden rows of the pass (a view of the buffer: read it before the next pass)."""
-        return self.hidden[:tokens]
+        return self.graphs.hidden[: self.tokens]
 
 
 def build(
