@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import torch
 
 from decision_server.engines import ReadSpec
-from decision_server.engines.tree import Pass, TokenTrie, place_read, plan_passes
+from decision_server.engines.tree import Pass, TokenTrie, _common_prefix, place_read, plan_passes
 
 
 def test_ancestor_matrix_of_a_small_tree() -> None:
@@ -63,6 +65,96 @@ def test_missing_nodes_predicts_insertion() -> None:
         assert len(trie) - before == predicted
     # Parents always precede children: the packed order is a valid causal order.
     assert all(parent < node for node, parent in enumerate(trie.parents))
+
+
+def test_paths_added_in_bulk_build_the_trie_one_add_per_token_builds() -> None:
+    """`add_path` (the root's last path reused, then bulk appends) gives the very trie `add` builds token by token:
+    reads of a request sharing a state, a state shared again later, paths that end inside or run past another,
+    several roots (salts, a cached prefix's start), label branches, empty paths."""
+    generator = torch.Generator().manual_seed(3)
+    bulk, reference = TokenTrie(), TokenTrie()
+
+    def by_token(trie: TokenTrie, parent: int, tokens: list[int]) -> list[int]:
+        nodes = []
+        for token in tokens:
+            parent = trie.add(parent, token)
+            nodes.append(parent)
+        return nodes
+
+    states = [torch.randint(0, 6, (n,), generator=generator).tolist() for n in (40, 40, 3, 0, 25)]
+    states[1][:20] = states[0][:20]  # two states sharing a head
+    for step in range(200):
+        state = states[int(torch.randint(0, len(states), (1,), generator=generator))]
+        cut = int(torch.randint(0, len(state) + 1, (1,), generator=generator))
+        tail = torch.randint(0, 6, (int(torch.randint(0, 5, (1,), generator=generator)),), generator=generator)
+        path = state[:cut] + tail.tolist()
+        key, start = ("a", 0) if step % 7 else (("cached", 9, 9), 9)
+        got = bulk.add_path(bulk.root(key, start), path)
+        want = by_token(reference, reference.root(key, start), path)
+        assert got == want
+        if got:
+            label = torch.randint(0, 6, (2,), generator=generator).tolist()
+            assert bulk.add_path(got[-1], label) == by_token(reference, want[-1], label)
+    for field in ("tokens", "parents", "depths", "root_of", "root_keys", "_children", "_root_starts"):
+        assert getattr(bulk, field) == getattr(reference, field), field
+
+
+def test_claims_count_each_prompt_node_once_even_through_label_branches() -> None:
+    """`claim` counts the nodes no earlier claim counted (its binary search relies on claimed nodes being a prefix
+    of every path down from a root), also where a prompt runs through another read's unclaimed label branch."""
+    generator = torch.Generator().manual_seed(5)
+    trie = TokenTrie()
+    counted: set[int] = set()
+    state = torch.randint(0, 4, (30,), generator=generator).tolist()
+    for step in range(300):
+        cut = int(torch.randint(0, 31, (1,), generator=generator))
+        tail = torch.randint(0, 4, (int(torch.randint(1, 4, (1,), generator=generator)),), generator=generator)
+        root = trie.root("x" if step % 3 else ("cached", 1, 5), 0 if step % 3 else 5)
+        nodes = trie.add_path(root, state[:cut] + tail.tolist())
+        assert trie.claim(nodes) == len(set(nodes) - counted)
+        counted |= set(nodes)
+        trie.add_path(nodes[-1], torch.randint(0, 4, (2,), generator=generator).tolist())  # a label branch
+
+
+def test_placing_reads_costs_python_steps_per_read_not_per_token() -> None:
+    """Host work that grows with the batch's tokens in Python is what a GPU cannot hide (issue 42: 0.5 ms per read in
+    all): placing 8 reads over a 4,000-token state (twice: the engine's chunking and its pass) makes a bounded
+    number of Python calls per read, where one `add` per token made over 4,000 (bench/host_batch.py times it)."""
+    generator = torch.Generator().manual_seed(0)
+    state = torch.randint(0, 1000, (4000,), generator=generator).tolist()
+    reads = [
+        ReadSpec(id=i, prompt=tuple(state + [2000 + i, 7]), labels=((1,), (2, 3), (2, 4))) for i in range(8)
+    ]
+    calls = [0]
+
+    def count(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            calls[0] += 1
+
+    for _ in range(2):
+        trie = TokenTrie()
+        sys.setprofile(count)
+        try:
+            placed = [place_read(trie, read, None) for read in reads]
+        finally:
+            sys.setprofile(None)
+        assert [p.tokens_computed for p in placed] == [4002] + [2] * 7
+    assert calls[0] <= 2 * len(reads) * 30, calls[0]
+
+
+def test_common_prefix_by_slices() -> None:
+    assert _common_prefix((), ()) == 0
+    assert _common_prefix((1, 2, 3), (1, 2, 3)) == 3
+    assert _common_prefix((1, 2, 3), (1, 2)) == 2
+    assert _common_prefix((5,), (1, 2)) == 0
+    assert _common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=2) == 2  # a right guess
+    assert _common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=3) == 2  # a wrong one is not taken
+    assert _common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=1) == 2
+    assert _common_prefix((1, 2), (1, 2, 3), guess=5) == 2
+    for n in range(1, 70):
+        a = tuple(range(n))
+        for k in range(n):
+            assert _common_prefix(a, (*a[:k], -1, *a[k + 1 :])) == k
 
 
 def ancestors(trie: TokenTrie, node: int) -> set[int]:
