@@ -3,6 +3,7 @@ an independent transformers forward: reads packed beside other requests see noth
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -95,6 +96,31 @@ def test_budgets_count_prompt_tokens_and_logit_rows(tiny_qwen3: LoadedModel, mon
     assert TreeEngine(tiny_qwen3, max_packed_tokens=65536).max_logit_rows == 65536
     monkeypatch.setattr(tiny_qwen3, "packs_segments", lambda: False)
     assert TreeEngine(tiny_qwen3, max_packed_tokens=65536).max_logit_rows == DEFAULT_MAX_LOGIT_ROWS
+
+
+def test_a_batch_that_fits_is_one_chunk_without_a_trie(
+    tiny_qwen3: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_chunks`' shortcut (`_fits_one_chunk`: prompts less their prefix shared with the read before, an upper
+    bound on the trie's tokens) chunks every batch as the trie does, and skips the trie where the batch fits."""
+    generator = torch.Generator().manual_seed(7)
+    engine = TreeEngine(tiny_qwen3)
+    for trial in range(40):
+        reads = many_requests(requests=1 + trial % 6, state_tokens=20 + 17 * trial, questions=1 + trial % 8)
+        if trial % 3 == 0:  # salts, and requests interleaved
+            reads = [replace(read, cache_salt=str(read.id % 2)) for read in reads]
+            order = torch.randperm(len(reads), generator=generator).tolist()
+            reads = [reads[i] for i in order]
+        engine.max_packed_tokens = int(torch.randint(100, 3000, (1,), generator=generator))
+        engine.max_logit_rows = int(torch.randint(4, 200, (1,), generator=generator))
+        fast = engine._chunks(reads)
+        with monkeypatch.context() as patched:
+            patched.setattr(engine, "_fits_one_chunk", lambda reads: False)
+            assert engine._chunks(reads) == fast
+    engine.max_packed_tokens, engine.max_logit_rows = 10**6, 10**6
+    monkeypatch.setattr("decision_server.engines.tree.TokenTrie.add_path", None)  # any trie use would fail
+    reads = many_requests(requests=4, state_tokens=200, questions=8)
+    assert engine._chunks(reads) == [reads]
 
 
 def test_segment_layout_as_one_mask() -> None:

@@ -122,9 +122,7 @@ def test_placing_reads_costs_python_steps_per_read_not_per_token() -> None:
     number of Python calls per read, where one `add` per token made over 4,000 (bench/host_batch.py times it)."""
     generator = torch.Generator().manual_seed(0)
     state = torch.randint(0, 1000, (4000,), generator=generator).tolist()
-    reads = [
-        ReadSpec(id=i, prompt=tuple(state + [2000 + i, 7]), labels=((1,), (2, 3), (2, 4))) for i in range(8)
-    ]
+    reads = [ReadSpec(id=i, prompt=(*state, 2000 + i, 7), labels=((1,), (2, 3), (2, 4))) for i in range(8)]
     calls = [0]
 
     def count(frame: object, event: str, arg: object) -> None:

@@ -501,12 +501,14 @@ class TreeEngine(NextTokenEngine):
         until the chunk ends, so more of them are alive at once (measured on a 2-core Intel, Qwen3-0.6B shape: four
         540-token states in one chunk computed 199 tokens/s, one per chunk 218, bench/results/2026-12-02-c16).
         """
+        one_state = self.prefix_cache is not None and not self.capabilities.packs_segments
+        if not one_state and self._fits_one_chunk(reads):
+            return [list(reads)]
         chunks: list[list[ReadSpec]] = []
         current: list[ReadSpec] = []
         trie = TokenTrie()
         prompt_tokens = rows = 0
         holds_state = False
-        one_state = self.prefix_cache is not None and not self.capabilities.packs_segments
         for read in reads:
             read_rows = 1 + sum(len(label) - 1 for label in read.labels)
             added = trie.missing_nodes(read, labels=False)
@@ -527,6 +529,25 @@ class TreeEngine(NextTokenEngine):
         if current:
             chunks.append(current)
         return chunks
+
+    def _fits_one_chunk(self, reads: Sequence[ReadSpec]) -> bool:
+        """Whether the whole batch surely fits the budgets, without a trie: each read's prompt counted less its
+        common prefix with the read before it of the same salt, an upper bound on the trie's unique tokens (the trie
+        shares at least that prefix). A batch the router packed to this budget almost always fits; `_chunks` then
+        costs one prefix comparison per read, not a second trie."""
+        rows = sum(1 + sum(len(label) - 1 for label in read.labels) for read in reads)
+        if rows > self.max_logit_rows:
+            return False
+        tokens = 0
+        before: dict[str, tuple[int, ...]] = {}
+        for read in reads:
+            prompt = tuple(read.prompt)
+            last = before.get(read.cache_salt)
+            tokens += len(prompt) - (_common_prefix(prompt, last) if last is not None else 0)
+            if tokens > self.max_packed_tokens:
+                return False
+            before[read.cache_salt] = prompt
+        return True
 
     def _cached_prefix(self, read: ReadSpec) -> CachedPrefix | None:
         if self.prefix_cache is None:
