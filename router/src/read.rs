@@ -173,6 +173,7 @@ impl PreparedRead {
             ReadKind::NextToken { labels } => pb::read::Kind::NextToken(pb::NextTokenRead {
                 token_ids: self.token_ids.clone(),
                 labels: groups_to_pb(labels),
+                shared_prefix: 0,
             }),
             ReadKind::Canvas { canvas, rows } => pb::read::Kind::Canvas(pb::CanvasRead {
                 prompt_ids: self.token_ids.clone(),
@@ -220,6 +221,36 @@ impl PreparedRead {
             cache_salt: cache_salt.to_owned(),
             media,
             kind: Some(kind),
+        }
+    }
+}
+
+/// A next-token read's prompt shares at least this many leading tokens with the read before it before
+/// the wire says so (`share_prefixes`): below it the saving is smaller than a field.
+const MIN_SHARED_PREFIX: usize = 8;
+
+/// Sends each next-token read's prompt less the prefix it shares with the read before it in the batch
+/// (`NextTokenRead.shared_prefix`): a request's questions follow each other and share their state, so
+/// the state crosses the wire, and the shard decodes it, once per request, not once per question (a
+/// batch of 64 requests x 8 questions over 512-token states: 276,480 prompt tokens, about 42,600 sent).
+pub fn share_prefixes(reads: &mut [pb::Read]) {
+    // From the last read back, so the read before each one still holds its whole prompt.
+    for index in (1..reads.len()).rev() {
+        let (before, rest) = reads.split_at_mut(index);
+        let (Some(pb::read::Kind::NextToken(previous)), Some(pb::read::Kind::NextToken(read))) =
+            (&before[index - 1].kind, &mut rest[0].kind)
+        else {
+            continue;
+        };
+        let shared = previous
+            .token_ids
+            .iter()
+            .zip(&read.token_ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if shared >= MIN_SHARED_PREFIX {
+            read.token_ids.drain(..shared);
+            read.shared_prefix = shared as u32;
         }
     }
 }
@@ -494,6 +525,74 @@ mod tests {
                 LabelGroup::single(vec![20, 21]),
             ],
         )
+    }
+
+    /// What the shard rebuilds from a batch sent with `share_prefixes`: each prompt whole again.
+    fn unshared(reads: &[pb::Read]) -> Vec<Vec<u32>> {
+        let mut prompts: Vec<Vec<u32>> = Vec::new();
+        for read in reads {
+            let Some(pb::read::Kind::NextToken(t)) = &read.kind else {
+                prompts.push(Vec::new());
+                continue;
+            };
+            let shared = t.shared_prefix as usize;
+            let mut prompt = if shared > 0 {
+                prompts.last().expect("a previous read")[..shared].to_vec()
+            } else {
+                Vec::new()
+            };
+            prompt.extend(&t.token_ids);
+            prompts.push(prompt);
+        }
+        prompts
+    }
+
+    #[test]
+    fn a_batch_sends_each_state_once_and_the_shard_can_rebuild_every_prompt() {
+        let state: Vec<u32> = (100..612).collect();
+        let with = |tail: &[u32]| [state.clone(), tail.to_vec()].concat();
+        let prompts = vec![
+            with(&[1, 2, 3]),
+            with(&[1, 2, 4]),
+            with(&[9]),
+            (0..20).collect(),                // another state: nothing shared
+            (0..7).chain([50, 51]).collect(), // 7 tokens shared: under the minimum
+            (0..20).collect(),                // the same prompt as two reads before: shared whole
+            (0..20).collect(),
+        ];
+        let mut reads: Vec<pb::Read> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                PreparedRead::next_token(p.clone(), vec![LabelGroup::single(vec![10])])
+                    .to_pb(i as u64, "")
+            })
+            .collect();
+        // A canvas read between two next-token reads breaks the chain: the one after it is whole.
+        reads.insert(3, canvas_read().to_pb(99, ""));
+        share_prefixes(&mut reads);
+        let sent: Vec<(u32, usize)> = reads
+            .iter()
+            .filter_map(|r| match &r.kind {
+                Some(pb::read::Kind::NextToken(t)) => Some((t.shared_prefix, t.token_ids.len())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            sent,
+            vec![
+                (0, 515),
+                (514, 1),
+                (512, 1),
+                (0, 20),
+                (0, 9),
+                (0, 20),
+                (20, 0)
+            ]
+        );
+        let mut rebuilt = unshared(&reads);
+        rebuilt.remove(3);
+        assert_eq!(rebuilt, prompts);
     }
 
     fn canvas_read() -> PreparedRead {

@@ -99,7 +99,8 @@ impl ShardSet {
     }
 
     /// One batch of reads, fanned out to every rank; rank 0's results are returned.
-    pub async fn read(&self, reads: Vec<pb::Read>) -> Result<pb::ReadResponse, DecisionError> {
+    pub async fn read(&self, mut reads: Vec<pb::Read>) -> Result<pb::ReadResponse, DecisionError> {
+        crate::read::share_prefixes(&mut reads);
         let request = pb::ReadRequest { reads };
         // The batch's trace context rides along, so the shards' spans join the request's trace.
         let span = tracing::Span::current();

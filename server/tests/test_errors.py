@@ -50,6 +50,47 @@ def test_prompt_at_the_position_limit_is_accepted(tiny_qwen3: LoadedModel, shard
     assert all(value < 0 for value in label_logprobs(result))
 
 
+def shared(request: decision_pb2.ReadRequest, prefixes: list[int]) -> decision_pb2.ReadRequest:
+    """`request` with each read's first `prefixes[i]` prompt tokens sent as shared with the read before it."""
+    for read, prefix in zip(request.reads, prefixes, strict=True):
+        whole = list(read.next_token.token_ids)
+        del read.next_token.token_ids[:]
+        read.next_token.token_ids.extend(whole[prefix:])
+        read.next_token.shared_prefix = prefix
+    return request
+
+
+def test_prompts_sent_with_shared_prefixes_read_as_the_whole_prompts(tiny_qwen3: LoadedModel, shard: Any) -> None:
+    """The router sends a request's state once (`NextTokenRead.shared_prefix`); the shard reads the same prompts."""
+    state = list(range(5, 45))
+    reads = [
+        (1, [*state, 7, 8], [[4], [5, 6]]),
+        (2, [*state, 7, 9], [[4]]),
+        (3, [*state, 7, 9], [[5]]),
+        (4, [3], [[4]]),
+    ]
+    with shard(tiny_qwen3, "tree") as stub:
+        whole = stub.Read(read_request(reads), timeout=60).results
+        sent = stub.Read(shared(read_request(reads), [0, 41, 42, 0]), timeout=60).results
+    assert [label_logprobs(r) for r in sent] == [label_logprobs(r) for r in whole]
+    assert [r.id for r in sent] == [1, 2, 3, 4]
+
+
+def test_a_shared_prefix_without_its_tokens_is_invalid_argument(tiny_qwen3: LoadedModel, shard: Any) -> None:
+    with shard(tiny_qwen3, "tree") as stub:
+        for prefixes, message in (
+            ([3, 0], "read 1: shared_prefix 3 with no read before it"),
+            ([0, 4], "read 2: shared_prefix 4 with a previous prompt of 3 tokens"),
+        ):
+            request = shared(read_request([(1, [1, 2, 3], [[4]]), (2, [1, 2, 3, 4, 5], [[4]])]), [0, 0])
+            for read, prefix in zip(request.reads, prefixes, strict=True):
+                read.next_token.shared_prefix = prefix
+            with pytest.raises(grpc.RpcError) as failure:
+                stub.Read(request, timeout=60)
+            assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in failure.value.details()
+
+
 def test_empty_batch_gives_empty_response(tiny_qwen3: LoadedModel, shard: Any) -> None:
     with shard(tiny_qwen3, "tree") as stub:
         response = stub.Read(decision_pb2.ReadRequest(), timeout=60)

@@ -22,17 +22,24 @@ from decision_server.read_kinds.codec import (
 )
 
 
-def read_spec(read: decision_pb2.Read) -> ReadSpec:
+def read_spec(read: decision_pb2.Read, previous: tuple[int, ...] | None = None) -> ReadSpec:
     """The engine's input for one next-token read: every group's variants flattened, with the group sizes kept so
-    the results can be regrouped (and messages can name a group and variant)."""
+    the results can be regrouped (and messages can name a group and variant). `previous`: the prompt of the read
+    before it in the request, whose first `shared_prefix` tokens begin this one's (the router sends a request's
+    state once)."""
     checked_kind(read, NEXT_TOKEN)
     next_token = read.next_token
     for index, group in enumerate(next_token.labels):
         if not group.variants:
             raise InvalidReadError(read.id, f"label {index} has no variants")
+    shared = next_token.shared_prefix
+    if shared and (previous is None or shared > len(previous)):
+        have = "no read before it" if previous is None else f"a previous prompt of {len(previous)} tokens"
+        raise InvalidReadError(read.id, f"shared_prefix {shared} with {have}")
+    prompt = previous[:shared] + tuple(next_token.token_ids) if shared and previous else tuple(next_token.token_ids)
     return ReadSpec(
         id=read.id,
-        prompt=tuple(next_token.token_ids),
+        prompt=prompt,
         labels=tuple(tuple(variant.token_ids) for group in next_token.labels for variant in group.variants),
         cache_salt=read.cache_salt,
         group_sizes=tuple(len(group.variants) for group in next_token.labels),
@@ -41,7 +48,10 @@ def read_spec(read: decision_pb2.Read) -> ReadSpec:
 
 
 def read_specs(request: decision_pb2.ReadRequest) -> list[ReadSpec]:
-    return [read_spec(read) for read in request.reads]
+    specs: list[ReadSpec] = []
+    for read in request.reads:
+        specs.append(read_spec(read, specs[-1].prompt if specs else None))
+    return specs
 
 
 def next_token_result(spec: ReadSpec, logprobs: list[float], greedy_token_id: int) -> decision_pb2.NextTokenResult:
