@@ -3,6 +3,7 @@ A repeated chat head + state then costs only the new question tokens; salts part
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from decision_server.sequences import common_prefix
 
 # Keys and values of a run of tokens: (layers, kv_heads, tokens, head_dim) each.
 KeyValues = tuple[torch.Tensor, torch.Tensor]
@@ -181,16 +184,26 @@ class PrefixCache:
         return segment
 
     def _evict(self) -> None:
-        while self.bytes_used > self.capacity_bytes:
-            leaves = [segment for segment in self._segments() if not segment.children]
-            if not leaves:
-                return
-            victim = min(leaves, key=lambda segment: segment.last_used)
+        """Drops the least recently used leaf until the cache fits its budget (a parent left without children is a
+        leaf from then on). The leaves are listed once per call and kept in a heap, not listed again per victim. A
+        full cache still lists its segments once per insert: about 55 ms of host work per batch of 512 reads
+        (bench/results/2026-12-07-host/), which evicting once per batch would save at the price of holding one
+        batch's keys/values past the budget for a moment."""
+        if self.bytes_used <= self.capacity_bytes:
+            return
+        order = itertools.count()  # ties go to the segment listed first, as `min` over the listing did
+        leaves = [(segment.last_used, next(order), segment) for segment in self._segments() if not segment.children]
+        heapq.heapify(leaves)
+        roots = {id(root) for root in self._roots.values()}
+        while self.bytes_used > self.capacity_bytes and leaves:
+            _, _, victim = heapq.heappop(leaves)
             parent = victim.parent
             assert parent is not None
             del parent.children[victim.tokens[0]]
             self.bytes_used -= self._counted(victim)
             victim.keys = victim.values = None
+            if not parent.children and id(parent) not in roots:
+                heapq.heappush(leaves, (parent.last_used, next(order), parent))
 
     def _counted(self, segment: Segment) -> int:
         """The segment's bytes as the whole model would hold them (exact: a rank's bytes divide by its heads)."""
@@ -220,11 +233,8 @@ def _owned(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _common_length(stored: Sequence[int], tokens: Sequence[int], offset: int) -> int:
-    limit = min(len(stored), len(tokens) - offset)
-    count = 0
-    while count < limit and stored[count] == tokens[offset + count]:
-        count += 1
-    return count
+    """How many of `stored` equal `tokens` from `offset` on (`sequences.common_prefix`: in C, not per token)."""
+    return common_prefix(tuple(stored), tuple(tokens[offset : offset + len(stored)]))
 
 
 # The `--prefix-cache-mb auto` rule: room for AUTO_CONTEXTS prompts of the model's full length, within a share of

@@ -85,6 +85,40 @@ def test_least_recently_used_leaves_are_evicted_first() -> None:
     assert cache.match("", c).length == 4
 
 
+class ListingCache(PrefixCache):
+    """The eviction before the heap, as the reference: every segment listed again for each victim."""
+
+    def _evict(self) -> None:
+        while self.bytes_used > self.capacity_bytes:
+            leaves = [segment for segment in self._segments() if not segment.children]
+            if not leaves:
+                return
+            victim = min(leaves, key=lambda segment: segment.last_used)
+            assert victim.parent is not None
+            del victim.parent.children[victim.tokens[0]]
+            self.bytes_used -= self._counted(victim)
+            victim.keys = victim.values = None
+
+
+def test_eviction_from_a_heap_drops_what_relisting_every_segment_dropped() -> None:
+    """`_evict` lists the leaves once per call (a heap; a parent left childless joins it): the same victims as
+    listing every segment again per victim, over a random workload of shared heads, matches and two salts."""
+    generator = torch.Generator().manual_seed(11)
+    heads = [torch.randint(0, 5, (n,), generator=generator).tolist() for n in (6, 6, 3)]
+    caches = [PrefixCache(capacity_bytes=BYTES_PER_TOKEN * 40), ListingCache(capacity_bytes=BYTES_PER_TOKEN * 40)]
+    for step in range(400):
+        head = heads[int(torch.randint(0, 3, (1,), generator=generator))]
+        tail = torch.randint(0, 5, (int(torch.randint(1, 9, (1,), generator=generator)),), generator=generator)
+        tokens, salt = head + tail.tolist(), "ab"[step % 2]
+        for cache in caches:
+            if step % 3:
+                cache.insert(salt, tokens, fake_provider(tokens, []))
+            else:
+                cache.match(salt, tokens)
+        assert caches[0].bytes_used == caches[1].bytes_used <= BYTES_PER_TOKEN * 40
+        assert [s.tokens for s in caches[0]._segments()] == [s.tokens for s in caches[1]._segments()]
+
+
 def test_insert_after_eviction_of_the_prefix_stores_nothing() -> None:
     cache = PrefixCache(capacity_bytes=1 << 20)
     tokens = [1, 2, 3, 4]

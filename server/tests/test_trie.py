@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from decision_server.engines import ReadSpec
-from decision_server.engines.tree import Pass, TokenTrie, _common_prefix, place_read, plan_passes
+from decision_server.engines.tree import Pass, TokenTrie, place_read, plan_passes
+from decision_server.sequences import common_prefix
 
 
 def test_ancestor_matrix_of_a_small_tree() -> None:
@@ -141,18 +142,18 @@ def test_placing_reads_costs_python_steps_per_read_not_per_token() -> None:
 
 
 def test_common_prefix_by_slices() -> None:
-    assert _common_prefix((), ()) == 0
-    assert _common_prefix((1, 2, 3), (1, 2, 3)) == 3
-    assert _common_prefix((1, 2, 3), (1, 2)) == 2
-    assert _common_prefix((5,), (1, 2)) == 0
-    assert _common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=2) == 2  # a right guess
-    assert _common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=3) == 2  # a wrong one is not taken
-    assert _common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=1) == 2
-    assert _common_prefix((1, 2), (1, 2, 3), guess=5) == 2
+    assert common_prefix((), ()) == 0
+    assert common_prefix((1, 2, 3), (1, 2, 3)) == 3
+    assert common_prefix((1, 2, 3), (1, 2)) == 2
+    assert common_prefix((5,), (1, 2)) == 0
+    assert common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=2) == 2  # a right guess
+    assert common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=3) == 2  # a wrong one is not taken
+    assert common_prefix((1, 2, 3, 4), (1, 2, 9, 4), guess=1) == 2
+    assert common_prefix((1, 2), (1, 2, 3), guess=5) == 2
     for n in range(1, 70):
         a = tuple(range(n))
         for k in range(n):
-            assert _common_prefix(a, (*a[:k], -1, *a[k + 1 :])) == k
+            assert common_prefix(a, (*a[:k], -1, *a[k + 1 :])) == k
 
 
 def ancestors(trie: TokenTrie, node: int) -> set[int]:

@@ -5,7 +5,6 @@ import statistics
 import time
 
 import torch
-
 from decision_server.pb import decision_pb2 as pb
 from decision_server.read_kinds.next_token import read_specs
 

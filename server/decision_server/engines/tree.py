@@ -28,6 +28,7 @@ from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
 from decision_server.segments import NEW, PAST, AttentionSegment, SegmentLayout, ranges
+from decision_server.sequences import common_prefix
 
 # Unique prompt tokens of one chunk (the router's default batch, `--max-batch-prefill-tokens`, so a batch is one
 # chunk; the shard passes its device's budget, `batch_budget.py`). Models that take a dense (T, T) mask (those that
@@ -61,10 +62,10 @@ class TokenTrie:
         self._children: dict[tuple[int, int], int] = {}
         self._counted: list[bool] = []  # already counted in some read's tokens_computed
         # The last path added under each root, and its nodes: the reads of a request follow each other and share
-        # their state, so the next path's common prefix with it is found by slice comparisons (`_common_prefix`),
+        # their state, so the next path's common prefix with it is found by slice comparisons (`common_prefix`),
         # not one dictionary lookup per token.
         # With the path, how much of it the trie held before: the next read of the request likely shares as much
-        # with it (the state), `_common_prefix`'s first guess.
+        # with it (the state), `common_prefix`'s first guess.
         self._last_paths: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = {}
 
     def __len__(self) -> int:
@@ -119,7 +120,7 @@ class TokenTrie:
         at = parent
         last = self._last_paths.get(parent) if parent < 0 else None
         if last is not None:
-            shared = _common_prefix(path, last[0], last[2])
+            shared = common_prefix(path, last[0], last[2])
             if shared:
                 nodes = list(last[1][:shared])
                 at = nodes[-1]
@@ -244,24 +245,6 @@ class TokenTrie:
             # Same rule as transformers' sliding overlay (kv > q - window), in positions, which here are depths.
             allowed &= (depths[:, None] - depths[None, :]) < window
         return allowed
-
-
-def _common_prefix(a: tuple[int, ...], b: tuple[int, ...], guess: int = 0) -> int:
-    """The length of the longest common prefix of `a` and `b`, by slice comparisons (each one pass in C) where a
-    loop over the tokens would be one Python step each: `guess` checked first, else a binary search."""
-    high = min(len(a), len(b))
-    if 0 < guess <= high and a[:guess] == b[:guess] and (guess == high or a[guess] != b[guess]):
-        return guess
-    if a[:high] == b[:high]:
-        return high
-    low, high = 0, high - 1  # a[:low] == b[:low] and a[:high + 1] != b[:high + 1] from here on
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
 
 
 def _salt_root(salt: str) -> Hashable:
@@ -543,7 +526,7 @@ class TreeEngine(NextTokenEngine):
         for read in reads:
             prompt = tuple(read.prompt)
             last = before.get(read.cache_salt)
-            tokens += len(prompt) - (_common_prefix(prompt, last) if last is not None else 0)
+            tokens += len(prompt) - (common_prefix(prompt, last) if last is not None else 0)
             if tokens > self.max_packed_tokens:
                 return False
             before[read.cache_salt] = prompt
