@@ -168,7 +168,7 @@ def test_image_has_no_build_tools_and_no_test_packages() -> None:
         " + [m for m in ('triton',) if not u.find_spec(m)])"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels=containers.LABELS
     )
     assert out.decode().strip() == "[]"
 
@@ -183,7 +183,7 @@ def test_the_image_user_compiles_the_bfloat16_chains_into_the_data_volume() -> N
         "print(on, os.environ['TORCHINDUCTOR_CACHE_DIR'], kept > 0)"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels=containers.LABELS
     )
     assert out.decode().split() == ["True", "/data/inductor", "True"]
 
@@ -198,6 +198,6 @@ def test_the_image_user_keeps_matmul_auto_probe_times_in_the_data_volume() -> No
         "print(record, mode in layers.MATMUL_MODES, len(json.loads(record.read_text())))"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels=containers.LABELS
     )
     assert out.decode().split() == ["/data/matmul-probes.json", "True", "1"]

@@ -1,0 +1,426 @@
+"""Three replicas of the image behind nginx on a user-defined docker network (issue 46 item 5): with `hash …
+consistent` on the affinity key the questions of one state are computed on one replica, where round-robin computes
+the state on every replica (both in the same run); a replica stopped under load (`docker stop`) costs no client an
+answer; a replica scaled down (SIGTERM) finishes the requests it accepted. nginx is the balancer
+(integration-tests/fleet/: Debian's nginx on the image's local base, docs/deploy.md's recipe); only its port is
+published, on 127.0.0.1, and each replica's /metrics is read through it.
+
+The tests share one fleet and run in file order: the loss test stops decision-1, the scale-down drains decision-2,
+and decision-0 serves to the end. DECISION_FLEET_REPORT=FILE writes their figures as JSON
+(bench/results/2026-12-07-fleet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx2
+import pytest
+
+import containers
+from conftest import HEALTH_TIMEOUT_S, TARGETS
+from wire import affinity_key, show
+
+pytestmark = pytest.mark.skipif("container" not in TARGETS, reason="DECISION_TEST_TARGETS leaves out the container")
+
+FLEET_DIR = Path(__file__).resolve().parent / "fleet"
+NGINX_IMAGE = os.environ.get("DECISION_TEST_NGINX_IMAGE", "decision-inference-nginx:test")
+# The aliases nginx.conf names; decision-2 drains as deploy/base's pods do (30 s), the others keep the image's 8 s.
+REPLICAS = ("decision-0", "decision-1", "decision-2")
+SURVIVOR, LOST, DRAINED = REPLICAS
+DRAIN_GRACE_S = 30
+# Every HTTP call's limit: a call that needs it has hung.
+CALL_TIMEOUT_S = 60.0
+RETRY_STATUSES = {429, 503, 529}
+MAX_ATTEMPTS = 6
+FIGURES: dict[str, Any] = {}
+
+STATE_TEXT = "The refund has not arrived, the invoice total is wrong and nobody answered my two emails. " * 12
+
+
+def state_of(tag: str, i: int, text: str = STATE_TEXT) -> dict[str, str]:
+    return {"ticket": f"Ticket {tag}-{i}: {text}"}
+
+
+def nouls(*names: str) -> dict[str, Any]:
+    return {name: {"type": "noul", "instructions": f"Does the ticket raise {name}?"} for name in names}
+
+
+@dataclass
+class Fleet:
+    """The replicas (by alias), nginx in front of them, and which address is which replica."""
+
+    nginx: containers.Container
+    replicas: dict[str, containers.Container]
+    names_by_address: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return self.nginx.url
+
+    def answered_by(self, response: httpx2.Response) -> list[str]:
+        """The replicas nginx tried, in order (`x-upstream`: "ip:80, ip:80" when it moved on)."""
+        tried = response.headers.get("x-upstream", "")
+        return [self.names_by_address.get(a.strip(), a.strip()) for a in tried.split(",") if a.strip()]
+
+    def series(self, name: str) -> dict[str, float]:
+        """A replica's unlabelled series from its /metrics, read through nginx."""
+        r = httpx2.get(f"{self.url}/replica/{name}/metrics", timeout=CALL_TIMEOUT_S)
+        assert r.status_code == 200, show(r)
+        return {m[1]: float(m[2]) for m in re.finditer(r"^(\w+) (\S+)$", r.text, re.MULTILINE)}
+
+    def tokens(self) -> dict[str, tuple[float, float]]:
+        """(computed, cached) prompt tokens of every live replica, as their /metrics count them."""
+        out = {}
+        for name in REPLICAS:
+            if self.replicas[name].status() == "running":
+                page = self.series(name)
+                out[name] = (page["decision_computed_tokens_total"], page["decision_cached_tokens_total"])
+        return out
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for name, replica in self.replicas.items():
+            last = "no answer yet"
+            while True:
+                code = replica.exit_code()
+                if code is not None:
+                    raise AssertionError(f"{name} exited with {code} before /ready\n{replica.logs_tail()}")
+                try:
+                    r = httpx2.get(f"{self.url}/replica/{name}/ready", timeout=5.0)
+                    if r.status_code == 200:
+                        break
+                    last = show(r, 300)
+                except httpx2.HTTPError as e:
+                    last = f"{type(e).__name__}: {e}"
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{name} not ready within {timeout_s:.0f} s ({last})\n{replica.logs_tail()}")
+                time.sleep(0.5)
+
+    def memory_mib(self) -> dict[str, float]:
+        out = {}
+        for name, replica in self.replicas.items():
+            stats = replica.wrapped.stats(stream=False, one_shot=True)
+            out[name] = round(stats["memory_stats"]["usage"] / 2**20, 1)
+        return out
+
+    def nginx_log(self) -> list[str]:
+        return [line for line in self.nginx.logs().splitlines() if " statuses=" in line]
+
+
+@pytest.fixture(scope="session")
+def nginx_image() -> str:
+    """integration-tests/fleet/Dockerfile on the project image's local base, built once a session (a cached
+    rebuild takes a second; the first one about 40 s: apt installs nginx)."""
+    client = docker.from_env()
+    try:
+        client.images.get(containers.BASE_IMAGE)
+    except docker.errors.ImageNotFound:
+        raise AssertionError(f"base image {containers.BASE_IMAGE} is missing: `make image` builds it") from None
+    client.images.build(
+        path=str(FLEET_DIR), tag=NGINX_IMAGE, buildargs={"BASE": containers.BASE_IMAGE}, rm=True, pull=False
+    )
+    return NGINX_IMAGE
+
+
+@pytest.fixture(scope="module")
+def fleet(nginx_image: str) -> Iterator[Fleet]:
+    containers.remove_leftovers()
+    network = containers.create_network()
+    started: list[containers.Container] = []
+    try:
+        replicas = {}
+        for name in REPLICAS:
+            env = {"SHUTDOWN_GRACE_SECS": str(DRAIN_GRACE_S)} if name == DRAINED else {}
+            replicas[name] = containers.start_container(env=env, publish=False, network=network, alias=name)
+            started.append(replicas[name])
+        # nginx resolves the aliases when it starts: after the replicas' containers exist, before they are ready.
+        nginx = containers.start_container(
+            image=nginx_image, volumes=[(FLEET_DIR / "nginx.conf", "/etc/nginx/nginx.conf")], network=network
+        )
+        started.append(nginx)
+        addresses = {}
+        for name, replica in replicas.items():
+            replica.wrapped.reload()
+            ip = replica.wrapped.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+            addresses[f"{ip}:{containers.CONTAINER_PORT}"] = name
+        fleet = Fleet(nginx=nginx, replicas=replicas, names_by_address=addresses)
+        started_at = time.monotonic()
+        fleet.wait_ready(HEALTH_TIMEOUT_S)
+        FIGURES["ready_s"] = round(time.monotonic() - started_at, 1)
+        yield fleet
+    finally:
+        for container in reversed(started):
+            container.remove()
+        network.remove()
+        report = os.environ.get("DECISION_FLEET_REPORT")
+        if report and FIGURES:
+            Path(report).write_text(json.dumps(FIGURES, indent=2) + "\n")
+
+
+def test_affinity_computes_a_state_on_one_replica_where_round_robin_computes_it_on_each(fleet: Fleet) -> None:
+    states, questions = 3, 3
+    figures: dict[str, Any] = {}
+    with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
+        for mode, prefix in (("round_robin", "/round-robin"), ("affinity", "")):
+            per_state = []
+            for s in range(states):
+                state = state_of(mode, s)
+                key = affinity_key(state)
+                before = fleet.tokens()
+                answered = []
+                for q in range(questions):
+                    body = {"state": state, "questions": nouls(f"point{q}")}
+                    r = client.post(f"{prefix}/v1/systemone", json=body, headers={"x-decision-affinity": key})
+                    assert r.status_code == 200, show(r)
+                    assert r.headers["x-decision-affinity"] == key
+                    answered += fleet.answered_by(r)
+                after = fleet.tokens()
+                computed = {n: after[n][0] - before[n][0] for n in REPLICAS}
+                cached = {n: after[n][1] - before[n][1] for n in REPLICAS}
+                per_state.append({"answered_by": answered, "computed": computed, "cached": cached})
+            figures[mode] = {
+                "computed_tokens_per_state": sum(sum(p["computed"].values()) for p in per_state) / states,
+                "cached_tokens_per_state": sum(sum(p["cached"].values()) for p in per_state) / states,
+                "replicas_computing_a_state": sum(sum(v > 0 for v in p["computed"].values()) for p in per_state)
+                / states,
+                "states": per_state,
+            }
+    FIGURES["affinity"] = figures
+    for p in figures["round_robin"]["states"]:
+        # One nginx worker takes the replicas in turn: a state's three questions reach three replicas, and each
+        # computes the state.
+        assert sorted(p["answered_by"]) == sorted(REPLICAS), p
+        assert all(v > 0 for v in p["computed"].values()), p
+    for p in figures["affinity"]["states"]:
+        # Every question of the state on one replica: the others computed nothing and the first's cache served
+        # the later questions.
+        (holder,) = set(p["answered_by"])
+        assert len(p["answered_by"]) == questions, p
+        assert [n for n in REPLICAS if p["computed"][n] > 0 or p["cached"][n] > 0] == [holder], p
+        assert p["cached"][holder] > 0, p
+    rr, aff = figures["round_robin"], figures["affinity"]
+    # The state's prefix dominates each prompt: three replicas computing it cost more than twice one doing so.
+    assert rr["computed_tokens_per_state"] > 2 * aff["computed_tokens_per_state"], (rr, aff)
+    assert aff["cached_tokens_per_state"] > rr["cached_tokens_per_state"], (rr, aff)
+    FIGURES["memory_mib"] = fleet.memory_mib()
+
+
+@dataclass
+class Attempt:
+    started: float
+    ended: float
+    status: int | None
+    answered_by: list[str]
+    retry_after: str | None = None
+    error: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+@dataclass
+class Request:
+    """One question and the client's attempts at it."""
+
+    key: str
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def started(self) -> float:
+        return self.attempts[0].started
+
+    @property
+    def answered(self) -> bool:
+        return bool(self.attempts) and self.attempts[-1].status == 200
+
+    @property
+    def answered_by(self) -> str | None:
+        """The replica that answered it (the last nginx tried on its last attempt)."""
+        return self.attempts[-1].answered_by[-1] if self.answered and self.attempts[-1].answered_by else None
+
+    @property
+    def seconds(self) -> float:
+        return self.attempts[-1].ended - self.started
+
+
+def ask_until_answered(fleet: Fleet, client: httpx2.Client, state: Any, question: str) -> Request:
+    """One question as a well-behaved client asks it: refused (429/503/529), it waits Retry-After and asks again."""
+    key = affinity_key(state)
+    request = Request(key=key)
+    body = {"state": state, "questions": nouls(question)}
+    for _ in range(MAX_ATTEMPTS):
+        started = time.monotonic()
+        try:
+            r = client.post("/v1/systemone", json=body, headers={"x-decision-affinity": key})
+        except httpx2.HTTPError as e:
+            error = f"{type(e).__name__}: {e}"
+            request.attempts.append(Attempt(started, time.monotonic(), None, [], error=error))
+            return request
+        attempt = Attempt(started, time.monotonic(), r.status_code, fleet.answered_by(r), r.headers.get("retry-after"))
+        request.attempts.append(attempt)
+        if r.status_code not in RETRY_STATUSES:
+            if r.status_code != 200:
+                attempt.error = show(r, 500)
+            return request
+        if attempt.retry_after is None or not attempt.retry_after.isdigit():
+            attempt.error = f"{r.status_code} without a Retry-After in seconds: {show(r, 500)}"
+            return request
+        time.sleep(int(attempt.retry_after))
+    return request
+
+
+def test_a_replica_stopped_under_load_costs_no_client_an_answer(fleet: Fleet) -> None:
+    """`docker stop` with the image's defaults (10 s, an 8 s grace) on a replica while six clients keep asking: every
+    answer is 200 or a refusal with Retry-After, every question is answered in the end (nginx or the client moves to
+    another replica), and nothing waits on the lost one."""
+    clients, states_per_client = 6, 2
+    done = threading.Event()
+    requests: list[Request] = []
+    lock = threading.Lock()
+
+    def client_loop(c: int) -> None:
+        with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
+            q = 0
+            while not done.is_set():
+                state = state_of(f"load{c}", q % states_per_client)
+                request = ask_until_answered(fleet, client, state, f"point{q}")
+                with lock:
+                    requests.append(request)
+                q += 1
+
+    threads = [threading.Thread(target=client_loop, args=(c,), daemon=True) for c in range(clients)]
+    for thread in threads:
+        thread.start()
+    lost = fleet.replicas[LOST]
+    try:
+        deadline = time.monotonic() + 120
+        while fleet.series(LOST).get("decision_http_requests_in_flight", 0) < 1:
+            assert time.monotonic() < deadline, "no request reached the replica to stop within 120 s"
+            time.sleep(0.05)
+        stopped_at = time.monotonic()
+        took = lost.docker_stop(timeout_s=10)
+        gone_at = stopped_at + took
+
+        def asked_after_it_was_gone() -> list[Request]:
+            with lock:
+                return [r for r in requests if r.started > gone_at]
+
+        # Load goes on until every client has had two questions answered after the stop.
+        deadline = time.monotonic() + 120
+        while len(asked_after_it_was_gone()) < 2 * clients:
+            assert time.monotonic() < deadline, f"{len(asked_after_it_was_gone())} questions after the stop in 120 s"
+            time.sleep(0.1)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(CALL_TIMEOUT_S * MAX_ATTEMPTS)
+    assert not any(thread.is_alive() for thread in threads), "a client hung"
+    logs = lost.logs_tail()
+    attempts = [a for r in requests for a in r.attempts]
+    failures = [(r.key, a) for r in requests for a in r.attempts if a.error is not None]
+    assert failures == [], f"{failures[:5]}\n{logs}"
+    assert all(r.answered for r in requests), [r for r in requests if not r.answered][:5]
+    assert {a.status for a in attempts} <= {200} | RETRY_STATUSES
+    assert lost.exit_code() == 0, logs
+    assert took < 10, f"docker stop needed its SIGKILL ({took:.1f} s)\n{logs}"
+    after = asked_after_it_was_gone()
+    assert all(LOST not in a.answered_by for r in after for a in r.attempts), [r for r in after if r.answered_by == LOST]
+    # The keys the lost replica held before its stop were answered by the others once it was gone.
+    lost_keys = {r.key for r in requests if r.answered_by == LOST and r.started < stopped_at}
+    moved = lost_keys & {r.key for r in after}
+    assert moved, (lost_keys, [r.key for r in after])
+    nginx_retries = [line for line in fleet.nginx_log() if "," in line.split(" statuses=")[1]]
+    FIGURES["replica_loss"] = {
+        "clients": clients,
+        "questions": len(requests),
+        "attempts": len(attempts),
+        "answered_200": sum(a.status == 200 for a in attempts),
+        "refused": {str(s): sum(a.status == s for a in attempts) for s in sorted(RETRY_STATUSES)},
+        "questions_the_client_retried": sum(len(r.attempts) > 1 for r in requests),
+        "requests_nginx_retried": len(nginx_retries),
+        "answered_by_the_stopped_replica_during_its_stop": sum(
+            r.answered_by == LOST and r.attempts[-1].ended > stopped_at for r in requests
+        ),
+        "its_keys_answered_elsewhere_after": len(moved),
+        "max_attempt_seconds": round(max(a.seconds for a in attempts), 2),
+        "max_question_seconds": round(max(r.seconds for r in requests), 2),
+        "docker_stop_seconds": round(took, 2),
+        "failures": len(failures),
+    }
+
+
+def test_a_replica_scaled_down_finishes_the_requests_it_accepted(fleet: Fleet) -> None:
+    """SIGTERM as Kubernetes sends it at scale-down, with three long requests in flight on the replica: all three
+    are answered 200 by it, a question asked meanwhile is answered by another replica, the replica exits 0 within its
+    grace, and its keys are the survivor's afterwards."""
+    drained = fleet.replicas[DRAINED]
+    big_text = "The refund is late and the invoice total is wrong; I wrote three times and nobody answered. " * 60
+    # States the consistent hash sends to the replica to drain (a one-question probe tells).
+    pinned: list[dict[str, str]] = []
+    with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
+        for i in range(40):
+            state = state_of("drain", i, big_text)
+            probe = ask_until_answered(fleet, client, state, "probe")
+            assert probe.answered, probe
+            if probe.answered_by == DRAINED:
+                pinned.append(state)
+            if len(pinned) == 4:
+                break
+    assert len(pinned) == 4, "fewer than 4 of 40 states hash to the replica to drain"
+    in_flight_states, late_state = pinned[:3], pinned[3]
+    results: list[httpx2.Response | str] = []
+
+    def send(state: dict[str, str]) -> None:
+        body = {"state": state, "questions": nouls(*(f"point{i}" for i in range(16)))}
+        headers = {"x-decision-affinity": affinity_key(state)}
+        try:
+            results.append(httpx2.post(f"{fleet.url}/v1/systemone", json=body, headers=headers, timeout=CALL_TIMEOUT_S))
+        except httpx2.HTTPError as e:
+            results.append(f"{type(e).__name__}: {e}")
+
+    senders = [threading.Thread(target=send, args=(state,), daemon=True) for state in in_flight_states]
+    for sender in senders:
+        sender.start()
+    deadline = time.monotonic() + 60
+    while fleet.series(DRAINED).get("decision_http_requests_in_flight", 0) < len(senders):
+        assert time.monotonic() < deadline and not results, f"the requests did not all reach the replica: {results}"
+        time.sleep(0.05)
+    signalled = time.time()
+    sigterm = ["docker", "kill", "--signal", "SIGTERM", drained.inner.get_container_id()]
+    subprocess.run(sigterm, check=True, capture_output=True, timeout=30)
+    assert not results, f"requests finished before the SIGTERM; make them longer: {results}"
+    # Asked while it drains: the replica refuses it (503), and nginx or the client takes it to another one.
+    with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
+        late = ask_until_answered(fleet, client, late_state, "late")
+    for sender in senders:
+        sender.join(DRAIN_GRACE_S + 15)
+    code = drained.wait_exit(DRAIN_GRACE_S + 15)
+    logs = drained.logs_tail()
+    answers = [r for r in results if not isinstance(r, str)]
+    assert [r.status_code for r in answers] == [200] * len(senders), f"{[show(r) if not isinstance(r, str) else r for r in results]}\n{logs}"
+    assert all(fleet.answered_by(r) == [DRAINED] for r in answers), [fleet.answered_by(r) for r in answers]
+    assert late.answered and late.answered_by == SURVIVOR, late
+    assert code == 0, logs
+    # Gone: its keys are the survivor's now.
+    with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
+        after = ask_until_answered(fleet, client, in_flight_states[0], "after")
+    assert after.answered and after.answered_by == SURVIVOR, after
+    FIGURES["scale_down"] = {
+        "in_flight_at_sigterm": len(senders),
+        "answered_200_by_the_drained_replica": len(answers),
+        "asked_while_draining": {"status": [a.status for a in late.attempts], "tried": [a.answered_by for a in late.attempts]},
+        "sigterm_to_exit_seconds": round(drained.finished_at() - signalled, 2),
+        "exit_code": code,
+    }
