@@ -13,7 +13,7 @@ import subprocess
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,7 @@ class Container:
         self.wrapped.reload()
         stamp = self.wrapped.attrs["State"]["FinishedAt"]  # 2026-12-07T05:30:00.123456789Z
         whole, _, fraction = stamp.rstrip("Z").partition(".")
-        return datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp() + float(f"0.{fraction or 0}")
+        return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() + float(f"0.{fraction or 0}")
 
     def wait_exit(self, timeout_s: float) -> int | None:
         deadline = time.monotonic() + timeout_s

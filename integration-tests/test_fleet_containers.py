@@ -39,6 +39,9 @@ NGINX_IMAGE = os.environ.get("DECISION_TEST_NGINX_IMAGE", "decision-inference-ng
 REPLICAS = ("decision-0", "decision-1", "decision-2")
 SURVIVOR, LOST, DRAINED = REPLICAS
 DRAIN_GRACE_S = 30
+# Three replicas share this machine's cores: one compute thread each (as a pod's CPU limit would), so they do not
+# spin against each other.
+REPLICA_ARGS = ["--threads", "1"]
 # Every HTTP call's limit: a call that needs it has hung.
 CALL_TIMEOUT_S = 60.0
 RETRY_STATUSES = {429, 503, 529}
@@ -118,6 +121,25 @@ class Fleet:
         return [line for line in self.nginx.logs().splitlines() if " statuses=" in line]
 
 
+def states_by_holder(fleet: Fleet, tag: str, per_replica: int, text: str = STATE_TEXT) -> dict[str, list[Any]]:
+    """`per_replica` states for each live replica whose affinity key the consistent hash sends there. nginx reads
+    only the header, so a one-word probe carrying a state's key tells where the state goes, and no replica computes
+    or caches the state itself."""
+    found: dict[str, list[Any]] = {name: [] for name in REPLICAS if fleet.replicas[name].status() == "running"}
+    with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
+        for i in range(40 * per_replica):
+            state = state_of(tag, i, text)
+            body = {"state": "probe", "questions": nouls("probe")}
+            r = client.post("/v1/systemone", json=body, headers={"x-decision-affinity": affinity_key(state)})
+            assert r.status_code == 200, show(r)
+            holder = fleet.answered_by(r)[-1]
+            if len(found[holder]) < per_replica:
+                found[holder].append(state)
+            if all(len(states) == per_replica for states in found.values()):
+                return found
+    raise AssertionError(f"{40 * per_replica} keys did not give each replica {per_replica}: {found}")
+
+
 @pytest.fixture(scope="session")
 def nginx_image() -> str:
     """integration-tests/fleet/Dockerfile on the project image's local base, built once a session (a cached
@@ -142,7 +164,9 @@ def fleet(nginx_image: str) -> Iterator[Fleet]:
         replicas = {}
         for name in REPLICAS:
             env = {"SHUTDOWN_GRACE_SECS": str(DRAIN_GRACE_S)} if name == DRAINED else {}
-            replicas[name] = containers.start_container(env=env, publish=False, network=network, alias=name)
+            replicas[name] = containers.start_container(
+                REPLICA_ARGS, env=env, publish=False, network=network, alias=name
+            )
             started.append(replicas[name])
         # nginx resolves the aliases when it starts: after the replicas' containers exist, before they are ready.
         nginx = containers.start_container(
@@ -235,6 +259,7 @@ class Request:
     """One question and the client's attempts at it."""
 
     key: str
+    client: int = 0
     attempts: list[Attempt] = field(default_factory=list)
 
     @property
@@ -255,15 +280,15 @@ class Request:
         return self.attempts[-1].ended - self.started
 
 
-def ask_until_answered(fleet: Fleet, client: httpx2.Client, state: Any, question: str) -> Request:
+def ask_until_answered(fleet: Fleet, http: httpx2.Client, state: Any, question: str, client: int = 0) -> Request:
     """One question as a well-behaved client asks it: refused (429/503/529), it waits Retry-After and asks again."""
     key = affinity_key(state)
-    request = Request(key=key)
+    request = Request(key=key, client=client)
     body = {"state": state, "questions": nouls(question)}
     for _ in range(MAX_ATTEMPTS):
         started = time.monotonic()
         try:
-            r = client.post("/v1/systemone", json=body, headers={"x-decision-affinity": key})
+            r = http.post("/v1/systemone", json=body, headers={"x-decision-affinity": key})
         except httpx2.HTTPError as e:
             error = f"{type(e).__name__}: {e}"
             request.attempts.append(Attempt(started, time.monotonic(), None, [], error=error))
@@ -285,7 +310,10 @@ def test_a_replica_stopped_under_load_costs_no_client_an_answer(fleet: Fleet) ->
     """`docker stop` with the image's defaults (10 s, an 8 s grace) on a replica while six clients keep asking: every
     answer is 200 or a refusal with Retry-After, every question is answered in the end (nginx or the client moves to
     another replica), and nothing waits on the lost one."""
-    clients, states_per_client = 6, 2
+    clients = 6
+    # Two states a client, four a replica, taken in turn: each client asks about states on two replicas.
+    held = states_by_holder(fleet, "load", 4)
+    in_turn = [held[name][i] for i in range(4) for name in REPLICAS]
     done = threading.Event()
     requests: list[Request] = []
     lock = threading.Lock()
@@ -294,8 +322,7 @@ def test_a_replica_stopped_under_load_costs_no_client_an_answer(fleet: Fleet) ->
         with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
             q = 0
             while not done.is_set():
-                state = state_of(f"load{c}", q % states_per_client)
-                request = ask_until_answered(fleet, client, state, f"point{q}")
+                request = ask_until_answered(fleet, client, in_turn[2 * c + q % 2], f"point{q}", client=c)
                 with lock:
                     requests.append(request)
                 q += 1
@@ -317,9 +344,9 @@ def test_a_replica_stopped_under_load_costs_no_client_an_answer(fleet: Fleet) ->
             with lock:
                 return [r for r in requests if r.started > gone_at]
 
-        # Load goes on until every client has had two questions answered after the stop.
+        # Load goes on until every client has asked about both its states after the stop.
         deadline = time.monotonic() + 120
-        while len(asked_after_it_was_gone()) < 2 * clients:
+        while min(sum(r.client == c for r in asked_after_it_was_gone()) for c in range(clients)) < 2:
             assert time.monotonic() < deadline, f"{len(asked_after_it_was_gone())} questions after the stop in 120 s"
             time.sleep(0.1)
     finally:
@@ -336,7 +363,9 @@ def test_a_replica_stopped_under_load_costs_no_client_an_answer(fleet: Fleet) ->
     assert lost.exit_code() == 0, logs
     assert took < 10, f"docker stop needed its SIGKILL ({took:.1f} s)\n{logs}"
     after = asked_after_it_was_gone()
-    assert all(LOST not in a.answered_by for r in after for a in r.attempts), [r for r in after if r.answered_by == LOST]
+    assert all(LOST not in a.answered_by for r in after for a in r.attempts), [
+        r for r in after if r.answered_by == LOST
+    ]
     # The keys the lost replica held before its stop were answered by the others once it was gone.
     lost_keys = {r.key for r in requests if r.answered_by == LOST and r.started < stopped_at}
     moved = lost_keys & {r.key for r in after}
@@ -367,18 +396,7 @@ def test_a_replica_scaled_down_finishes_the_requests_it_accepted(fleet: Fleet) -
     grace, and its keys are the survivor's afterwards."""
     drained = fleet.replicas[DRAINED]
     big_text = "The refund is late and the invoice total is wrong; I wrote three times and nobody answered. " * 60
-    # States the consistent hash sends to the replica to drain (a one-question probe tells).
-    pinned: list[dict[str, str]] = []
-    with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
-        for i in range(40):
-            state = state_of("drain", i, big_text)
-            probe = ask_until_answered(fleet, client, state, "probe")
-            assert probe.answered, probe
-            if probe.answered_by == DRAINED:
-                pinned.append(state)
-            if len(pinned) == 4:
-                break
-    assert len(pinned) == 4, "fewer than 4 of 40 states hash to the replica to drain"
+    pinned = states_by_holder(fleet, "drain", 4, big_text)[DRAINED]
     in_flight_states, late_state = pinned[:3], pinned[3]
     results: list[httpx2.Response | str] = []
 
@@ -401,6 +419,10 @@ def test_a_replica_scaled_down_finishes_the_requests_it_accepted(fleet: Fleet) -
     sigterm = ["docker", "kill", "--signal", "SIGTERM", drained.inner.get_container_id()]
     subprocess.run(sigterm, check=True, capture_output=True, timeout=30)
     assert not results, f"requests finished before the SIGTERM; make them longer: {results}"
+    deadline = time.monotonic() + 10
+    while "draining" not in httpx2.get(f"{fleet.url}/replica/{DRAINED}/ready", timeout=CALL_TIMEOUT_S).text:
+        assert time.monotonic() < deadline, "the replica's /ready did not say draining within 10 s of the SIGTERM"
+        time.sleep(0.05)
     # Asked while it drains: the replica refuses it (503), and nginx or the client takes it to another one.
     with httpx2.Client(base_url=fleet.url, timeout=CALL_TIMEOUT_S) as client:
         late = ask_until_answered(fleet, client, late_state, "late")
@@ -409,8 +431,11 @@ def test_a_replica_scaled_down_finishes_the_requests_it_accepted(fleet: Fleet) -
     code = drained.wait_exit(DRAIN_GRACE_S + 15)
     logs = drained.logs_tail()
     answers = [r for r in results if not isinstance(r, str)]
-    assert [r.status_code for r in answers] == [200] * len(senders), f"{[show(r) if not isinstance(r, str) else r for r in results]}\n{logs}"
-    assert all(fleet.answered_by(r) == [DRAINED] for r in answers), [fleet.answered_by(r) for r in answers]
+    assert [r.status_code for r in answers] == [200] * len(senders), (
+        f"{[show(r) if not isinstance(r, str) else r for r in results]}\n{logs}"
+    )
+    # (A key of the stopped replica's would try it first and then come here: the last tried answered.)
+    assert all(fleet.answered_by(r)[-1] == DRAINED for r in answers), [fleet.answered_by(r) for r in answers]
     assert late.answered and late.answered_by == SURVIVOR, late
     assert code == 0, logs
     # Gone: its keys are the survivor's now.
@@ -420,7 +445,10 @@ def test_a_replica_scaled_down_finishes_the_requests_it_accepted(fleet: Fleet) -
     FIGURES["scale_down"] = {
         "in_flight_at_sigterm": len(senders),
         "answered_200_by_the_drained_replica": len(answers),
-        "asked_while_draining": {"status": [a.status for a in late.attempts], "tried": [a.answered_by for a in late.attempts]},
+        "asked_while_draining": {
+            "status": [a.status for a in late.attempts],
+            "tried": [a.answered_by for a in late.attempts],
+        },
         "sigterm_to_exit_seconds": round(drained.finished_at() - signalled, 2),
         "exit_code": code,
     }

@@ -136,7 +136,7 @@ def nginx_directives(text: str) -> set[str]:
 
 def test_the_nginx_recipe_is_the_configuration_the_fleet_test_runs() -> None:
     """docs/deploy.md's nginx recipe, directive for directive, is in integration-tests/fleet/nginx.conf, which
-    integration-tests/test_fleet_containers.py runs in front of three replicas: the documented recipe is a tested one."""
+    integration-tests/test_fleet_containers.py runs in front of three replicas: the documented recipe is tested."""
     recipe = re.search(r"```nginx\n(.*?)```", (ROOT / "docs/deploy.md").read_text(encoding="utf-8"), re.S)
     assert recipe, "docs/deploy.md has no nginx block"
     tested = nginx_directives((ROOT / "integration-tests/fleet/nginx.conf").read_text(encoding="utf-8"))
