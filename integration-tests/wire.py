@@ -35,7 +35,7 @@ def affinity_key(state: Any, cache_salt: str = "", instructions: str | None = No
     """The state-affinity key (the response header `x-decision-affinity`) by docs/deploy.md#state-affinity's recipe,
     as a client computes it before its first request."""
     text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, separators=(",", ":"))
-    document = ["decision-affinity/1", cache_salt, instructions, text, [], [], []]
+    document: list[Any] = ["decision-affinity/1", cache_salt, instructions, text, [], [], []]
     compact = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(compact.encode()).hexdigest()[:32]
 
