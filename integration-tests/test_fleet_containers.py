@@ -131,7 +131,7 @@ def shutdown_lines(replica: containers.Container) -> list[str]:
     """The launcher's and router's lines about a shutdown, timestamped, for the figures."""
     plain = re.sub(r"\x1b\[[0-9;]*m", "", replica.logs())
     words = ("SIGTERM", "SIGKILL", "drain", "exited", "shutting", "stopped", "grace")
-    return [line[:200] for line in plain.splitlines() if any(w in line for w in words)]
+    return [line[:200] for line in plain.splitlines() if any(w in line for w in words) and "config=" not in line]
 
 
 def states_by_holder(fleet: Fleet, tag: str, per_replica: int, text: str = STATE_TEXT) -> dict[str, list[Any]]:
