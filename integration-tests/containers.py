@@ -61,9 +61,14 @@ def remove_leftovers() -> int:
         for network in client.networks.list(filters={"label": LABEL})
         if network.attrs.get("Labels", {}).get(SESSION_LABEL) != SESSION_ID
     ]
+    removed = 0
     for network in networks:
-        network.remove()
-    return len(leftovers) + len(networks)
+        try:
+            network.remove()
+            removed += 1
+        except docker.errors.APIError:
+            pass  # still used by a container that is not ours to remove
+    return len(leftovers) + removed
 
 
 @dataclass
