@@ -421,7 +421,7 @@ def test_a_replica_scaled_down_finishes_the_requests_it_accepted(fleet: Fleet) -
     are answered 200 by it, a question asked meanwhile is answered by another replica, the replica exits 0 within its
     grace, and its keys are the survivor's afterwards."""
     drained = fleet.replicas[DRAINED]
-    big_text = "The refund is late and the invoice total is wrong; I wrote three times and nobody answered. " * 40
+    big_text = "The refund is late and the invoice total is wrong; I wrote three times and nobody answered. " * 30
     pinned = states_by_holder(fleet, "drain", 4, big_text)[DRAINED]
     in_flight_states, late_state = pinned[:3], pinned[3]
     results: list[httpx2.Response | str] = []
