@@ -23,10 +23,10 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 os.environ.setdefault("TESTCONTAINERS_HOST_OVERRIDE", "127.0.0.1")
 os.environ.setdefault("TESTCONTAINERS_CONNECTION_MODE", "docker_host")
 
-import docker  # noqa: E402
-import httpx2  # noqa: E402
-from testcontainers.core.container import DockerContainer  # noqa: E402
-from testcontainers.core.network import Network  # noqa: E402
+import docker
+import httpx2
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.network import Network
 
 IMAGE = os.environ.get("DECISION_TEST_IMAGE", "decision-inference:latest")
 # The local base both our image and the fleet test's nginx are built from (scripts/image.sh makes it).

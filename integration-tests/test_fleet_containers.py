@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import docker
+import containers
 import httpx2
 import pytest
-
-import containers
 from conftest import HEALTH_TIMEOUT_S, TARGETS
 from wire import affinity_key, show
+
+import docker
 
 pytestmark = pytest.mark.skipif("container" not in TARGETS, reason="DECISION_TEST_TARGETS leaves out the container")
 
