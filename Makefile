@@ -137,12 +137,15 @@ test-python:
 	$(PY) -m pytest -q --durations=10 server/tests
 	$(PY) -m pytest -q bench/tests
 
-# Both targets (local launcher and the image); containers the suite started are removed by label even after a failure.
+# Both targets (local launcher and the image); containers and networks the suite started are removed by label even
+# after a failure.
 # The slowest tests are listed (CI's time is budgeted: bench/results/2026-12-03-zen3-ci/).
 test-integration:
 	@status=0; $(PY) -m pytest -q --durations=15 integration-tests || status=$$?; \
 		ids=$$(docker ps -aq --filter label=decision-inference.test 2>/dev/null); \
 		if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null; echo "removed leftover test containers: $$ids"; fi; \
+		nets=$$(docker network ls -q --filter label=decision-inference.test 2>/dev/null); \
+		if [ -n "$$nets" ]; then docker network rm $$nets >/dev/null; echo "removed leftover test networks: $$nets"; fi; \
 		exit $$status
 
 # decision-inference:latest from the root Dockerfile, on an offline base image made from this host's apt sources.

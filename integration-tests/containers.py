@@ -1,7 +1,9 @@
 """The container target of the whole-stack suite: our own image (`make image`) started with testcontainers.
 
 Nothing is pulled (the image is local) and there is no reaper container (it could not be pulled either); every
-container carries LABEL, so a teardown, the next session and `make test-integration` remove leftovers by label.
+container and network carries LABEL, so a teardown, the next session and `make test-integration` remove leftovers by
+label. They also carry this session's id, so that removing a crashed session's leftovers never hits a fixture of this
+one that is already running (the fleet of test_fleet_containers.py starts beside the session's container).
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +23,18 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 os.environ.setdefault("TESTCONTAINERS_HOST_OVERRIDE", "127.0.0.1")
 os.environ.setdefault("TESTCONTAINERS_CONNECTION_MODE", "docker_host")
 
-import docker  # noqa: E402
-import httpx2  # noqa: E402
-from testcontainers.core.container import DockerContainer  # noqa: E402
+import docker
+import httpx2
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.network import Network
 
 IMAGE = os.environ.get("DECISION_TEST_IMAGE", "decision-inference:latest")
+# The local base both our image and the fleet test's nginx are built from (scripts/image.sh makes it).
+BASE_IMAGE = os.environ.get("BASE_IMAGE", "local/debian:bookworm")
 LABEL = "decision-inference.test"
+SESSION_LABEL = "decision-inference.test-session"
+SESSION_ID = uuid.uuid4().hex
+LABELS = {LABEL: "1", SESSION_LABEL: SESSION_ID}
 CONTAINER_PORT = 80
 
 
@@ -37,12 +47,28 @@ def image_present() -> bool:
 
 
 def remove_leftovers() -> int:
-    """Removes every container this suite ever labelled (a crashed session's included); returns how many."""
+    """Removes the containers and networks an earlier session labelled and left (a crash's); returns how many."""
     client = docker.from_env()
-    leftovers = client.containers.list(all=True, filters={"label": LABEL})
+    leftovers = [
+        container
+        for container in client.containers.list(all=True, filters={"label": LABEL})
+        if container.labels.get(SESSION_LABEL) != SESSION_ID
+    ]
     for container in leftovers:
         container.remove(force=True)
-    return len(leftovers)
+    networks = [
+        network
+        for network in client.networks.list(filters={"label": LABEL})
+        if network.attrs.get("Labels", {}).get(SESSION_LABEL) != SESSION_ID
+    ]
+    removed = 0
+    for network in networks:
+        try:
+            network.remove()
+            removed += 1
+        except docker.errors.APIError:
+            pass  # still used by a container that is not ours to remove
+    return len(leftovers) + removed
 
 
 @dataclass
@@ -76,6 +102,13 @@ class Container:
         self.wrapped.reload()
         state = self.wrapped.attrs["State"]
         return None if state.get("Running") else int(state["ExitCode"])
+
+    def finished_at(self) -> float:
+        """When its main process exited, as a Unix time (docker's State.FinishedAt, in nanoseconds)."""
+        self.wrapped.reload()
+        stamp = self.wrapped.attrs["State"]["FinishedAt"]  # 2026-12-07T05:30:00.123456789Z
+        whole, _, fraction = stamp.rstrip("Z").partition(".")
+        return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() + float(f"0.{fraction or 0}")
 
     def wait_exit(self, timeout_s: float) -> int | None:
         deadline = time.monotonic() + timeout_s
@@ -122,17 +155,27 @@ class Container:
             pass
 
 
+def create_network() -> Network:
+    """A user-defined bridge network with the suite's labels: its containers reach each other by alias (Docker's
+    DNS), and nothing on it is published unless a container publishes a port."""
+    return Network(docker_network_kw={"labels": LABELS}).create()
+
+
 def start_container(
     args: list[str] | None = None,
     *,
     env: dict[str, str] | None = None,
     volumes: list[tuple[Path, str]] | None = None,
     publish: bool = True,
+    image: str = IMAGE,
+    network: Network | None = None,
+    alias: str | None = None,
 ) -> Container:
-    """`docker run IMAGE ARGS` with port 80 published on 127.0.0.1 (a free port) and the suite's label."""
-    if not image_present():
+    """`docker run IMAGE ARGS` with port 80 published on 127.0.0.1 (a free port) and the suite's labels; on `network`
+    (a user-defined one: its containers find each other by `alias`) when given."""
+    if image == IMAGE and not image_present():
         raise AssertionError(f"image {IMAGE} is missing: build it with `make image` (make test does)")
-    inner = DockerContainer(IMAGE)
+    inner = DockerContainer(image)
     if args:
         inner.with_command(args)
     for key, value in (env or {}).items():
@@ -142,7 +185,11 @@ def start_container(
     if publish:
         # Loopback only: the published port must not be reachable from other machines.
         inner.ports[f"{CONTAINER_PORT}/tcp"] = ("127.0.0.1", None)  # type: ignore[assignment]
-    inner.with_kwargs(labels={LABEL: "1"})
+    if network is not None:
+        inner.with_network(network)
+        if alias is not None:
+            inner.with_network_aliases(alias)
+    inner.with_kwargs(labels=LABELS)
     inner.start()
     port = 0
     if publish:

@@ -11,6 +11,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -168,7 +169,7 @@ def test_image_has_no_build_tools_and_no_test_packages() -> None:
         " + [m for m in ('triton',) if not u.find_spec(m)])"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels=containers.LABELS
     )
     assert out.decode().strip() == "[]"
 
@@ -183,7 +184,7 @@ def test_the_image_user_compiles_the_bfloat16_chains_into_the_data_volume() -> N
         "print(on, os.environ['TORCHINDUCTOR_CACHE_DIR'], kept > 0)"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels=containers.LABELS
     )
     assert out.decode().split() == ["True", "/data/inductor", "True"]
 
@@ -198,6 +199,33 @@ def test_the_image_user_keeps_matmul_auto_probe_times_in_the_data_volume() -> No
         "print(record, mode in layers.MATMUL_MODES, len(json.loads(record.read_text())))"
     )
     out = docker.from_env().containers.run(
-        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels={containers.LABEL: "1"}
+        containers.IMAGE, entrypoint=["python3", "-c", probe], remove=True, labels=containers.LABELS
     )
     assert out.decode().split() == ["/data/matmul-probes.json", "True", "1"]
+
+
+def test_leftovers_of_another_session_are_removed_and_this_sessions_containers_kept() -> None:
+    """A fixture that clears a crashed session's leftovers must not remove what this session is running (the fleet
+    of test_fleet_containers.py starts while the session's container serves)."""
+    client = docker.from_env()
+    crashed = {containers.LABEL: "1", containers.SESSION_LABEL: "a-crashed-session"}
+    made = [
+        client.containers.create(containers.BASE_IMAGE, ["true"], labels=containers.LABELS),
+        client.containers.create(containers.BASE_IMAGE, ["true"], labels=crashed),
+    ]
+    networks = [
+        client.networks.create(f"decision-test-{uuid.uuid4().hex[:12]}", labels=containers.LABELS),
+        client.networks.create(f"decision-test-{uuid.uuid4().hex[:12]}", labels=crashed),
+    ]
+    try:
+        assert containers.remove_leftovers() >= 2
+        ids = {c.id for c in client.containers.list(all=True, filters={"label": containers.LABEL})}
+        network_ids = {n.id for n in client.networks.list(filters={"label": containers.LABEL})}
+        assert (made[0].id in ids, made[1].id in ids) == (True, False)
+        assert (networks[0].id in network_ids, networks[1].id in network_ids) == (True, False)
+    finally:
+        for thing in [*made, *networks]:
+            try:
+                thing.remove()
+            except docker.errors.NotFound:
+                pass

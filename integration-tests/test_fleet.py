@@ -5,8 +5,6 @@ series and real histograms. The last test drains the module's launcher."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import signal
@@ -20,7 +18,7 @@ import httpx2
 import pytest
 
 from launchers import Launcher, start_launcher
-from wire import show
+from wire import affinity_key, show
 
 MAX_QUEUED = 8
 HIGH_WATER = 4  # 50 % of MAX_QUEUED
@@ -40,14 +38,6 @@ ARGS = [
     str(GRACE_S),
 ]
 STATE = {"ticket": "I was charged twice for my subscription and the refund has not arrived.", "days": 12}
-
-
-def affinity_key(state: Any, cache_salt: str = "", instructions: str | None = None) -> str:
-    """The recipe of docs/deploy.md#state-affinity, as a client would write it."""
-    text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, separators=(",", ":"))
-    document = ["decision-affinity/1", cache_salt, instructions, text, [], [], []]
-    compact = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(compact.encode()).hexdigest()[:32]
 
 
 def noul(n: int, prefix: str = "q") -> dict[str, Any]:

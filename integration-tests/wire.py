@@ -6,6 +6,7 @@ computed from the returned probabilities with TypeSafe's formulas.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Any
@@ -28,6 +29,15 @@ def post_systemone(client: httpx2.Client, body: Any, **kwargs: Any) -> httpx2.Re
     headers = {"content-type": "application/json", **kwargs.pop("headers", {})}
     content = body if isinstance(body, bytes) else json.dumps(body, ensure_ascii=False).encode()
     return client.post("/v1/systemone", content=content, headers=headers, **kwargs)
+
+
+def affinity_key(state: Any, cache_salt: str = "", instructions: str | None = None) -> str:
+    """The state-affinity key (the response header `x-decision-affinity`) by docs/deploy.md#state-affinity's recipe,
+    as a client computes it before its first request."""
+    text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, separators=(",", ":"))
+    document: list[Any] = ["decision-affinity/1", cache_salt, instructions, text, [], [], []]
+    compact = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(compact.encode()).hexdigest()[:32]
 
 
 def show(response: httpx2.Response, limit: int = 3000) -> str:

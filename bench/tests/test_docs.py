@@ -120,3 +120,26 @@ def test_the_checker_sees_links_and_headings() -> None:
     assert any(link.startswith("docs/") and "#" in link for link in links), links
     assert "on-a-gpu" in anchors(ROOT / "docs/speed.md")
     assert "the-contract-protodecisionproto" in anchors(ROOT / "docs/architecture.md")
+
+
+def nginx_directives(text: str) -> set[str]:
+    """An nginx configuration's directives, comments and blank space dropped, the servers' ports too (8080 in
+    Kubernetes, the image's 80 in the fleet test), blocks' openings and closings left out."""
+    out = set()
+    for line in text.splitlines():
+        directive = " ".join(line.split("#", 1)[0].split())
+        directive = re.sub(r"^(server \S+?):\d+", r"\1", directive)
+        if directive and directive != "}" and not directive.endswith("{"):
+            out.add(directive)
+    return out
+
+
+def test_the_nginx_recipe_is_the_configuration_the_fleet_test_runs() -> None:
+    """docs/deploy.md's nginx recipe, directive for directive, is in integration-tests/fleet/nginx.conf, which
+    integration-tests/test_fleet_containers.py runs in front of three replicas: the documented recipe is tested."""
+    recipe = re.search(r"```nginx\n(.*?)```", (ROOT / "docs/deploy.md").read_text(encoding="utf-8"), re.S)
+    assert recipe, "docs/deploy.md has no nginx block"
+    tested = nginx_directives((ROOT / "integration-tests/fleet/nginx.conf").read_text(encoding="utf-8"))
+    # Where it listens and what it proxies to are the deployment's own.
+    documented = {d for d in nginx_directives(recipe.group(1)) if not d.startswith(("listen ", "proxy_pass "))}
+    assert documented - tested == set()
