@@ -341,6 +341,11 @@ async fn every_new_field_is_refused_naming_it() {
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert_eq!(refused["error"]["param"], "x_calibration", "{refused}");
     }
+    // `/v1/score` has no questions to calibrate: the field is unknown there, and said so.
+    let score = json!({"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8], "x_calibration": "auto"});
+    let (status, refused) = post(&state, "/v1/score", &score).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(refused.to_string().contains("x_calibration"), "{refused}");
     let (status, refused) = post(&state, "/v1/systemone", &ask(json!("cal-missing"))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(refused["detail"]["message"]
