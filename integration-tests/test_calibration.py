@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx2
 import pytest
-
 from launchers import Launcher
 from wire import exchange, ok_answers
 
