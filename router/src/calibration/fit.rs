@@ -244,8 +244,9 @@ fn solve(mut h: Vec<Vec<f64>>, mut g: Vec<f64>) -> Option<Vec<f64>> {
         for row in col + 1..n {
             let f = h[row][col] / h[col][col];
             if f != 0.0 {
-                for c in col..n {
-                    h[row][c] -= f * h[col][c];
+                let (above, below) = h.split_at_mut(row);
+                for (x, p) in below[0][col..].iter_mut().zip(&above[col][col..]) {
+                    *x -= f * p;
                 }
                 g[row] -= f * g[col];
             }
