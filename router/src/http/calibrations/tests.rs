@@ -440,6 +440,22 @@ async fn decisions_shapes_report_on_each_answer_and_nothing_without_the_field() 
         Value::Null,
         "{answered}"
     );
+    // A fit calibrates reads at temperature 1: the SGLang shape's own temperature with it is refused.
+    let mut warmer = sglang.clone();
+    warmer["temperature"] = json!(2.0);
+    let (status, refused) = post(&state, "/v1/decisions", &warmer).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        refused
+            .to_string()
+            .contains("x_calibration: a calibration fits reads at temperature 1"),
+        "{refused}"
+    );
+    warmer["temperature"] = json!(1.0);
+    assert_eq!(
+        post(&state, "/v1/decisions", &warmer).await.0,
+        StatusCode::OK
+    );
     for (path, body) in super::super::testing::DECISION_BODIES {
         let response = call(&state, post_json(path, body)).await;
         assert!(!text(response).await.contains("calibration"), "{path}");
