@@ -278,3 +278,30 @@ fn a_questions_labels_in_fit_order() {
         (vec!["true".into(), "false".into()], vec![0, 1])
     );
 }
+
+#[test]
+fn a_stored_row_this_build_cannot_read_is_skipped_not_fatal() {
+    let dir = std::env::temp_dir().join(format!("calib-bad-{}", uuid::Uuid::new_v4()));
+    let q = choice(&["a", "b"]);
+    {
+        let book = Book::open(Some(&dir), Some(server())).unwrap();
+        book.insert(&fit_for(&q, "cal-good", None)).unwrap();
+        store::Store::open(Some(&dir))
+            .unwrap()
+            .insert(
+                "cal-bad",
+                9,
+                "{\"id\": \"cal-bad\", \"from\": \"the future\"}",
+            )
+            .unwrap();
+    }
+    let book = Book::open(Some(&dir), Some(server())).unwrap();
+    let ids: Vec<String> = book.list().iter().map(|f| f.id.clone()).collect();
+    assert_eq!(ids, ["cal-good"]);
+    assert!(book
+        .resolve(&CalibrationChoice::Id("cal-bad".into()))
+        .is_err());
+    // It can still be deleted.
+    assert!(book.delete("cal-bad").unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
