@@ -61,7 +61,7 @@ pub fn parse_in(
     let extensions: &[&str] = if compat == Compat::Sglang {
         &[]
     } else {
-        &[fields::DEBIAS_FIELD]
+        &fields::EXTENSIONS
     };
     let allowed: Vec<&str> = FIELDS.iter().chain(extensions).copied().collect();
     // Seed 003: "an unknown field anywhere in the request" is a 400.
@@ -82,6 +82,11 @@ pub fn parse_in(
         None
     } else {
         fields::debias(obj, "value_error", &mut errors)
+    };
+    let calibration = if extensions.is_empty() {
+        None
+    } else {
+        fields::calibration(obj, "value_error", &mut errors)
     };
     // Echoed in the response, `default` when omitted (seed 003's `model` row).
     let model =
@@ -116,6 +121,17 @@ pub fn parse_in(
             1.0
         }
     };
+    // A fit calibrates reads at temperature 1: another temperature first would scale them twice.
+    if calibration.is_some() && temperature != 1.0 {
+        errors.push(err(
+            &[fields::CALIBRATION_FIELD.into()],
+            "value_error",
+            format!(
+                "{}: a calibration fits reads at temperature 1, and this request asks for temperature {temperature}; send one or the other",
+                fields::CALIBRATION_FIELD
+            ),
+        ));
+    }
     match (obj.get("prompt_format_version"), served) {
         (None | Some(Value::Null), _) | (Some(_), None) => {}
         (Some(Value::Number(n)), Some(f)) if n.as_u64() == Some(u64::from(f.version)) => {}
@@ -158,6 +174,7 @@ pub fn parse_in(
         media: Default::default(),
         joint,
         debias,
+        calibration,
     };
     Ok(Parsed {
         request: Arc::new(request),
@@ -484,6 +501,10 @@ pub fn format(
         // A debiased read reports what it used on the answer (the shape has no diagnostics).
         if let Some(r) = decision.orders.as_ref().and_then(|r| r.get(i)) {
             obj.extend(r.fields("x_"));
+        }
+        if let Some(c) = decision.calibration.as_ref().and_then(|c| c.get(i)) {
+            let (key, field) = c.field("x_");
+            obj.insert(key, field);
         }
         if let Some((prompt, groups)) = per_question.as_ref().and_then(|r| r.get(i)) {
             obj.insert("prompt_token_ids".into(), json!(prompt));

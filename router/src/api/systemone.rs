@@ -68,6 +68,7 @@ pub fn parse(
     let media = parse_media(obj, &mut errors);
     let joint = fields::optional_bool(obj, "joint", "bool_type", &mut errors);
     let debias = fields::debias(obj, "literal_error", &mut errors);
+    let calibration = fields::calibration(obj, "value_error", &mut errors);
     let questions = match obj.get("questions") {
         None => {
             errors.push(FieldError::new(
@@ -99,6 +100,7 @@ pub fn parse(
         media,
         joint,
         debias,
+        calibration,
     })
 }
 
@@ -499,6 +501,13 @@ pub fn format(
                 obj.insert("x_label_mass".into(), json!(answer.label_mass));
                 // This profile has no diagnostics map: its extensions sit on the answer.
                 obj.extend(report.map(|r| r.fields("x_")).unwrap_or_default());
+                obj.extend(
+                    decision
+                        .calibration
+                        .as_ref()
+                        .and_then(|c| c.get(i))
+                        .map(|c| c.field("x_")),
+                );
             }
         }
         answers.insert(question.id.clone(), value);
@@ -506,6 +515,13 @@ pub fn format(
             json!({"label_mass": answer.label_mass, "argmax_is_label": answer.argmax_is_label});
         if let (Some(r), Some(obj)) = (report, diagnostic.as_object_mut()) {
             obj.extend(r.fields(""));
+        }
+        if let (Some(c), Some(obj)) = (
+            decision.calibration.as_ref().and_then(|c| c.get(i)),
+            diagnostic.as_object_mut(),
+        ) {
+            let (key, value) = c.field("");
+            obj.insert(key, value);
         }
         diagnostics.insert(question.id.clone(), diagnostic);
     }
@@ -866,6 +882,7 @@ mod tests {
                 per_question_prompt_tokens: 100,
                 pooled: false,
             },
+            calibration: None,
             orders: None,
         };
         let out = format(&r, &d, "m", Compat::Typesafe);
@@ -983,6 +1000,7 @@ mod tests {
         let d = Decision {
             answers: vec![ans(vec![0.6, 0.4]), ans(vec![0.3, 0.7])],
             usage: Usage::default(),
+            calibration: None,
             orders: Some(vec![report(2, 0.25), report(2, 0.125)]),
         };
         let out = format(&r, &d, "m", Compat::Typesafe);
@@ -1000,6 +1018,7 @@ mod tests {
             json!(0.125)
         );
         let prior = Decision {
+            calibration: None,
             orders: Some(vec![
                 OrderReport {
                     method: Debias::Prior,
@@ -1023,6 +1042,53 @@ mod tests {
             sglang["answers"]["urgent"]["x_order_sensitivity"],
             json!(0.125)
         );
+    }
+
+    /// A calibrated request's answers name their fit (or why none) beside the debias report, where
+    /// each profile puts its diagnostics.
+    #[test]
+    fn calibrated_answers_report_their_fit_where_the_profile_puts_diagnostics() {
+        use crate::ir::{Answer, CalibrationReport, Usage};
+        let body = json!({"state": "s", "x_calibration": "auto", "questions": {
+            "team": {"type": "choice", "criteria": {"billing": null, "tech": null}},
+            "urgent": {"type": "noul", "instructions": "u"}}});
+        let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
+        assert_eq!(r.calibration, Some(crate::ir::CalibrationChoice::Auto));
+        let ans = |p: Vec<f64>| Answer {
+            label_logprobs: p.iter().map(|x| x.ln()).collect(),
+            probabilities: p,
+            label_mass: 0.9,
+            argmax_is_label: true,
+            pooled: false,
+        };
+        let d = Decision {
+            answers: vec![ans(vec![0.6, 0.4]), ans(vec![0.3, 0.7])],
+            usage: Usage::default(),
+            orders: None,
+            calibration: Some(vec![
+                CalibrationReport::Applied {
+                    id: "cal-1".into(),
+                    signature: "00000000000000ab".into(),
+                },
+                CalibrationReport::None {
+                    reason: "no fit".into(),
+                },
+            ]),
+        };
+        let applied = json!({"id": "cal-1", "signature": "00000000000000ab"});
+        let none = json!({"id": null, "reason": "no fit"});
+        let typesafe = format(&r, &d, "m", Compat::Typesafe);
+        assert_eq!(
+            typesafe["x_diagnostics"]["team"],
+            json!({"label_mass": 0.9, "argmax_is_label": true, "calibration": applied})
+        );
+        assert_eq!(typesafe["x_diagnostics"]["urgent"]["calibration"], none);
+        assert!(typesafe["answers"]["team"].get("x_calibration").is_none());
+        let vllm = format(&r, &d, "m", Compat::Vllm);
+        assert_eq!(vllm["diagnostics"]["team"]["calibration"], applied);
+        let sglang = format(&r, &d, "m", Compat::Sglang);
+        assert_eq!(sglang["answers"]["team"]["x_calibration"], applied);
+        assert_eq!(sglang["answers"]["urgent"]["x_calibration"], none);
     }
 
     /// vLLM 0.32 reads a bare noul (`instructions` defaults to "", criteria to null) and refuses only an
