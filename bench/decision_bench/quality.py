@@ -257,13 +257,14 @@ def evaluate(
     fit_fraction: float,
     seed: int,
     repeat: bool,
+    max_items: int | None = None,
     log: Any = sys.stderr,
 ) -> dict[str, Any]:
     salt = f"quality-{time.time_ns()}"
-    report: dict[str, Any] = {"orders": which, "fit_fraction": fit_fraction, "sets": []}
+    report: dict[str, Any] = {"orders": which, "fit_fraction": fit_fraction, "max_items": max_items, "sets": []}
     for labelled in sets:
         fit_items = [i for i in labelled.items if fit_split(i.id, fit_fraction)]
-        eval_items = [i for i in labelled.items if not fit_split(i.id, fit_fraction)]
+        eval_items = [i for i in labelled.items if not fit_split(i.id, fit_fraction)][:max_items]
         entry: dict[str, Any] = {
             "name": labelled.name,
             "type": labelled.kind,
@@ -324,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         "--orders", choices=("all", "cyclic"), default="all", help="Each choice in all n! orders, or its n rotations"
     )
     parser.add_argument("--fit-fraction", type=float, default=FIT_FRACTION, help="Items kept for the calibration fit")
+    parser.add_argument(
+        "--max-items", type=int, help="At most this many eval items per set (the first in file order, which "
+        "takes each label in turn): a shorter run"
+    )
     parser.add_argument("--seed", type=int, default=45, help="The calibration fit's seed (its holdout split)")
     parser.add_argument("--no-repeat", action="store_true", help="Skip the repeat-noise floor (a second plain pass)")
     parser.add_argument("--no-plots", action="store_true")
@@ -353,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         client = Client(url, args.timeout)
         info = client.call("GET", "/info")
         started = time.time()
-        report = evaluate(client, sets, modes, args.orders, args.fit_fraction, args.seed, not args.no_repeat)
+        report = evaluate(
+            client, sets, modes, args.orders, args.fit_fraction, args.seed, not args.no_repeat, args.max_items
+        )
         report["model"] = info.get("model_id")
         report["server"] = {k: info.get(k) for k in ("model_id", "model_dtype", "version", "read_mode") if k in info}
         report["wall_s"] = time.time() - started

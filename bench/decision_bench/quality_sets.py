@@ -403,7 +403,7 @@ def build_sets() -> tuple[LabelledSet, ...]:
         state = ", ".join(f"{NAMES[j]} has {counts[j]} {thing}" for j in mentioned[:2])
         state += f" and {NAMES[mentioned[2]]} has {counts[mentioned[2]]} {thing}."
         winner = NAMES[counts.index(max(counts))]
-        rows.append((state, f"Who has the most {thing}?", tuple((n, None) for n in NAMES), winner))
+        rows.append((state, "Who has the most?", tuple((n, None) for n in NAMES), winner))
     sets.append(
         LabelledSet(
             "most",
