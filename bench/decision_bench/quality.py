@@ -185,14 +185,20 @@ def by_item(reads: list[Read]) -> list[list[str]]:
 def noise_floor(first: list[Read], again: list[Read]) -> dict[str, float]:
     """The same reads (item, order) twice: the share of items with any read whose choice changed (comparable to the
     flip rate), the share of reads that changed, and the largest change of the chosen option's probability."""
-    if len(first) != len(again) or any((a.item, a.order) != (b.item, b.order) for a, b in zip(first, again)):
+    if len(first) != len(again) or any(
+        (a.item, a.order) != (b.item, b.order) for a, b in zip(first, again, strict=True)
+    ):
         raise ValueError("noise floor: the repeat must read the same items in the same orders")
-    changed_items = {a.item for a, b in zip(first, again) if a.chosen != b.chosen}
+    changed_items = {a.item for a, b in zip(first, again, strict=True) if a.chosen != b.chosen}
     items = {a.item for a in first}
     return {
         "flip_rate": len(changed_items) / len(items) if items else 0.0,
-        "read_changes": sum(a.chosen != b.chosen for a, b in zip(first, again)) / len(first) if first else 0.0,
-        "max_abs_confidence_change": max((abs(a.confidence - b.confidence) for a, b in zip(first, again)), default=0.0),
+        "read_changes": sum(a.chosen != b.chosen for a, b in zip(first, again, strict=True)) / len(first)
+        if first
+        else 0.0,
+        "max_abs_confidence_change": max(
+            (abs(a.confidence - b.confidence) for a, b in zip(first, again, strict=True)), default=0.0
+        ),
     }
 
 
@@ -257,14 +263,14 @@ def evaluate(
     fit_fraction: float,
     seed: int,
     repeat: bool,
-    max_items: int | None = None,
+    max_reads: int | None = None,
     log: Any = sys.stderr,
 ) -> dict[str, Any]:
     salt = f"quality-{time.time_ns()}"
-    report: dict[str, Any] = {"orders": which, "fit_fraction": fit_fraction, "max_items": max_items, "sets": []}
+    report: dict[str, Any] = {"orders": which, "fit_fraction": fit_fraction, "max_reads_per_set": max_reads, "sets": []}
     for labelled in sets:
         fit_items = [i for i in labelled.items if fit_split(i.id, fit_fraction)]
-        eval_items = [i for i in labelled.items if not fit_split(i.id, fit_fraction)][:max_items]
+        eval_items = eval_split(labelled, fit_fraction, which, max_reads)
         entry: dict[str, Any] = {
             "name": labelled.name,
             "type": labelled.kind,
@@ -291,12 +297,48 @@ def evaluate(
             if mode == "plain":
                 plain_run = run
             print(f"{labelled.name} {mode}: {_line(entry['modes'][mode])}", file=log)
-        if repeat and plain_run is not None:
+        if repeat and plain_run is not None and labelled.kind == "choice":
             again = run_mode(client, eval_items, "plain", f"{salt}-plain-again", which)
             entry["repeat_noise"] = noise_floor(plain_run.reads, again.reads)
             print(f"{labelled.name} repeat noise: {entry['repeat_noise']}", file=log)
         report["sets"].append(entry)
     return report
+
+
+def eval_split(labelled: LabelledSet, fit_fraction: float, which: str, max_reads: int | None) -> list[Item]:
+    """The items no calibration is fitted on, in file order (each label in turn), as many as fit in `max_reads`
+    reads per mode (a 4-option choice in all orders is 24 reads, a 3-option one 6, a yes/no or score 1)."""
+    items = []
+    reads = 0
+    for item in labelled.items:
+        if fit_split(item.id, fit_fraction):
+            continue
+        reads += len(item_orders(item, which))
+        if max_reads is not None and reads > max_reads:
+            break
+        items.append(item)
+    return items
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new`'s modes (and its calibration fits) added to `old`'s sets: a mode run later on the same eval split."""
+    for key in ("orders", "fit_fraction", "max_reads_per_set"):
+        if old.get(key) != new.get(key):
+            raise ValueError(f"--merge-into: {key} differs ({old.get(key)!r} there, {new.get(key)!r} here)")
+    sets = {entry["name"]: entry for entry in old["sets"]}
+    for entry in new["sets"]:
+        if entry["name"] not in sets:
+            old["sets"].append(entry)
+            continue
+        into = sets[entry["name"]]
+        if into["eval_items"] != entry["eval_items"]:
+            raise ValueError(f"--merge-into: set {entry['name']!r} has {into['eval_items']} eval items there")
+        into["modes"].update(entry["modes"])
+        for key in ("calibration", "repeat_noise"):
+            if key in entry:
+                into[key] = entry[key]
+    old.setdefault("merged_commands", []).append(new.get("command"))
+    return old
 
 
 def _line(summary: dict[str, Any]) -> str:
@@ -326,8 +368,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--fit-fraction", type=float, default=FIT_FRACTION, help="Items kept for the calibration fit")
     parser.add_argument(
-        "--max-items", type=int, help="At most this many eval items per set (the first in file order, which "
-        "takes each label in turn): a shorter run"
+        "--max-reads",
+        type=int,
+        help="At most this many reads per set and mode (eval items in file order, which takes each label in turn, "
+        "each in all its orders): a shorter run",
+    )
+    parser.add_argument(
+        "--merge-into",
+        type=Path,
+        help="A quality.json from an earlier run with the same --orders/--fit-fraction/--max-reads: this run's modes "
+        "are added to it (e.g. --modes calibrated once the server has /v1/calibrations)",
     )
     parser.add_argument("--seed", type=int, default=45, help="The calibration fit's seed (its holdout split)")
     parser.add_argument("--no-repeat", action="store_true", help="Skip the repeat-noise floor (a second plain pass)")
@@ -359,12 +409,20 @@ def main(argv: list[str] | None = None) -> int:
         info = client.call("GET", "/info")
         started = time.time()
         report = evaluate(
-            client, sets, modes, args.orders, args.fit_fraction, args.seed, not args.no_repeat, args.max_items
+            client, sets, modes, args.orders, args.fit_fraction, args.seed, not args.no_repeat, args.max_reads
         )
         report["model"] = info.get("model_id")
         report["server"] = {k: info.get(k) for k in ("model_id", "model_dtype", "version", "read_mode") if k in info}
         report["wall_s"] = time.time() - started
-        report["command"] = " ".join(shlex.quote(a) for a in (sys.argv if argv is None else ["decision-quality", *argv]))
+        report["command"] = " ".join(
+            shlex.quote(a) for a in (sys.argv if argv is None else ["decision-quality", *argv])
+        )
+    if args.merge_into:
+        try:
+            report = merge(json.loads(args.merge_into.read_text()), report)
+        except (OSError, ValueError) as e:
+            print(f"decision-quality: {e}", file=sys.stderr)
+            return 1
     path = args.out / "quality.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
     print(path)

@@ -46,10 +46,24 @@ def _diagram(ax: Any, rows: list[dict[str, Any]], colour: str, title: str, small
     ax.plot([0, 1], [0, 1], ls="--", lw=0.8, color="black")
     if rows:
         total = sum(r["n"] for r in rows)
-        ax.bar([r["lo"] for r in rows], [r["accuracy"] for r in rows], width=0.1, align="edge", color=colour,
-               edgecolor="white", alpha=0.85, label="accuracy")
-        ax.plot([r["confidence"] for r in rows], [r["accuracy"] for r in rows], "o", ms=2 if small else 4,
-                color="black", label="mean confidence")
+        ax.bar(
+            [r["lo"] for r in rows],
+            [r["accuracy"] for r in rows],
+            width=0.1,
+            align="edge",
+            color=colour,
+            edgecolor="white",
+            alpha=0.85,
+            label="accuracy",
+        )
+        ax.plot(
+            [r["confidence"] for r in rows],
+            [r["accuracy"] for r in rows],
+            "o",
+            ms=2 if small else 4,
+            color="black",
+            label="mean confidence",
+        )
         if not small:
             for r in rows:
                 ax.text(r["lo"] + 0.05, 0.02, f"{r['n'] / total:.0%}", ha="center", fontsize=6, rotation=90)
@@ -79,14 +93,19 @@ def plot_all(report: dict[str, Any], out: Path) -> list[Path]:
         for r, (label, kinds) in enumerate(groups):
             for c, mode in enumerate(modes):
                 rows, pooled = pooled_reliability(report, mode, kinds)
-                _diagram(axes[r][c], rows, MODE_COLOURS.get(mode, "C0"), f"{MODE_LABELS.get(mode, mode)}: {label}\n"
-                         f"ECE {pooled:.3f}, {sum(x['n'] for x in rows)} reads")
+                _diagram(
+                    axes[r][c],
+                    rows,
+                    MODE_COLOURS.get(mode, "C0"),
+                    f"{MODE_LABELS.get(mode, mode)}: {label}\nECE {pooled:.3f}, {sum(x['n'] for x in rows)} reads",
+                )
                 if c == 0:
                     axes[r][c].set_ylabel("accuracy")
                 if r == len(groups) - 1:
                     axes[r][c].set_xlabel("confidence of the chosen answer")
-        fig.suptitle(f"Reliability per mode, {model} (bars: accuracy per confidence bin; % of reads per bin)",
-                     fontsize=9)
+        fig.suptitle(
+            f"Reliability per mode, {model} (bars: accuracy per confidence bin; % of reads per bin)", fontsize=9
+        )
         fig.tight_layout()
         path = out / "reliability.png"
         fig.savefig(path, dpi=110)
@@ -96,8 +115,9 @@ def plot_all(report: dict[str, Any], out: Path) -> list[Path]:
     # One small diagram per set and mode.
     sets = report["sets"]
     if modes and sets:
-        fig, axes = plt.subplots(len(sets), len(modes), figsize=(1.7 * len(modes) + 0.8, 1.55 * len(sets)),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            len(sets), len(modes), figsize=(1.7 * len(modes) + 0.8, 1.55 * len(sets)), squeeze=False
+        )
         for r, entry in enumerate(sets):
             for c, mode in enumerate(modes):
                 summary = entry["modes"].get(mode, {})
@@ -125,8 +145,15 @@ def plot_all(report: dict[str, Any], out: Path) -> list[Path]:
         floors = [e.get("repeat_noise", {}).get("flip_rate") for e in choice]
         for i, floor in enumerate(floors):
             if floor is not None:
-                ax.hlines(floor, i - 0.45, i + 0.45, colors="black", linestyles=":", lw=1.5,
-                          label="repeat-noise floor" if i == 0 else None)
+                ax.hlines(
+                    floor,
+                    i - 0.45,
+                    i + 0.45,
+                    colors="black",
+                    linestyles=":",
+                    lw=1.5,
+                    label="repeat-noise floor" if i == 0 else "_nolegend_",
+                )
         ax.set_xticks(range(len(choice)))
         ax.set_xticklabels([f"{e['name']}\n({e['eval_items']} items)" for e in choice], fontsize=8)
         ax.set_ylim(0, 1.05)

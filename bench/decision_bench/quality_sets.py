@@ -12,6 +12,7 @@ import argparse
 import json
 import random
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ from typing import Any
 DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "quality"
 INSTRUCTIONS = "Read the text and answer the question about it."
 KINDS = ("choice", "noul", "score")
+# A choice's options (name, description) or a score's levels (name, None), in their canonical order.
+Options = tuple[tuple[str, str | None], ...]
+# What one item is made of: its state, question, options and answer.
+Row = tuple[str, str, Options, Any]
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,7 @@ class Item:
     state: str
     question: str
     # choice: option name -> description (None for none), in the canonical order; score: the levels, lowest first.
-    options: tuple[tuple[str, str | None], ...]
+    options: Options
     # choice: the option's name; noul: true/false; score: the level's index.
     answer: str | bool | int
 
@@ -71,13 +76,13 @@ class LabelledSet:
 HANDWRITTEN = "written for this project (Apache-2.0)"
 
 # --- tickets: support-ticket routing, 4 options ----------------------------------------------------------------------
-TICKET_TEAMS = (
+TICKET_TEAMS: Options = (
     ("billing", "charges, invoices, refunds, payments"),
     ("technical", "bugs, errors, apps or devices that do not work"),
     ("shipping", "deliveries, parcels, tracking, couriers"),
     ("account", "logins, passwords, profile and account settings"),
 )
-TICKETS = {
+TICKETS: dict[str, tuple[str, ...]] = {
     "billing": (
         "I was charged twice for my March subscription. Please refund one of the payments.",
         "Your invoice shows 49 euros but my plan costs 29. Why the difference?",
@@ -149,8 +154,8 @@ TICKETS = {
 }
 
 # --- sentiment: written reviews, 3 options ---------------------------------------------------------------------------
-SENTIMENT_LABELS = (("positive", None), ("negative", None), ("neutral", None))
-SENTIMENT = {
+SENTIMENT_LABELS: Options = (("positive", None), ("negative", None), ("neutral", None))
+SENTIMENT: dict[str, tuple[str, ...]] = {
     "positive": (
         "Absolutely love this kettle. It boils fast and looks great in the kitchen.",
         "The staff were friendly and the food was delicious. We will come back.",
@@ -220,61 +225,196 @@ SENTIMENT = {
 }
 
 # --- categories: the category of a named thing, 4 options ------------------------------------------------------------
-CATEGORY_LABELS = (("animal", None), ("fruit", None), ("vehicle", None), ("tool", None))
-CATEGORY_WORDS = {
+CATEGORY_LABELS: Options = (("animal", None), ("fruit", None), ("vehicle", None), ("tool", None))
+CATEGORY_WORDS: dict[str, tuple[str, ...]] = {
     "animal": (
-        "dog", "horse", "elephant", "rabbit", "tiger", "sheep", "giraffe", "wolf", "camel", "donkey",
-        "lion", "zebra", "goat", "bear", "monkey", "fox", "deer", "cow", "kangaroo", "squirrel",
+        "dog",
+        "horse",
+        "elephant",
+        "rabbit",
+        "tiger",
+        "sheep",
+        "giraffe",
+        "wolf",
+        "camel",
+        "donkey",
+        "lion",
+        "zebra",
+        "goat",
+        "bear",
+        "monkey",
+        "fox",
+        "deer",
+        "cow",
+        "kangaroo",
+        "squirrel",
     ),
     "fruit": (
-        "apple", "banana", "cherry", "pear", "mango", "grape", "peach", "plum", "lemon", "orange",
-        "pineapple", "strawberry", "apricot", "kiwi", "melon", "raspberry", "fig", "papaya", "lime", "watermelon",
+        "apple",
+        "banana",
+        "cherry",
+        "pear",
+        "mango",
+        "grape",
+        "peach",
+        "plum",
+        "lemon",
+        "orange",
+        "pineapple",
+        "strawberry",
+        "apricot",
+        "kiwi",
+        "melon",
+        "raspberry",
+        "fig",
+        "papaya",
+        "lime",
+        "watermelon",
     ),
     "vehicle": (
-        "car", "bus", "bicycle", "truck", "motorcycle", "train", "tractor", "van", "tram", "scooter",
-        "taxi", "ambulance", "helicopter", "airplane", "ship", "submarine", "canoe", "lorry", "minibus", "jeep",
+        "car",
+        "bus",
+        "bicycle",
+        "truck",
+        "motorcycle",
+        "train",
+        "tractor",
+        "van",
+        "tram",
+        "scooter",
+        "taxi",
+        "ambulance",
+        "helicopter",
+        "airplane",
+        "ship",
+        "submarine",
+        "canoe",
+        "lorry",
+        "minibus",
+        "jeep",
     ),
     "tool": (
-        "hammer", "screwdriver", "saw", "wrench", "drill", "chisel", "pliers", "shovel", "rake", "axe",
-        "spanner", "file", "crowbar", "trowel", "level", "sander", "clamp", "mallet", "hoe", "wheelbarrow",
+        "hammer",
+        "screwdriver",
+        "saw",
+        "wrench",
+        "drill",
+        "chisel",
+        "pliers",
+        "shovel",
+        "rake",
+        "axe",
+        "spanner",
+        "file",
+        "crowbar",
+        "trowel",
+        "level",
+        "sander",
+        "clamp",
+        "mallet",
+        "hoe",
+        "wheelbarrow",
     ),
 }
 
 # --- continents: the continent of a country, 4 options ---------------------------------------------------------------
-CONTINENT_LABELS = (("Africa", None), ("Asia", None), ("Europe", None), ("South America", None))
-COUNTRIES = {
+CONTINENT_LABELS: Options = (("Africa", None), ("Asia", None), ("Europe", None), ("South America", None))
+COUNTRIES: dict[str, tuple[str, ...]] = {
     "Africa": (
-        "Kenya", "Nigeria", "Egypt", "Ghana", "Morocco", "Ethiopia", "Senegal", "Tanzania", "Angola", "Uganda",
-        "Mali", "Zambia",
+        "Kenya",
+        "Nigeria",
+        "Egypt",
+        "Ghana",
+        "Morocco",
+        "Ethiopia",
+        "Senegal",
+        "Tanzania",
+        "Angola",
+        "Uganda",
+        "Mali",
+        "Zambia",
     ),
     "Asia": (
-        "Japan", "India", "Thailand", "Vietnam", "Indonesia", "Nepal", "Mongolia", "Pakistan", "Malaysia",
-        "Cambodia", "Bangladesh", "Laos",
+        "Japan",
+        "India",
+        "Thailand",
+        "Vietnam",
+        "Indonesia",
+        "Nepal",
+        "Mongolia",
+        "Pakistan",
+        "Malaysia",
+        "Cambodia",
+        "Bangladesh",
+        "Laos",
     ),
     "Europe": (
-        "France", "Germany", "Italy", "Spain", "Poland", "Sweden", "Norway", "Portugal", "Austria", "Hungary",
-        "Ireland", "Denmark",
+        "France",
+        "Germany",
+        "Italy",
+        "Spain",
+        "Poland",
+        "Sweden",
+        "Norway",
+        "Portugal",
+        "Austria",
+        "Hungary",
+        "Ireland",
+        "Denmark",
     ),
     "South America": (
-        "Brazil", "Argentina", "Chile", "Peru", "Colombia", "Venezuela", "Ecuador", "Bolivia", "Uruguay",
-        "Paraguay", "Guyana", "Suriname",
+        "Brazil",
+        "Argentina",
+        "Chile",
+        "Peru",
+        "Colombia",
+        "Venezuela",
+        "Ecuador",
+        "Bolivia",
+        "Uruguay",
+        "Paraguay",
+        "Guyana",
+        "Suriname",
     ),
 }
 
 # --- capitals (yes/no): statements about capitals, true or with another country's capital ----------------------------
 CAPITALS = (
-    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
-    ("Egypt", "Cairo"), ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Norway", "Oslo"), ("Greece", "Athens"),
-    ("Russia", "Moscow"), ("Poland", "Warsaw"), ("Austria", "Vienna"), ("Portugal", "Lisbon"), ("Sweden", "Stockholm"),
-    ("Ireland", "Dublin"), ("Thailand", "Bangkok"), ("Argentina", "Buenos Aires"), ("Chile", "Santiago"),
-    ("Cuba", "Havana"), ("Hungary", "Budapest"), ("Denmark", "Copenhagen"), ("Finland", "Helsinki"),
-    ("China", "Beijing"), ("South Korea", "Seoul"), ("Mexico", "Mexico City"), ("Belgium", "Brussels"),
-    ("Netherlands", "Amsterdam"), ("Iran", "Tehran"), ("Turkey", "Ankara"),
+    ("France", "Paris"),
+    ("Germany", "Berlin"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Japan", "Tokyo"),
+    ("Egypt", "Cairo"),
+    ("Kenya", "Nairobi"),
+    ("Peru", "Lima"),
+    ("Norway", "Oslo"),
+    ("Greece", "Athens"),
+    ("Russia", "Moscow"),
+    ("Poland", "Warsaw"),
+    ("Austria", "Vienna"),
+    ("Portugal", "Lisbon"),
+    ("Sweden", "Stockholm"),
+    ("Ireland", "Dublin"),
+    ("Thailand", "Bangkok"),
+    ("Argentina", "Buenos Aires"),
+    ("Chile", "Santiago"),
+    ("Cuba", "Havana"),
+    ("Hungary", "Budapest"),
+    ("Denmark", "Copenhagen"),
+    ("Finland", "Helsinki"),
+    ("China", "Beijing"),
+    ("South Korea", "Seoul"),
+    ("Mexico", "Mexico City"),
+    ("Belgium", "Brussels"),
+    ("Netherlands", "Amsterdam"),
+    ("Iran", "Tehran"),
+    ("Turkey", "Ankara"),
 )
 
 # --- urgency (score): how urgent a ticket is, 3 levels ---------------------------------------------------------------
 URGENCY_LEVELS = ("low", "medium", "high")
-URGENCY = {
+URGENCY: dict[str, tuple[str, ...]] = {
     "low": (
         "No rush at all, but could you add a dark theme some day?",
         "Whenever you have time, I would like to know how to export my old notes.",
@@ -332,14 +472,14 @@ NAMES = ("Anna", "Ben", "Carla")
 THINGS = ("marbles", "coins", "stamps", "books", "apples", "stickers")
 
 
-def _items(set_name: str, kind: str, rows: list[tuple[str, str, tuple[tuple[str, str | None], ...], Any]]) -> tuple[Item, ...]:
+def _items(set_name: str, kind: str, rows: Sequence[Row]) -> tuple[Item, ...]:
     return tuple(
         Item(set_name, f"{set_name}-{i:03d}", kind, state, question, options, answer)
         for i, (state, question, options, answer) in enumerate(rows, 1)
     )
 
 
-def _interleave(groups: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:
+def _interleave(groups: Mapping[str, tuple[str, ...]]) -> list[tuple[str, str]]:
     """(label, text) taking one of each label in turn, so any prefix of a set is balanced."""
     rows = []
     for i in range(max(len(texts) for texts in groups.values())):
@@ -352,6 +492,7 @@ def _interleave(groups: dict[str, tuple[str, ...]]) -> list[tuple[str, str]]:
 def build_sets() -> tuple[LabelledSet, ...]:
     """Every set, deterministically (the generated ones from fixed seeds)."""
     sets = []
+    rows: list[Row]
     question = "Which team should handle this support ticket?"
     sets.append(
         LabelledSet(
@@ -447,7 +588,7 @@ def build_sets() -> tuple[LabelledSet, ...]:
             _items("even", "noul", rows),
         )
     )
-    levels = tuple((level, None) for level in URGENCY_LEVELS)
+    levels: Options = tuple((level, None) for level in URGENCY_LEVELS)
     question = "How urgent is this support ticket?"
     rows = [(t, question, levels, URGENCY_LEVELS.index(u)) for u, t in _interleave(URGENCY)]
     sets.append(

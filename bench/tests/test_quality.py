@@ -47,8 +47,11 @@ def test_the_sets_load_validated_with_a_few_hundred_items_and_their_provenance()
     most = next(s for s in sets if s.name == "most")
     assert len({i.names for i in most.items}) == 1
     for item in most.items:
-        counts = {name: int(part.split(" has ")[1].split()[0]) for part in item.state.rstrip(".").replace(
-            " and ", ", ").split(", ") for name in [part.split(" has ")[0]]}
+        counts = {
+            name: int(part.split(" has ")[1].split()[0])
+            for part in item.state.rstrip(".").replace(" and ", ", ").split(", ")
+            for name in [part.split(" has ")[0]]
+        }
         assert item.answer == max(counts, key=lambda k: counts[k]), item
 
 
@@ -90,7 +93,7 @@ def test_load_refuses_an_unknown_set_and_a_file_that_disagrees_with_its_manifest
         load(tmp_path, ["tickets", "nope"])
     assert [s.name for s in load(tmp_path, ["even"])] == ["even"]
     (tmp_path / "even.jsonl").write_text((tmp_path / "tickets.jsonl").read_text())
-    with pytest.raises(ValueError, match="disagree with sets.json's 'even'"):
+    with pytest.raises(ValueError, match=r"disagree with sets\.json's 'even'"):
         load(tmp_path, ["even"])
 
 
@@ -212,19 +215,42 @@ def fake_url() -> Iterator[str]:
 def tiny_sets(directory: Path) -> Path:
     directory.mkdir()
     rows = [
-        {"set": "pick", "id": f"pick-{k}", "type": "choice", "state": f"text {k}", "question": "Which?",
-         "options": {"a": None, "b": None, "c": None, "d": None}, "answer": "b"}
+        {
+            "set": "pick",
+            "id": f"pick-{k}",
+            "type": "choice",
+            "state": f"text {k}",
+            "question": "Which?",
+            "options": {"a": None, "b": None, "c": None, "d": None},
+            "answer": "b",
+        }
         for k in range(6)
     ]
-    yes = [{"set": "yes", "id": f"yes-{k}", "type": "noul", "state": f"t{k}", "question": "True?", "answer": k % 2 == 0}
-           for k in range(4)]
+    yes = [
+        {"set": "yes", "id": f"yes-{k}", "type": "noul", "state": f"t{k}", "question": "True?", "answer": k % 2 == 0}
+        for k in range(4)
+    ]
     (directory / "pick.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rows))
     (directory / "yes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in yes))
     manifest = [
-        {"name": "pick", "type": "choice", "items": 6, "measures": "m", "provenance": "p", "licence": "x",
-         "file": "pick.jsonl"},
-        {"name": "yes", "type": "noul", "items": 4, "measures": "m", "provenance": "p", "licence": "x",
-         "file": "yes.jsonl"},
+        {
+            "name": "pick",
+            "type": "choice",
+            "items": 6,
+            "measures": "m",
+            "provenance": "p",
+            "licence": "x",
+            "file": "pick.jsonl",
+        },
+        {
+            "name": "yes",
+            "type": "noul",
+            "items": 4,
+            "measures": "m",
+            "provenance": "p",
+            "licence": "x",
+            "file": "yes.jsonl",
+        },
     ]
     (directory / "sets.json").write_text(json.dumps({"sets": manifest}))
     return directory
@@ -256,8 +282,9 @@ def test_a_whole_run_against_a_server_with_a_planted_position_bias(fake_url: str
     posts = [b for b in FakeServer.bodies if b["path"] == "/v1/systemone" and b["state"].startswith("text")]
     assert {len(b["questions"]) for b in posts} == {24}
     assert {b["x_debias"] for b in posts} == {"off", "rotate", "prior"}
-    assert all(("x_calibration" in b) == (b["x_debias"] == "off" and b["cache_salt"].endswith("calibrated"))
-               for b in posts)
+    assert all(
+        ("x_calibration" in b) == (b["x_debias"] == "off" and b["cache_salt"].endswith("calibrated")) for b in posts
+    )
     fits = [b for b in FakeServer.bodies if b["path"] == "/v1/calibrations"]
     assert [f["name"] for f in fits] == ["quality-pick", "quality-yes"]
     assert len(fits[0]["examples"]) == 4 * pick["fit_items"] and len(fits[1]["examples"]) == yes["fit_items"]
@@ -277,3 +304,90 @@ def test_the_cli_refuses_unknown_modes_and_fractions(tmp_path: Path, capsys: pyt
             quality.main(["--url", "http://127.0.0.1:9", "--out", str(tmp_path), *args])
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_eval_split_caps_reads_per_set_and_keeps_out_the_fit_items() -> None:
+    sets = {s.name: s for s in load()}
+    four = quality.eval_split(sets["tickets"], 0.4, "all", 300)
+    assert len(four) == 300 // 24 and not any(fit_split(i.id, 0.4) for i in four)
+    assert len(quality.eval_split(sets["tickets"], 0.4, "cyclic", 300)) > len(four)
+    assert len(quality.eval_split(sets["sentiment"], 0.4, "all", 300)) == min(
+        300 // 6, 60 - sum(fit_split(i.id, 0.4) for i in sets["sentiment"].items)
+    )
+    everything = quality.eval_split(sets["even"], 0.4, "all", None)
+    assert len(everything) == sum(not fit_split(i.id, 0.4) for i in sets["even"].items)
+    # The first items of a set take each label in turn, so a capped split is not all one answer.
+    assert len({i.answer for i in four}) == 4
+
+
+def test_merge_adds_a_later_runs_modes_and_refuses_another_split() -> None:
+    old = {
+        "orders": "all",
+        "fit_fraction": 0.4,
+        "max_reads_per_set": 300,
+        "sets": [{"name": "pick", "eval_items": 3, "modes": {"plain": {"accuracy": 0.5}}}],
+    }
+    new = {
+        "orders": "all",
+        "fit_fraction": 0.4,
+        "max_reads_per_set": 300,
+        "command": "decision-quality --modes c",
+        "sets": [
+            {
+                "name": "pick",
+                "eval_items": 3,
+                "modes": {"calibrated": {"accuracy": 0.7}},
+                "calibration": {"id": "fit-1"},
+            }
+        ],
+    }
+    merged = quality.merge(json.loads(json.dumps(old)), new)
+    assert merged["sets"][0]["modes"] == {"plain": {"accuracy": 0.5}, "calibrated": {"accuracy": 0.7}}
+    assert merged["sets"][0]["calibration"] == {"id": "fit-1"} and merged["merged_commands"] == [new["command"]]
+    with pytest.raises(ValueError, match="max_reads_per_set differs"):
+        quality.merge(json.loads(json.dumps(old)), {**new, "max_reads_per_set": 100})
+    other = json.loads(json.dumps(new))
+    other["sets"][0]["eval_items"] = 4
+    with pytest.raises(ValueError, match="set 'pick' has 3 eval items there"):
+        quality.merge(json.loads(json.dumps(old)), other)
+
+
+def test_a_later_calibrated_run_merges_into_the_first_report(fake_url: str, tmp_path: Path) -> None:
+    data = tiny_sets(tmp_path / "data")
+    first, second = tmp_path / "first", tmp_path / "second"
+    base = ["--url", fake_url, "--data", str(data), "--fit-fraction", "0.5", "--no-plots"]
+    assert quality.main([*base, "--out", str(first), "--modes", "plain,rotate"]) == 0
+    assert (
+        quality.main(
+            [
+                *base,
+                "--out",
+                str(second),
+                "--modes",
+                "calibrated",
+                "--no-repeat",
+                "--merge-into",
+                str(first / "quality.json"),
+            ]
+        )
+        == 0
+    )
+    merged = json.loads((second / "quality.json").read_text())
+    assert list(merged["sets"][0]["modes"]) == ["plain", "rotate", "calibrated"]
+    assert merged["sets"][0]["repeat_noise"]["flip_rate"] == 0.0 and merged["sets"][0]["calibration"]["id"] == "fit-1"
+    assert (
+        quality.main(
+            [
+                *base,
+                "--out",
+                str(second),
+                "--orders",
+                "cyclic",
+                "--modes",
+                "calibrated",
+                "--merge-into",
+                str(first / "quality.json"),
+            ]
+        )
+        == 1
+    )
