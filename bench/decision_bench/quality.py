@@ -95,6 +95,7 @@ class Read:
     correct: bool
     order_sensitivity: float | None = None
     calibration: Any = None
+    prior_samples: int | None = None  # set when the read was prior-corrected (x_debias prior)
 
 
 def read_answer(item: Item, answer: dict[str, Any]) -> tuple[str, float, float]:
@@ -156,6 +157,7 @@ def read_item(
                 chosen == expected(item),
                 diag.get("order_sensitivity"),
                 diag.get("calibration"),
+                diag.get("prior_samples"),
             )
         )
     return reads, int(payload["usage"]["input_tokens"])
@@ -223,6 +225,7 @@ def summarize(run: ModeRun, kind: str) -> dict[str, Any]:
         # Where the chosen option sat in the order sent: a model that prefers a position shows it here.
         summary["chosen_position"] = dict(sorted(Counter(r.order.index(r.chosen) for r in reads).items()))
     summary["mean_order_sensitivity"] = sum(sensitivity) / len(sensitivity) if sensitivity else None
+    summary["prior_corrected"] = sum(r.prior_samples is not None for r in reads) / len(reads) if reads else None
     calibrations = Counter(json.dumps(r.calibration, sort_keys=True) for r in reads if r.calibration is not None)
     if calibrations:
         summary["calibration_reports"] = {k: v for k, v in calibrations.most_common(3)}
@@ -341,6 +344,42 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return old
 
 
+MODE_NAMES = {"plain": "plain", "rotate": "rotate", "prior": "rotate + prior", "calibrated": "calibrated"}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as one Markdown table: a row per set and mode (docs/quality.md shows it)."""
+
+    def number(value: Any, digits: int = 3) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = [
+        "| set (eval items, type) | mode | accuracy | flip rate (floor) | reads off majority | ECE | log-loss | "
+        "mean order sensitivity | prior-corrected reads | questions/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in report["sets"]:
+        floor = entry.get("repeat_noise", {}).get("flip_rate")
+        for mode, s in entry["modes"].items():
+            if "error" in s:
+                cells = ["-"] * 8
+                cells[0] = f"not run: {s['error'][:100]}"
+                lines.append(
+                    f"| {entry['name']} ({entry['eval_items']}) | {MODE_NAMES.get(mode, mode)} | {' | '.join(cells)} |"
+                )
+                continue
+            flip = number(s.get("flip_rate"))
+            if s.get("flip_rate") is not None and floor is not None:
+                flip += f" ({floor:.3f})"
+            lines.append(
+                f"| {entry['name']} ({entry['eval_items']}, {entry['type']}) | {MODE_NAMES.get(mode, mode)} | "
+                f"{number(s['accuracy'])} | {flip} | {number(s.get('disagreement'))} | {number(s['ece'])} | "
+                f"{number(s['log_loss'])} | {number(s.get('mean_order_sensitivity'))} | "
+                f"{number(s.get('prior_corrected'), 2)} | {number(s.get('questions_per_s'), 2)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def _line(summary: dict[str, Any]) -> str:
     keys = ("accuracy", "flip_rate", "ece", "log_loss", "questions_per_s")
     return ", ".join(f"{k} {summary[k]:.3f}" for k in keys if summary.get(k) is not None)
@@ -425,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     path = args.out / "quality.json"
     path.write_text(json.dumps(report, indent=1) + "\n")
+    (args.out / "quality.md").write_text(markdown(report))
     print(path)
     if not args.no_plots:
         from decision_bench.quality_plots import plot_all

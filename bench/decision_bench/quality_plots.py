@@ -154,6 +154,7 @@ def plot_all(report: dict[str, Any], out: Path) -> list[Path]:
                     lw=1.5,
                     label="repeat-noise floor" if i == 0 else "_nolegend_",
                 )
+                ax.text(i, floor + 0.015, f"floor {floor:.2f}", ha="center", va="bottom", fontsize=6)
         ax.set_xticks(range(len(choice)))
         ax.set_xticklabels([f"{e['name']}\n({e['eval_items']} items)" for e in choice], fontsize=8)
         ax.set_ylim(0, 1.05)

@@ -190,7 +190,10 @@ class FakeServer(BaseHTTPRequestHandler):
                     p = {n: (0.6 if i == 0 else 0.4 / (len(names) - 1)) for i, n in enumerate(names)}
                 else:
                     p = {n: (0.5 if n == "b" else 0.5 / (len(names) - 1)) for n in names}
-                    diagnostics[qid] = {"debias": body["x_debias"], "order_sensitivity": 0.25}
+                    if body["x_debias"] == "prior":
+                        diagnostics[qid] = {"debias": "prior", "prior_samples": 8}
+                    else:
+                        diagnostics[qid] = {"debias": "rotate", "order_sensitivity": 0.25}
                 answers[qid] = {"type": "choice", "choice": max(p, key=lambda n: p[n]), "probabilities": p}
             elif q["type"] == "noul":
                 answers[qid] = {"type": "noul", "noul": 0.9}
@@ -271,6 +274,7 @@ def test_a_whole_run_against_a_server_with_a_planted_position_bias(fake_url: str
     assert math.isclose(plain["ece"], 0.6 - 0.25)
     assert rotate["flip_rate"] == 0.0 and rotate["accuracy"] == 1.0 and prior["flip_rate"] == 0.0
     assert rotate["mean_order_sensitivity"] == 0.25
+    assert prior["prior_corrected"] == 1.0 and rotate["prior_corrected"] == 0.0
     assert pick["repeat_noise"]["flip_rate"] == 0.0
     assert calibrated["calibration_reports"] == {json.dumps({"id": "fit-1", "signature": "sig"}): 24 * n_eval}
     assert pick["calibration"]["id"] == "fit-1"
@@ -290,6 +294,7 @@ def test_a_whole_run_against_a_server_with_a_planted_position_bias(fake_url: str
     assert len(fits[0]["examples"]) == 4 * pick["fit_items"] and len(fits[1]["examples"]) == yes["fit_items"]
     example = fits[0]["examples"][0]
     assert set(example) == {"state", "instructions", "questions", "answers"} and example["answers"] == {"q": "b"}
+    assert (out / "quality.md").read_text().count("| pick (") == 4
     assert {p.name for p in out.glob("*.png")} == {"reliability.png", "reliability-per-set.png", "flip-rates.png"}
     assert all(p.stat().st_size > 5000 for p in out.glob("*.png"))
 
@@ -391,3 +396,33 @@ def test_a_later_calibrated_run_merges_into_the_first_report(fake_url: str, tmp_
         )
         == 1
     )
+
+
+def test_the_markdown_table_has_a_row_per_set_and_mode_and_says_what_did_not_run() -> None:
+    report = {
+        "sets": [
+            {
+                "name": "pick",
+                "type": "choice",
+                "eval_items": 2,
+                "repeat_noise": {"flip_rate": 0.0},
+                "modes": {
+                    "plain": {
+                        "accuracy": 0.5,
+                        "flip_rate": 1.0,
+                        "disagreement": 0.25,
+                        "ece": 0.1,
+                        "log_loss": 1.2,
+                        "mean_order_sensitivity": None,
+                        "prior_corrected": 0.0,
+                        "questions_per_s": 3.0,
+                    },
+                    "calibrated": {"error": "POST /v1/calibrations: 404: not found"},
+                },
+            },
+        ]
+    }
+    table = quality.markdown(report).splitlines()
+    assert len(table) == 4 and all(line.count("|") == 11 for line in table)
+    assert "| pick (2, choice) | plain | 0.500 | 1.000 (0.000) | 0.250 | 0.100 | 1.200 | - | 0.00 | 3.00 |" in table
+    assert table[3].startswith("| pick (2) | calibrated | not run: POST /v1/calibrations: 404")
