@@ -59,6 +59,7 @@ mod tests {
             media: Media::default(),
             joint: false,
             debias: None,
+            calibration: None,
         }
     }
 

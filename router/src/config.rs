@@ -318,6 +318,11 @@ pub struct RouterFlags {
     /// under this many evenly spaced rotations).
     #[arg(long, env = "DEBIAS_MAX_ORDERS", default_value_t = crate::debias::DEFAULT_MAX_ORDERS as u64, value_parser = clap::value_parser!(u64).range(1..=255))]
     pub debias_max_orders: u64,
+    /// Where the router keeps what must survive a restart: the calibration fits
+    /// (`/v1/calibrations`), in `calibrations.sqlite3` under this folder (created if missing). Without
+    /// it fits are kept in memory and lost when the router stops. The image sets `/data` (a volume).
+    #[arg(long, env = "DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
     /// Emit logs as JSON lines (under the launcher: its own and every child's).
     #[arg(long, env = "JSON_OUTPUT")]
     pub json_output: bool,

@@ -500,6 +500,7 @@ mod tests {
             media: Default::default(),
             joint: false,
             debias: Some(Debias::Rotate),
+            calibration: None,
         };
         let priors = PriorBook::new(label_prior::DEFAULT_MIN_SAMPLES);
         let expansion = Expansion::new(&request, Debias::Rotate, 4, &priors);
@@ -544,6 +545,7 @@ mod tests {
             media: Default::default(),
             joint: false,
             debias: Some(Debias::Prior),
+            calibration: None,
         };
         let priors = PriorBook::new(2);
         for round in 0..2 {

@@ -48,6 +48,8 @@ pub struct Decider {
     pub max_orders: usize,
     /// The label priors estimated from this router's rotated reads (`x_debias: "prior"`).
     pub priors: PriorBook,
+    /// The calibration fits (`x_calibration`), shared with the `/v1/calibrations` routes.
+    pub calibrations: Arc<crate::calibration::Book>,
 }
 
 impl Decider {
@@ -115,6 +117,12 @@ impl Decider {
             .map_err(|reason| DecisionError::NotServable(reason.to_string()))?
             .clone();
         crate::prompt::check_media(strategy.as_ref(), &request)?;
+        // A fit that cannot apply is refused before anything is read.
+        let calibration = request
+            .calibration
+            .as_ref()
+            .map(|c| self.calibrations.resolve(c))
+            .transpose()?;
         if request.joint && !strategy.supports_joint() {
             return Err(DecisionError::BadRequest {
                 param: Some("joint".into()),
@@ -202,13 +210,15 @@ impl Decider {
                 read_request.questions.len()
             )));
         }
-        let (answers, orders) = match &expansion {
+        let (mut answers, orders) = match &expansion {
             Some(e) => {
                 let (answers, reports) = e.combine(answers, &self.priors);
                 (answers, Some(reports))
             }
             None => (answers, None),
         };
+        // Calibration applies to the final probabilities: after the orders are combined.
+        let calibration = calibration.map(|c| c.apply(&request.questions, &mut answers));
         metrics::counter!("decision_questions_total").increment(answers.len() as u64);
         let kept = keep_reads.then_some(reads);
         let usage = Usage {
@@ -222,6 +232,7 @@ impl Decider {
                 answers,
                 usage,
                 orders,
+                calibration,
             },
             reads: kept,
             timing,

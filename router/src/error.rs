@@ -134,6 +134,12 @@ pub enum DecisionError {
     /// The server is shutting down: requests it already accepted finish, new ones go elsewhere.
     #[error("the server is shutting down; retry on another instance")]
     Draining,
+    /// A resource a route names does not exist (`/v1/calibrations/{id}`).
+    #[error("{0}")]
+    NotFound(String),
+    /// A write that would replace something else held under the same name.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -144,6 +150,8 @@ impl DecisionError {
             DecisionError::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
             DecisionError::BadRequest { .. } | DecisionError::ThinkingOn => StatusCode::BAD_REQUEST,
             DecisionError::Unauthorized => StatusCode::UNAUTHORIZED,
+            DecisionError::NotFound(_) => StatusCode::NOT_FOUND,
+            DecisionError::Conflict(_) => StatusCode::CONFLICT,
             DecisionError::BodyTooLarge { .. }
             | DecisionError::MediaTooLarge { .. }
             | DecisionError::TokensExceeded { .. }
@@ -173,6 +181,8 @@ impl DecisionError {
             | DecisionError::BadRequest { .. }
             | DecisionError::ThinkingOn => "invalid_request",
             DecisionError::Unauthorized => "authentication_error",
+            DecisionError::NotFound(_) => "not_found",
+            DecisionError::Conflict(_) => "conflict",
             DecisionError::BodyTooLarge { .. } | DecisionError::MediaTooLarge { .. } => {
                 "request_too_large"
             }

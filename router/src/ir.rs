@@ -27,6 +27,9 @@ pub struct DecisionRequest {
     pub joint: bool,
     /// `x_debias`: how this request's questions are read; `None` takes the server's `--debias`.
     pub debias: Option<Debias>,
+    /// `x_calibration`: the calibration its answers use (`calibration/`); `None`: none, and its
+    /// answers say nothing about calibration.
+    pub calibration: Option<CalibrationChoice>,
 }
 
 /// A kind of media input, named as the request field that carries it.
@@ -213,6 +216,9 @@ pub struct Decision {
     /// Per answer, what a debiased read used (`debias.rs`); `None` when each question was read once,
     /// in the order sent.
     pub orders: Option<Vec<OrderReport>>,
+    /// Per answer, the calibration it used or why none (`calibration/`); `None` when the request
+    /// asked for none.
+    pub calibration: Option<Vec<CalibrationReport>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -289,6 +295,37 @@ impl OrderReport {
             out.insert(format!("{prefix}prior_samples"), n.into());
         }
         out
+    }
+}
+
+/// A request's `x_calibration`: a stored fit by id, or `auto`, each answer the newest fit of this
+/// model and wording that holds its question's signature.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CalibrationChoice {
+    Id(String),
+    Auto,
+}
+
+/// What calibrated one answer, reported where the profile puts its diagnostics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CalibrationReport {
+    /// The fit and the signature whose parameters were applied.
+    Applied { id: String, signature: String },
+    /// No fit matched the question.
+    None { reason: String },
+}
+
+impl CalibrationReport {
+    /// The report as one diagnostics field (`prefix` "" in a diagnostics map, "x_" on an answer
+    /// object of a shape without one): `calibration: {"id", "signature"}` or `{"id": null, "reason"}`.
+    pub fn field(&self, prefix: &str) -> (String, serde_json::Value) {
+        let value = match self {
+            CalibrationReport::Applied { id, signature } => {
+                serde_json::json!({"id": id, "signature": signature})
+            }
+            CalibrationReport::None { reason } => serde_json::json!({"id": null, "reason": reason}),
+        };
+        (format!("{prefix}calibration"), value)
     }
 }
 

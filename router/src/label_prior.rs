@@ -9,10 +9,10 @@
 //! estimate a sample adds does not depend on how its options were listed. This module sits below
 //! `debias.rs`, which calls it, and knows nothing of orders.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
 
 use crate::ir::{Answer, Question, QuestionKind};
 
@@ -24,28 +24,78 @@ pub const MAX_SIGNATURES: usize = 4096;
 
 /// A question's form without its state: its kind, its labels (the option count) and a hash of its
 /// wording (instructions and the options as a set: names and descriptions in name order, so the same
-/// question listed in another order has the same signature).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// question listed in another order has the same signature). The one rule for "the same question":
+/// label priors are kept under it, and calibration fits (`calibration/`) are fitted and looked up by
+/// it. The hash is SHA-256 over a length-prefixed encoding, so a signature stored on disk means the
+/// same question in every build of the server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Signature(u64);
 
 impl Signature {
-    /// Only choices have a label prior apart from their content: a yes/no's labels are its answers,
-    /// and a score's two orders are not all of its cyclic ones.
+    /// The signature a label prior is kept under. Only choices have a label prior apart from their
+    /// content: a yes/no's labels are its answers, and a score's two orders are not all of its
+    /// cyclic ones.
     pub fn of(question: &Question) -> Option<Signature> {
-        let QuestionKind::Choice { options } = &question.kind else {
-            return None;
+        matches!(question.kind, QuestionKind::Choice { .. }).then(|| Signature::form(question))
+    }
+
+    /// The signature of any question: a choice's options as a set, a yes/no's two descriptions
+    /// (whichever side it shows first), a score's levels in their order (a level's index is its
+    /// value).
+    pub fn form(question: &Question) -> Signature {
+        let mut hasher = Sha256::new();
+        let mut text = |s: Option<&str>| match s {
+            None => hasher.update([0u8]),
+            Some(s) => {
+                hasher.update([1u8]);
+                hasher.update((s.len() as u64).to_le_bytes());
+                hasher.update(s.as_bytes());
+            }
         };
-        let mut listed: Vec<(&str, Option<&str>)> = options
-            .iter()
-            .map(|o| (o.name.as_str(), o.description.as_deref()))
-            .collect();
-        listed.sort_unstable();
-        let mut hasher = DefaultHasher::new();
-        "choice".hash(&mut hasher);
-        options.len().hash(&mut hasher);
-        question.instructions.hash(&mut hasher);
-        listed.hash(&mut hasher);
-        Some(Signature(hasher.finish()))
+        text(Some(question.kind.kind().name()));
+        text(Some(&question.kind.arity().to_string()));
+        text(question.instructions.as_deref());
+        match &question.kind {
+            QuestionKind::Choice { options } => {
+                let mut listed: Vec<(&str, Option<&str>)> = options
+                    .iter()
+                    .map(|o| (o.name.as_str(), o.description.as_deref()))
+                    .collect();
+                listed.sort_unstable();
+                for (name, description) in listed {
+                    text(Some(name));
+                    text(description);
+                }
+            }
+            QuestionKind::YesNo { yes, no, .. } => {
+                text(yes.as_deref());
+                text(no.as_deref());
+            }
+            QuestionKind::Score { levels, .. } => {
+                for level in levels {
+                    text(Some(level));
+                }
+            }
+        }
+        let digest = hasher.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        Signature(u64::from_be_bytes(first))
+    }
+
+    /// As requests and stored fits spell it: 16 hex digits.
+    pub fn hex(&self) -> String {
+        format!("{:016x}", self.0)
+    }
+
+    /// A signature spelled by `hex`; `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Signature> {
+        (text.len() == 16
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+        .then(|| u64::from_str_radix(text, 16).ok().map(Signature))
+        .flatten()
     }
 }
 

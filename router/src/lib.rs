@@ -4,6 +4,7 @@
 
 pub mod affinity;
 pub mod api;
+pub mod calibration;
 pub mod config;
 pub mod debias;
 pub mod decide;

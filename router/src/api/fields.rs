@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::debias::Debias;
 use crate::error::{DecisionError, FieldError, Loc};
+use crate::ir::CalibrationChoice;
 use crate::limits::Limits;
 
 /// A path from the body root: `["body", …path]`.
@@ -124,6 +125,40 @@ pub(crate) fn debias(
 
 /// The request field that overrides `--debias`.
 pub const DEBIAS_FIELD: &str = "x_debias";
+
+/// The request field that names a calibration (`calibration/`).
+pub const CALIBRATION_FIELD: &str = crate::calibration::FIELD;
+
+/// This server's extension fields on the decision shapes: a profile that refuses unknown fields
+/// refuses these too.
+pub const EXTENSIONS: [&str; 2] = [DEBIAS_FIELD, CALIBRATION_FIELD];
+
+/// `x_calibration` (a calibration id or `"auto"`): absent or null is `None`; anything else is a
+/// field error of `kind` naming the field.
+pub(crate) fn calibration(
+    obj: &Map<String, Value>,
+    kind: &'static str,
+    errors: &mut Vec<FieldError>,
+) -> Option<CalibrationChoice> {
+    let value = obj.get(CALIBRATION_FIELD)?;
+    match value {
+        Value::Null => None,
+        Value::String(s) if s == "auto" => Some(CalibrationChoice::Auto),
+        Value::String(s) if crate::calibration::valid_id(s) => {
+            Some(CalibrationChoice::Id(s.clone()))
+        }
+        _ => {
+            errors.push(field_error(
+                &[CALIBRATION_FIELD.into()],
+                kind,
+                format!(
+                    "{CALIBRATION_FIELD} must be a calibration id (1-128 of A-Z a-z 0-9 _ -, as POST /v1/calibrations answers it) or 'auto', got {value}"
+                ),
+            ));
+            None
+        }
+    }
+}
 
 /// `chat_template_kwargs`: absent or null is empty; anything but an object is a field error of `kind`.
 pub(crate) fn template_kwargs(

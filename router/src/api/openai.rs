@@ -61,7 +61,7 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
     let extensions: &[&str] = if compat == Compat::Vllm {
         &[]
     } else {
-        &[fields::DEBIAS_FIELD]
+        &fields::EXTENSIONS
     };
     let allowed: Vec<&str> = TOP_LEVEL.iter().chain(extensions).copied().collect();
     fields::unknown_keys(
@@ -107,6 +107,11 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
     } else {
         fields::debias(obj, "invalid_value", &mut errors)
     };
+    let calibration = if extensions.is_empty() {
+        None
+    } else {
+        fields::calibration(obj, "invalid_value", &mut errors)
+    };
     let max_choices = limits.max_choices;
     let mut questions = Vec::new();
     let mut echo = Vec::new();
@@ -142,6 +147,7 @@ pub fn parse(body: &Value, limits: &Limits, compat: Compat) -> Result<Parsed, De
         },
         joint: false,
         debias,
+        calibration,
     };
     Ok(Parsed {
         request: Arc::new(request),
@@ -574,6 +580,13 @@ pub fn format(parsed: &Parsed, decision: &Decision, model: &str, compat: Compat)
             ) {
                 obj.extend(r.fields("x_"));
             }
+            if let (Some(c), Some(obj)) = (
+                decision.calibration.as_ref().and_then(|c| c.get(i)),
+                value.as_object_mut(),
+            ) {
+                let (key, field) = c.field("x_");
+                obj.insert(key, field);
+            }
             value
         })
         .collect();
@@ -888,6 +901,7 @@ mod tests {
                 per_question_prompt_tokens: 30,
                 pooled: false,
             },
+            calibration: None,
             orders: None,
         };
         let out = format(&p, &d, "served", Compat::Typesafe);
@@ -963,6 +977,7 @@ mod tests {
                 pooled: false,
             }],
             usage: Usage::default(),
+            calibration: None,
             orders: Some(vec![OrderReport {
                 method: Debias::Rotate,
                 orders: 2,

@@ -67,6 +67,13 @@ pub struct SystemOneRequest {
     /// instead of `order_sensitivity`), or reads all its rotations while there is none yet. Any
     /// other value is a 4xx naming `x_debias`.
     pub x_debias: Option<String>,
+    /// A calibration id (`POST /v1/calibrations` answers it) or `"auto"`: each answer's probabilities
+    /// are calibrated (after any debiasing) by the fit of its question's signature, in that fit or
+    /// (`auto`) the newest fit of this model and prompt format holding it, and its diagnostics say
+    /// `calibration: {id, signature}`, or `{id: null, reason}` when no fit matched. An id this server
+    /// does not hold, or a fit of another model or prompt format, is a 400 naming `x_calibration`;
+    /// a malformed value a 4xx naming it.
+    pub x_calibration: Option<String>,
     /// `--compat sglang`: `/v1/decisions` fields, refused here unless null (422).
     pub temperature: Option<Value>,
     pub prompt_format_version: Option<Value>,
@@ -96,6 +103,8 @@ pub struct SystemOneAnswer {
     pub x_orders: Option<u64>,
     pub x_order_sensitivity: Option<f64>,
     pub x_prior_samples: Option<u64>,
+    /// `--compat sglang`, with `x_calibration`: `{id, signature}` or `{id: null, reason}`.
+    pub x_calibration: Option<Value>,
 }
 
 #[derive(Serialize, Deserialize, ToSchema)]
@@ -111,7 +120,8 @@ pub struct SystemOneResponse {
     pub usage: SystemOneUsage,
     /// Default profile. Per question: `label_mass` and `argmax_is_label`; for a debiased read also
     /// `debias` (`rotate` or `prior`), `orders` (how many were read) and `order_sensitivity`, or for a
-    /// prior-corrected read `prior_samples`.
+    /// prior-corrected read `prior_samples`; with `x_calibration`, `calibration`: `{id, signature}` or
+    /// `{id: null, reason}`.
     pub x_diagnostics: Option<BTreeMap<String, Value>>,
     /// Default profile: prompt tokens read from the prefix cache.
     pub x_cached_tokens: Option<u64>,
@@ -193,13 +203,17 @@ pub struct DecisionsRequest {
     /// `x_order_sensitivity`. Refused as an unknown field by the OpenAI shape under `--compat vllm`
     /// and by the SGLang shape under `--compat sglang`, as those servers refuse it.
     pub x_debias: Option<String>,
+    /// As on `/v1/systemone`, on both shapes (refused where `x_debias` is); each answer carries
+    /// `x_calibration`: `{id, signature}` or `{id: null, reason}`.
+    pub x_calibration: Option<String>,
 }
 
 /// OpenAI: `{model, answers: [...], usage}`; SGLang: `{object: "decisions", model, prompt_format_version, answers: {...}, usage}`.
 /// An SGLang answer has `type`, `probabilities` (by option name, level index, or `yes`/`no`), `choice`
 /// or `score`, `label_mass`, and with `return_prompt_token_ids` its `prompt_token_ids` and `label_token_ids`.
 /// A debiased answer (`x_debias`, `--debias`; either shape) also has `x_debias`, `x_orders` and
-/// `x_order_sensitivity` (a prior-corrected one `x_prior_samples` instead).
+/// `x_order_sensitivity` (a prior-corrected one `x_prior_samples` instead); with `x_calibration`,
+/// `x_calibration`: `{id, signature}` or `{id: null, reason}`.
 #[derive(Serialize, Deserialize, ToSchema)]
 pub struct DecisionsResponse {
     pub model: String,
@@ -270,6 +284,137 @@ fn systemone() {}
               (status = 501, body = DecisionsError)))]
 fn decisions() {}
 
+/// One labelled example: a System One request (`state`, `questions`, optional `instructions`,
+/// media, ...) and the true answer of each of its questions.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct CalibrationExample {
+    pub state: Value,
+    pub instructions: Option<Text>,
+    pub questions: BTreeMap<String, SystemOneQuestion>,
+    /// Question id → a choice's option name, a noul's `true`/`false`, a score's level index. Every
+    /// question is answered.
+    pub answers: BTreeMap<String, Value>,
+}
+
+/// `POST /v1/calibrations`: a calibration set, read as its requests would be and fitted per
+/// question signature (kind, labels, wording).
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct CalibrationSet {
+    /// Non-blank, at most 200 characters.
+    pub name: String,
+    /// 1..4096 examples; each question signature needs at least 4 answers (at least one is held out).
+    pub examples: Vec<CalibrationExample>,
+    /// Share of each signature's answers held out to score the fit (0 < f < 1, default 0.3; at least
+    /// one held out, one fitted).
+    pub holdout_fraction: Option<f64>,
+    /// The held-out split's seed (default 0): the same set and seed give the same split.
+    pub seed: Option<u64>,
+    /// How the examples are read (`off` | `rotate` | `prior`); default the server's `--debias`.
+    pub x_debias: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct CalibrationScore {
+    /// Top-label expected calibration error, 10 equal-width bins.
+    pub ece: f64,
+    /// Mean negative log-probability of the true answer.
+    pub log_loss: f64,
+}
+
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct CalibrationSignature {
+    /// 16 hex digits: the question's kind, labels and wording, hashed (option order does not matter).
+    pub signature: String,
+    /// `choice` | `noul` | `score`.
+    pub kind: String,
+    /// A choice's option names sorted; `true`, `false`; a score's level indices.
+    pub labels: Vec<String>,
+    pub instructions: Option<String>,
+    /// `temperature`, or `temperature+bias` for a choice or score with at least 30 fitted answers per label.
+    pub method: String,
+    /// Calibrated probabilities are `softmax(ln p / temperature + bias)`.
+    pub temperature: f64,
+    /// Per label (`temperature+bias` only), summing to 0.
+    pub biases: Option<BTreeMap<String, f64>>,
+    pub n: u64,
+    pub n_fit: u64,
+    pub n_holdout: u64,
+    /// On the held-out answers, uncalibrated.
+    pub before: CalibrationScore,
+    /// On the held-out answers, calibrated.
+    pub after: CalibrationScore,
+}
+
+/// A stored fit, with what it was fitted on: a fit applies only where the model (fingerprint) and
+/// the prompt format are this server's.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct Calibration {
+    /// `cal-…`.
+    pub id: String,
+    pub name: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model name.
+    pub model: String,
+    /// First 16 hex digits of SHA-256 over the architecture, vocabulary size and `config.json`.
+    pub model_fingerprint: String,
+    /// `{name, version}`, as `GET /info` reports it.
+    pub prompt_format: Value,
+    /// How the examples were read.
+    pub debias: String,
+    pub seed: u64,
+    pub holdout_fraction: f64,
+    /// Answers in the set, fitted, held out.
+    pub n: u64,
+    pub n_fit: u64,
+    pub n_holdout: u64,
+    pub signatures: Vec<CalibrationSignature>,
+}
+
+/// `GET /v1/calibrations`: every fit, oldest first, without `signatures` (counted in `n_signatures`).
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct CalibrationList {
+    pub calibrations: Vec<Value>,
+}
+
+/// `GET /v1/calibrations/{id}/export`, and what `POST /v1/calibrations/import` takes.
+#[derive(Serialize, Deserialize, ToSchema)]
+pub struct CalibrationDocument {
+    /// `decision-inference.calibration`.
+    pub kind: String,
+    /// 1.
+    pub version: u32,
+    pub calibration: Calibration,
+}
+
+#[utoipa::path(post, path = "/v1/calibrations", request_body = CalibrationSet,
+    responses((status = 201, body = Calibration, description = "read, fitted and stored (under --data-dir; in memory without it)"),
+              (status = 422, body = SystemOneError, description = "a field of the set, named"), (status = 401, body = SystemOneError),
+              (status = 413, body = SystemOneError), (status = 501, body = SystemOneError)))]
+fn calibrations_create() {}
+
+#[utoipa::path(get, path = "/v1/calibrations", responses((status = 200, body = CalibrationList)))]
+fn calibrations_list() {}
+
+#[utoipa::path(get, path = "/v1/calibrations/{id}", params(("id" = String, Path)),
+    responses((status = 200, body = Calibration), (status = 404, body = SystemOneError)))]
+fn calibrations_get() {}
+
+#[utoipa::path(delete, path = "/v1/calibrations/{id}", params(("id" = String, Path)),
+    responses((status = 204, description = "deleted"), (status = 404, body = SystemOneError)))]
+fn calibrations_delete() {}
+
+#[utoipa::path(get, path = "/v1/calibrations/{id}/export", params(("id" = String, Path)),
+    responses((status = 200, body = CalibrationDocument), (status = 404, body = SystemOneError)))]
+fn calibrations_export() {}
+
+#[utoipa::path(post, path = "/v1/calibrations/import", request_body = CalibrationDocument,
+    responses((status = 201, body = Calibration, description = "stored under its own id"),
+              (status = 200, body = Calibration, description = "the same document was stored already"),
+              (status = 409, body = SystemOneError, description = "another fit holds the id"),
+              (status = 422, body = SystemOneError, description = "a field of the document, named")))]
+fn calibrations_import() {}
+
 #[utoipa::path(get, path = "/v1/models", responses((status = 200, description = "TypeSafe's model list, with an OpenAI-style `data` list")))]
 fn models() {}
 
@@ -291,7 +436,8 @@ fn metrics() {}
         title = "decision-inference",
         description = "Language models as decision models: a probability for every allowed option."
     ),
-    paths(systemone, decisions, score, models, health, ready, info, metrics),
+    paths(systemone, decisions, score, calibrations_create, calibrations_list, calibrations_get,
+          calibrations_delete, calibrations_export, calibrations_import, models, health, ready, info, metrics),
     modifiers(&Examples),
     components(schemas(
         Text,
@@ -308,7 +454,14 @@ fn metrics() {}
         DecisionsResponse,
         DecisionsError,
         ScoreRequest,
-        ScoreResponse
+        ScoreResponse,
+        CalibrationExample,
+        CalibrationSet,
+        CalibrationScore,
+        CalibrationSignature,
+        Calibration,
+        CalibrationList,
+        CalibrationDocument
     ))
 )]
 pub struct ApiDoc;

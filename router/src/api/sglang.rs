@@ -61,7 +61,7 @@ pub fn parse_in(
     let extensions: &[&str] = if compat == Compat::Sglang {
         &[]
     } else {
-        &[fields::DEBIAS_FIELD]
+        &fields::EXTENSIONS
     };
     let allowed: Vec<&str> = FIELDS.iter().chain(extensions).copied().collect();
     // Seed 003: "an unknown field anywhere in the request" is a 400.
@@ -82,6 +82,11 @@ pub fn parse_in(
         None
     } else {
         fields::debias(obj, "value_error", &mut errors)
+    };
+    let calibration = if extensions.is_empty() {
+        None
+    } else {
+        fields::calibration(obj, "value_error", &mut errors)
     };
     // Echoed in the response, `default` when omitted (seed 003's `model` row).
     let model =
@@ -158,6 +163,7 @@ pub fn parse_in(
         media: Default::default(),
         joint,
         debias,
+        calibration,
     };
     Ok(Parsed {
         request: Arc::new(request),
@@ -484,6 +490,10 @@ pub fn format(
         // A debiased read reports what it used on the answer (the shape has no diagnostics).
         if let Some(r) = decision.orders.as_ref().and_then(|r| r.get(i)) {
             obj.extend(r.fields("x_"));
+        }
+        if let Some(c) = decision.calibration.as_ref().and_then(|c| c.get(i)) {
+            let (key, field) = c.field("x_");
+            obj.insert(key, field);
         }
         if let Some((prompt, groups)) = per_question.as_ref().and_then(|r| r.get(i)) {
             obj.insert("prompt_token_ids".into(), json!(prompt));

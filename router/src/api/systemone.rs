@@ -68,6 +68,7 @@ pub fn parse(
     let media = parse_media(obj, &mut errors);
     let joint = fields::optional_bool(obj, "joint", "bool_type", &mut errors);
     let debias = fields::debias(obj, "literal_error", &mut errors);
+    let calibration = fields::calibration(obj, "value_error", &mut errors);
     let questions = match obj.get("questions") {
         None => {
             errors.push(FieldError::new(
@@ -99,6 +100,7 @@ pub fn parse(
         media,
         joint,
         debias,
+        calibration,
     })
 }
 
@@ -499,6 +501,13 @@ pub fn format(
                 obj.insert("x_label_mass".into(), json!(answer.label_mass));
                 // This profile has no diagnostics map: its extensions sit on the answer.
                 obj.extend(report.map(|r| r.fields("x_")).unwrap_or_default());
+                obj.extend(
+                    decision
+                        .calibration
+                        .as_ref()
+                        .and_then(|c| c.get(i))
+                        .map(|c| c.field("x_")),
+                );
             }
         }
         answers.insert(question.id.clone(), value);
@@ -506,6 +515,13 @@ pub fn format(
             json!({"label_mass": answer.label_mass, "argmax_is_label": answer.argmax_is_label});
         if let (Some(r), Some(obj)) = (report, diagnostic.as_object_mut()) {
             obj.extend(r.fields(""));
+        }
+        if let (Some(c), Some(obj)) = (
+            decision.calibration.as_ref().and_then(|c| c.get(i)),
+            diagnostic.as_object_mut(),
+        ) {
+            let (key, value) = c.field("");
+            obj.insert(key, value);
         }
         diagnostics.insert(question.id.clone(), diagnostic);
     }
@@ -866,6 +882,7 @@ mod tests {
                 per_question_prompt_tokens: 100,
                 pooled: false,
             },
+            calibration: None,
             orders: None,
         };
         let out = format(&r, &d, "m", Compat::Typesafe);
@@ -983,6 +1000,7 @@ mod tests {
         let d = Decision {
             answers: vec![ans(vec![0.6, 0.4]), ans(vec![0.3, 0.7])],
             usage: Usage::default(),
+            calibration: None,
             orders: Some(vec![report(2, 0.25), report(2, 0.125)]),
         };
         let out = format(&r, &d, "m", Compat::Typesafe);
@@ -1000,6 +1018,7 @@ mod tests {
             json!(0.125)
         );
         let prior = Decision {
+            calibration: None,
             orders: Some(vec![
                 OrderReport {
                     method: Debias::Prior,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, StatusCode};
 use serde_json::Value;
 
 use super::prologue::DecisionRoute;
@@ -55,6 +55,7 @@ impl DecisionRoute for SystemOne {
                 state.config.flags.compat,
             ),
             timing: decided.timing,
+            status: StatusCode::OK,
         })
     }
 }
@@ -119,6 +120,7 @@ impl DecisionRoute for Decisions {
                         decided.prompt_format,
                     ),
                     timing: decided.timing,
+                    status: StatusCode::OK,
                 })
             }
             DecisionsRequest::OpenAi(parsed) => {
@@ -134,6 +136,7 @@ impl DecisionRoute for Decisions {
                         state.config.flags.compat,
                     ),
                     timing: decided.timing,
+                    status: StatusCode::OK,
                 })
             }
         }
@@ -177,6 +180,7 @@ impl DecisionRoute for Score {
         Ok(Answered {
             body: score::format(&request, &outcomes, &state.model_name),
             timing,
+            status: StatusCode::OK,
         })
     }
 }

@@ -8,6 +8,7 @@
 //! | `routes.rs` | the route table and the layers around it |
 //! | `prologue.rs` | `DecisionRoute`: auth, draining, in-flight count, body limits and JSON, once for all |
 //! | `decisions.rs` | the decision routes: System One, `/v1/decisions` (OpenAI, SGLang), `/v1/score` |
+//! | `calibrations.rs` | `/v1/calibrations`: fit (behind the prologue), import, list, get, export, delete |
 //! | `ops.rs` | `/health` (liveness), `/info`, `/metrics`, `/v1/models`, the OpenAPI document |
 //! | `readiness.rs` | `/ready`: draining, a model the routes cannot serve, the queue's high-water mark, the shards |
 //! | `playground.rs` | the playground page at `/` (`playground.html`, compiled in) |
@@ -22,6 +23,7 @@
 mod auth;
 pub mod body_clock;
 mod budget;
+mod calibrations;
 pub mod connections;
 mod decisions;
 mod lifecycle;

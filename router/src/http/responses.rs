@@ -1,7 +1,7 @@
 //! Responses of the decision routes: an answer (its read timing riding along for the request
 //! middleware), or an error in the wire shape of the request with the status its profile gives it.
 
-use axum::http::{header, HeaderValue};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::Value;
@@ -50,11 +50,13 @@ pub(super) fn error_response(state: &AppState, shape: Shape, error: DecisionErro
 pub(super) struct Answered {
     pub body: Value,
     pub timing: ReadTiming,
+    /// 200, or 201 for a route that stored what it answers (`POST /v1/calibrations`).
+    pub status: StatusCode,
 }
 
 impl IntoResponse for Answered {
     fn into_response(self) -> Response {
-        let mut response = Json(self.body).into_response();
+        let mut response = (self.status, Json(self.body)).into_response();
         response.extensions_mut().insert(self.timing);
         response
     }

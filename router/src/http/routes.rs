@@ -11,6 +11,7 @@ use tower_http::decompression::RequestDecompressionLayer;
 
 use super::auth::ops_guard;
 use super::body_clock;
+use super::calibrations;
 use super::decisions::{Decisions, Score, SystemOne};
 use super::middleware::request_id;
 use super::ops;
@@ -29,6 +30,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     }
     router
         .merge(decision_routes())
+        .merge(calibrations::routes())
         .route("/v1/models", get(ops::models_handler))
         .route("/health", get(ops::health_handler))
         .route("/ready", get(readiness::ready_handler))

@@ -125,6 +125,8 @@ pub enum StartupError {
     },
     #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
     Signals(std::io::Error),
+    #[error(transparent)]
+    Calibrations(#[from] crate::calibration::BookError),
 }
 
 pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, StartupError> {
@@ -197,6 +199,25 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, Startup
             max_queued_reads: config.flags.max_queued_reads,
         },
     );
+    let provenance = strategy.as_ref().ok().map(|s| {
+        crate::calibration::Provenance::of_server(
+            &model_name,
+            &shards.info.architecture,
+            shards.info.vocab_size,
+            &config.model_dir(),
+            s.prompt_format(),
+        )
+    });
+    let calibrations =
+        crate::calibration::Book::open(config.flags.data_dir.as_deref(), provenance)?;
+    match calibrations.location() {
+        Some(path) => {
+            tracing::info!(path = %path.display(), fits = calibrations.list().len(), "calibrations")
+        }
+        None => {
+            tracing::info!("calibrations are kept in memory (no --data-dir): a restart loses them")
+        }
+    }
     Ok(AppState {
         model_name,
         decider: Decider {
@@ -210,6 +231,7 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, Startup
             debias: config.flags.debias,
             max_orders: config.flags.debias_max_orders as usize,
             priors: crate::label_prior::PriorBook::new(crate::label_prior::DEFAULT_MIN_SAMPLES),
+            calibrations: Arc::new(calibrations),
         },
         shards,
         batch_budget,

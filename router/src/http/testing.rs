@@ -80,6 +80,18 @@ pub(super) fn state_reading_from_with(shard: HeldShard, flags: &[&str]) -> Arc<A
     let config = Config::parse_from(args);
     let mut state = build_state(config, shards).unwrap();
     state.decider.strategy = Ok(Arc::new(StandInStrategy));
+    // The calibrations of a server that reads with the stand-in (build_state saw no strategy).
+    let provenance = crate::calibration::Provenance::of_server(
+        &state.model_name,
+        &state.shards.info.architecture,
+        state.shards.info.vocab_size,
+        &state.config.model_dir(),
+        StandInStrategy.prompt_format(),
+    );
+    state.decider.calibrations = Arc::new(
+        crate::calibration::Book::open(state.config.flags.data_dir.as_deref(), Some(provenance))
+            .unwrap(),
+    );
     state.decider.queue = Queue::start(
         shard,
         QueueConfig {

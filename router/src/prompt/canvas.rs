@@ -771,6 +771,7 @@ mod tests {
             media: Default::default(),
             joint,
             debias: None,
+            calibration: None,
         }
     }
 

@@ -475,6 +475,7 @@ mod tests {
             media: Media::default(),
             joint: false,
             debias: None,
+            calibration: None,
         }
     }
 

@@ -416,6 +416,7 @@ mod tests {
             media: Default::default(),
             joint: false,
             debias: None,
+            calibration: None,
         };
         let reads = s.prepare(&request, usize::MAX).expect("prepares");
         let ids = |r: &PreparedRead| -> Vec<Vec<Vec<u32>>> {
@@ -464,6 +465,7 @@ mod tests {
             media: Default::default(),
             joint: false,
             debias: None,
+            calibration: None,
         };
         let err = s.prepare(&request, usize::MAX).expect_err("refused");
         assert!(

@@ -161,6 +161,7 @@ mod tests {
             media: Default::default(),
             joint: false,
             debias: None,
+            calibration: None,
         }
     }
 
