@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.parse
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,6 +269,7 @@ def evaluate(
     repeat: bool,
     max_reads: int | None = None,
     log: Any = sys.stderr,
+    on_set: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     salt = f"quality-{time.time_ns()}"
     report: dict[str, Any] = {"orders": which, "fit_fraction": fit_fraction, "max_reads_per_set": max_reads, "sets": []}
@@ -305,6 +307,8 @@ def evaluate(
             entry["repeat_noise"] = noise_floor(plain_run.reads, again.reads)
             print(f"{labelled.name} repeat noise: {entry['repeat_noise']}", file=log)
         report["sets"].append(entry)
+        if on_set is not None:
+            on_set(report)  # a long run keeps what it has measured so far
     return report
 
 
@@ -447,9 +451,19 @@ def main(argv: list[str] | None = None) -> int:
         client = Client(url, args.timeout)
         info = client.call("GET", "/info")
         started = time.time()
+        partial = args.out / "quality.partial.json"
         report = evaluate(
-            client, sets, modes, args.orders, args.fit_fraction, args.seed, not args.no_repeat, args.max_reads
+            client,
+            sets,
+            modes,
+            args.orders,
+            args.fit_fraction,
+            args.seed,
+            not args.no_repeat,
+            args.max_reads,
+            on_set=lambda so_far: partial.write_text(json.dumps(so_far, indent=1) + "\n"),
         )
+        partial.unlink(missing_ok=True)
         report["model"] = info.get("model_id")
         report["server"] = {k: info.get(k) for k in ("model_id", "model_dtype", "version", "read_mode") if k in info}
         report["wall_s"] = time.time() - started

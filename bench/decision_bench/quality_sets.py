@@ -671,6 +671,7 @@ def load(directory: Path = DATA_DIR, names: list[str] | None = None) -> tuple[La
         missing = set(names) - {s.name for s in sets}
         if missing:
             raise ValueError(f"--sets: no set named {sorted(missing)} (have {[e['name'] for e in manifest]})")
+        sets.sort(key=lambda s: names.index(s.name))  # in the order asked for
     return tuple(sets)
 
 
