@@ -132,36 +132,47 @@ def plot_all(report: dict[str, Any], out: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
 
-    # Flip rates of the choice sets per mode, with each set's repeat-noise floor.
+    # Flip rates of the choice sets per mode, with the repeat-noise floor; reads off each item's majority.
     choice = [e for e in sets if e["type"] == "choice"]
     flip_modes = [m for m in modes if any("flip_rate" in e["modes"].get(m, {}) for e in choice)]
     if choice and flip_modes:
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(choice) + 2), 3.6))
+        fig, panels = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(choice) + 2), 3.8))
         width = 0.8 / len(flip_modes)
-        for k, mode in enumerate(flip_modes):
-            xs = [i + (k - (len(flip_modes) - 1) / 2) * width for i in range(len(choice))]
-            ys = [e["modes"].get(mode, {}).get("flip_rate", 0.0) for e in choice]
-            ax.bar(xs, ys, width=width, color=MODE_COLOURS.get(mode, "C0"), label=MODE_LABELS.get(mode, mode))
-        floors = [e.get("repeat_noise", {}).get("flip_rate") for e in choice]
-        for i, floor in enumerate(floors):
-            if floor is not None:
-                ax.hlines(
-                    floor,
-                    i - 0.45,
-                    i + 0.45,
-                    colors="black",
-                    linestyles=":",
-                    lw=1.5,
-                    label="repeat-noise floor" if i == 0 else "_nolegend_",
-                )
-                ax.text(i, floor + 0.015, f"floor {floor:.2f}", ha="center", va="bottom", fontsize=6)
-        ax.set_xticks(range(len(choice)))
-        ax.set_xticklabels([f"{e['name']}\n({e['eval_items']} items)" for e in choice], fontsize=8)
-        ax.set_ylim(0, 1.05)
-        ax.set_ylabel("items whose answer changes\nover all orders of their options", fontsize=8)
-        ax.set_title(f"Flip rate over all orders, {model}", fontsize=9)
-        ax.legend(fontsize=7, ncol=len(flip_modes) + 1, loc="upper center", bbox_to_anchor=(0.5, -0.18))
-        fig.tight_layout()
+        measures = (
+            ("flip_rate", "items whose answer changes\nover all orders of their options", "Flip rate over all orders"),
+            (
+                "disagreement",
+                "reads whose answer differs from\ntheir item's most frequent one",
+                "Reads off the majority",
+            ),
+        )
+        for ax, (key, ylabel, title) in zip(panels, measures, strict=True):
+            for k, mode in enumerate(flip_modes):
+                xs = [i + (k - (len(flip_modes) - 1) / 2) * width for i in range(len(choice))]
+                ys = [e["modes"].get(mode, {}).get(key, 0.0) for e in choice]
+                ax.bar(xs, ys, width=width, color=MODE_COLOURS.get(mode, "C0"), label=MODE_LABELS.get(mode, mode))
+            if key == "flip_rate":
+                for i, entry in enumerate(choice):
+                    floor = entry.get("repeat_noise", {}).get("flip_rate")
+                    if floor is not None:
+                        ax.hlines(
+                            floor,
+                            i - 0.45,
+                            i + 0.45,
+                            colors="black",
+                            linestyles=":",
+                            lw=1.5,
+                            label="repeat-noise floor" if i == 0 else "_nolegend_",
+                        )
+                        ax.text(i, floor + 0.015, f"floor {floor:.2f}", ha="center", va="bottom", fontsize=6)
+            ax.set_xticks(range(len(choice)))
+            ax.set_xticklabels([f"{e['name']}\n({e['eval_items']} items)" for e in choice], fontsize=7)
+            ax.set_ylim(0, 1.05)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.set_title(f"{title}, {model}", fontsize=9)
+        handles, labels = panels[0].get_legend_handles_labels()
+        fig.legend(handles, labels, fontsize=7, ncol=len(labels), loc="lower center")
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
         path = out / "flip-rates.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)

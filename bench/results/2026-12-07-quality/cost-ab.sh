@@ -9,7 +9,7 @@
 #                        their ratio B/A
 #   plain.server.log, rotate.server.log
 # Usage: bench/results/2026-12-07-quality/cost-ab.sh OUT_DIR
-#   env: ROUNDS (default 8), REQUESTS (per round, 20), DURATION (cap per round in s, 60), CASES ("1 8"),
+#   env: ROUNDS (default 8), REQUESTS (in all, spread over the rounds; 20), DURATION (cap per round in s, 60), CASES ("1 8"),
 #        CONCURRENCY (1), LAUNCH_ARGS (extra launcher flags for both, e.g. "--threads 2")
 # Rerun it on a quiet machine: on a shared one the per-round ratios scatter more than the effect.
 set -euo pipefail
@@ -43,11 +43,13 @@ for port in "$PORT_A" "$PORT_B"; do
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
   curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "server on $port never became healthy" >&2; exit 1; }
 done
+# Each case its own seed: the same seed would send the same states again, which the prefix cache then holds
+# (a case would read only its questions, and the ratio would be of suffixes alone).
 for q in $CASES; do
   echo "case: $q question(s) per request" >&2
   "$BIN/decision-bench" --url "http://127.0.0.1:$PORT_A" --url-b "http://127.0.0.1:$PORT_B" --tokenizer "$MODEL" \
     --state-tokens 512 --questions "$q" --mix choice --options 4 --concurrency "$CONCURRENCY" \
-    --rounds "$ROUNDS" --requests "$REQUESTS" --duration "$DURATION" --warmup 2 \
+    --rounds "$ROUNDS" --requests "$REQUESTS" --duration "$DURATION" --warmup 2 --seed "$q" \
     --label "A --debias off, B --debias rotate (K=4): SmolLM2-135M float32, $q 4-option choice(s) x 512-token state, C$CONCURRENCY" \
     --json "$OUT/q$q.json" > /dev/null
 done
@@ -75,6 +77,7 @@ for q in cases:
         "b_rotate_input_tokens_per_request": tb,
         "token_ratio_rotate_over_plain": round(tb / ta, 3) if ta else None,
         "state_tokens_per_request": a["tokens"]["state_tokens_per_request"],
+        "cached_tokens": [a["tokens"]["server_cached_tokens"], b["tokens"]["server_cached_tokens"]],
         "requests_ok": [a["requests_ok"], b["requests_ok"]],
     }
 (out / "cost-ab.json").write_text(json.dumps(rows, indent=1) + "\n")
