@@ -120,9 +120,11 @@ ENV PATH=/opt/shard/bin:/opt/venv/bin:$PATH \
     TRANSFORMERS_OFFLINE=1 \
     TORCHINDUCTOR_CACHE_DIR=/data/inductor \
     DECISION_MATMUL_RECORD=/data/matmul-probes.json \
+    DATA_DIR=/data \
     SHUTDOWN_GRACE_SECS=8
 # Unix sockets between the router and the shards live in /tmp; /data is the models and Hugging Face cache,
-# inductor's compiled kernels and --matmul auto's probe times (both reused by the next start on the same volume).
+# inductor's compiled kernels, --matmul auto's probe times (both reused by the next start on the same volume) and
+# the router's --data-dir: the calibration fits (calibrations.sqlite3), which a restart on the same volume keeps.
 VOLUME /data
 WORKDIR /data
 EXPOSE 80

@@ -32,7 +32,7 @@ impl Modify for Examples {
         // A unit test parses the file: an unreadable one cannot reach a release.
         let examples: Value = serde_json::from_str(EXAMPLES).unwrap_or_default();
         for (path, item) in openapi.paths.paths.iter_mut() {
-            for operation in [item.get.as_mut(), item.post.as_mut()]
+            for operation in [item.get.as_mut(), item.post.as_mut(), item.delete.as_mut()]
                 .into_iter()
                 .flatten()
             {
@@ -101,14 +101,17 @@ mod tests {
         for (path, route) in examples.as_object().unwrap() {
             let item = &doc["paths"][path];
             assert!(item.is_object(), "{path} is not in the document");
-            let operation = if item["post"].is_object() {
-                &item["post"]
-            } else {
-                &item["get"]
-            };
+            // A path's examples serve each of its methods (`/v1/calibrations`: POST and GET).
+            let operations: Vec<&Value> = ["post", "get", "delete"]
+                .iter()
+                .map(|m| &item[*m])
+                .filter(|o| o.is_object())
+                .collect();
             for (status, by_type) in route["responses"].as_object().into_iter().flatten() {
                 assert!(
-                    operation["responses"][status].is_object(),
+                    operations
+                        .iter()
+                        .any(|o| o["responses"][status].is_object()),
                     "{path} {status}"
                 );
                 for named in by_type.as_object().unwrap().values() {
@@ -140,6 +143,11 @@ mod tests {
                     }
                 }
                 for (status, response) in operation["responses"].as_object().unwrap() {
+                    // A 204 has no body to give an example of (`DELETE /v1/calibrations/{id}`).
+                    if status == "204" {
+                        assert!(response.get("content").is_none(), "{method} {path} 204");
+                        continue;
+                    }
                     let content = response["content"].as_object();
                     assert!(
                         content.is_some_and(|c| c

@@ -204,7 +204,8 @@ pub struct DecisionsRequest {
     /// and by the SGLang shape under `--compat sglang`, as those servers refuse it.
     pub x_debias: Option<String>,
     /// As on `/v1/systemone`, on both shapes (refused where `x_debias` is); each answer carries
-    /// `x_calibration`: `{id, signature}` or `{id: null, reason}`.
+    /// `x_calibration`: `{id, signature}` or `{id: null, reason}`. A fit calibrates reads at
+    /// temperature 1: with a `temperature` other than 1 (SGLang shape) it is a 400 naming it.
     pub x_calibration: Option<String>,
 }
 

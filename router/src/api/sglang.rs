@@ -121,6 +121,17 @@ pub fn parse_in(
             1.0
         }
     };
+    // A fit calibrates reads at temperature 1: another temperature first would scale them twice.
+    if calibration.is_some() && temperature != 1.0 {
+        errors.push(err(
+            &[fields::CALIBRATION_FIELD.into()],
+            "value_error",
+            format!(
+                "{}: a calibration fits reads at temperature 1, and this request asks for temperature {temperature}; send one or the other",
+                fields::CALIBRATION_FIELD
+            ),
+        ));
+    }
     match (obj.get("prompt_format_version"), served) {
         (None | Some(Value::Null), _) | (Some(_), None) => {}
         (Some(Value::Number(n)), Some(f)) if n.as_u64() == Some(u64::from(f.version)) => {}

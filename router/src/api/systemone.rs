@@ -1044,6 +1044,53 @@ mod tests {
         );
     }
 
+    /// A calibrated request's answers name their fit (or why none) beside the debias report, where
+    /// each profile puts its diagnostics.
+    #[test]
+    fn calibrated_answers_report_their_fit_where_the_profile_puts_diagnostics() {
+        use crate::ir::{Answer, CalibrationReport, Usage};
+        let body = json!({"state": "s", "x_calibration": "auto", "questions": {
+            "team": {"type": "choice", "criteria": {"billing": null, "tech": null}},
+            "urgent": {"type": "noul", "instructions": "u"}}});
+        let r = parse(&body, &limits(), Compat::Typesafe).unwrap();
+        assert_eq!(r.calibration, Some(crate::ir::CalibrationChoice::Auto));
+        let ans = |p: Vec<f64>| Answer {
+            label_logprobs: p.iter().map(|x| x.ln()).collect(),
+            probabilities: p,
+            label_mass: 0.9,
+            argmax_is_label: true,
+            pooled: false,
+        };
+        let d = Decision {
+            answers: vec![ans(vec![0.6, 0.4]), ans(vec![0.3, 0.7])],
+            usage: Usage::default(),
+            orders: None,
+            calibration: Some(vec![
+                CalibrationReport::Applied {
+                    id: "cal-1".into(),
+                    signature: "00000000000000ab".into(),
+                },
+                CalibrationReport::None {
+                    reason: "no fit".into(),
+                },
+            ]),
+        };
+        let applied = json!({"id": "cal-1", "signature": "00000000000000ab"});
+        let none = json!({"id": null, "reason": "no fit"});
+        let typesafe = format(&r, &d, "m", Compat::Typesafe);
+        assert_eq!(
+            typesafe["x_diagnostics"]["team"],
+            json!({"label_mass": 0.9, "argmax_is_label": true, "calibration": applied})
+        );
+        assert_eq!(typesafe["x_diagnostics"]["urgent"]["calibration"], none);
+        assert!(typesafe["answers"]["team"].get("x_calibration").is_none());
+        let vllm = format(&r, &d, "m", Compat::Vllm);
+        assert_eq!(vllm["diagnostics"]["team"]["calibration"], applied);
+        let sglang = format(&r, &d, "m", Compat::Sglang);
+        assert_eq!(sglang["answers"]["team"]["x_calibration"], applied);
+        assert_eq!(sglang["answers"]["urgent"]["x_calibration"], none);
+    }
+
     /// vLLM 0.32 reads a bare noul (`instructions` defaults to "", criteria to null) and refuses only an
     /// empty id; the default profile refuses both a bare noul and a blank id, SGLang's a bare noul only.
     #[test]

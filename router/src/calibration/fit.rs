@@ -92,33 +92,24 @@ pub fn scores(reads: &[Labelled], parameters: &Parameters) -> Scores {
     }
 }
 
-/// Mean log-loss with `beta = 1 / T` and biases `b`, and its gradient in `b`.
-fn loss(reads: &[(Vec<f64>, usize)], beta: f64, biases: &[f64]) -> (f64, Vec<f64>) {
+/// Mean log-loss with `beta = 1 / T` and biases `b`, with the biases' L2 penalty.
+fn loss(reads: &[(Vec<f64>, usize)], beta: f64, biases: &[f64]) -> f64 {
     let n = reads.len().max(1) as f64;
     let mut total = 0.0;
-    let mut gradient = vec![0.0; biases.len()];
     for (logp, truth) in reads {
-        let logits: Vec<f64> = logp.iter().zip(biases).map(|(l, b)| beta * l + b).collect();
-        let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let sum: f64 = logits.iter().map(|z| (z - max).exp()).sum();
-        let log_norm = max + sum.ln();
-        total += log_norm - logits[*truth];
-        for (g, z) in gradient.iter_mut().zip(&logits) {
-            *g += (z - log_norm).exp() / n;
-        }
-        gradient[*truth] -= 1.0 / n;
+        let logits = logp.iter().zip(biases).map(|(l, b)| beta * l + b);
+        let max = logits.clone().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = logits.map(|z| (z - max).exp()).sum();
+        total += max + sum.ln() - (beta * logp[*truth] + biases[*truth]);
     }
     let penalty: f64 = biases.iter().map(|b| b * b).sum::<f64>() * BIAS_PENALTY / 2.0;
-    for (g, b) in gradient.iter_mut().zip(biases) {
-        *g += BIAS_PENALTY * b;
-    }
-    (total / n + penalty, gradient)
+    total / n + penalty
 }
 
 /// The `beta` in `[1/MAX_T, 1/MIN_T]` minimising the loss for fixed biases. The loss is convex in
 /// `beta` (a log-sum-exp of functions linear in it), so a golden-section search on `ln beta` finds it.
 fn best_beta(reads: &[(Vec<f64>, usize)], biases: &[f64]) -> f64 {
-    let f = |x: f64| loss(reads, x.exp(), biases).0;
+    let f = |x: f64| loss(reads, x.exp(), biases);
     let (mut a, mut b) = ((1.0 / MAX_TEMPERATURE).ln(), (1.0 / MIN_TEMPERATURE).ln());
     let ratio = (5f64.sqrt() - 1.0) / 2.0;
     let mut c = b - ratio * (b - a);
@@ -142,8 +133,10 @@ fn best_beta(reads: &[(Vec<f64>, usize)], biases: &[f64]) -> f64 {
     ((a + b) / 2.0).exp()
 }
 
-/// Fits a temperature, and biases when `with_biases`, to `reads` by minimising log-loss. Biases and
-/// temperature are fitted in turns (each a convex problem with the other fixed) until they settle.
+/// Fits a temperature, and biases when `with_biases`, to `reads` by minimising log-loss. A
+/// temperature alone is a 1-D search; with biases the loss is convex in `(1/T, b)` jointly (the
+/// logits are linear in them), so Newton's method from the temperature-only fit converges in a few
+/// steps.
 pub fn fit(reads: &[Labelled], labels: usize, with_biases: bool) -> Parameters {
     let prepared: Vec<(Vec<f64>, usize)> = reads
         .iter()
@@ -157,26 +150,7 @@ pub fn fit(reads: &[Labelled], labels: usize, with_biases: bool) -> Parameters {
     let mut biases = vec![0.0; labels];
     let mut beta = best_beta(&prepared, &biases);
     if with_biases {
-        for _ in 0..50 {
-            let before = biases.clone();
-            // Gradient steps: the mean softmax loss has curvature at most 1/2 in the biases, so a
-            // step of 1 always descends.
-            for _ in 0..200 {
-                let (_, gradient) = loss(&prepared, beta, &biases);
-                for (b, g) in biases.iter_mut().zip(&gradient) {
-                    *b -= g;
-                }
-            }
-            beta = best_beta(&prepared, &biases);
-            let moved = biases
-                .iter()
-                .zip(&before)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
-            if moved < 1e-9 {
-                break;
-            }
-        }
+        (beta, biases) = newton(&prepared, beta, biases);
         // Only differences between biases matter: centred, they read as "this label's pull".
         let mean = biases.iter().sum::<f64>() / labels.max(1) as f64;
         for b in &mut biases {
@@ -187,6 +161,103 @@ pub fn fit(reads: &[Labelled], labels: usize, with_biases: bool) -> Parameters {
         temperature: 1.0 / beta,
         biases: with_biases.then_some(biases),
     }
+}
+
+/// Newton's method on `(beta, b)` with a backtracking line search; `beta` kept in the searched range.
+fn newton(reads: &[(Vec<f64>, usize)], mut beta: f64, mut biases: Vec<f64>) -> (f64, Vec<f64>) {
+    let k = biases.len();
+    let n = reads.len().max(1) as f64;
+    let (low, high) = (1.0 / MAX_TEMPERATURE, 1.0 / MIN_TEMPERATURE);
+    let mut current = loss(reads, beta, &biases);
+    for _ in 0..100 {
+        // Gradient and Hessian in (beta, b_0..b_k-1).
+        let mut g = vec![0.0; k + 1];
+        let mut h = vec![vec![0.0; k + 1]; k + 1];
+        for (logp, truth) in reads {
+            let logits: Vec<f64> = logp
+                .iter()
+                .zip(&biases)
+                .map(|(l, b)| beta * l + b)
+                .collect();
+            let p = crate::probability::softmax(&logits, 1.0);
+            let mean_l: f64 = p.iter().zip(logp).map(|(p, l)| p * l).sum();
+            g[0] += (mean_l - logp[*truth]) / n;
+            h[0][0] +=
+                (p.iter().zip(logp).map(|(p, l)| p * l * l).sum::<f64>() - mean_l * mean_l) / n;
+            for m in 0..k {
+                let y = if m == *truth { 1.0 } else { 0.0 };
+                g[m + 1] += (p[m] - y) / n;
+                let cross = p[m] * (logp[m] - mean_l) / n;
+                h[0][m + 1] += cross;
+                h[m + 1][0] += cross;
+                for j in 0..k {
+                    let d = if j == m { p[m] } else { 0.0 };
+                    h[m + 1][j + 1] += (d - p[m] * p[j]) / n;
+                }
+            }
+        }
+        for m in 0..k {
+            g[m + 1] += BIAS_PENALTY * biases[m];
+            h[m + 1][m + 1] += BIAS_PENALTY;
+        }
+        let Some(step) = solve(h, g.clone()) else {
+            break;
+        };
+        // Backtracking: the full Newton step, halved until the loss goes down.
+        let mut t = 1.0;
+        let mut moved = false;
+        for _ in 0..40 {
+            let next_beta = (beta - t * step[0]).clamp(low, high);
+            let next: Vec<f64> = biases
+                .iter()
+                .zip(&step[1..])
+                .map(|(b, s)| b - t * s)
+                .collect();
+            let value = loss(reads, next_beta, &next);
+            if value < current {
+                beta = next_beta;
+                biases = next;
+                current = value;
+                moved = true;
+                break;
+            }
+            t /= 2.0;
+        }
+        let size = step.iter().fold(0.0f64, |m, s| m.max(s.abs())) * t;
+        if !moved || size < 1e-12 {
+            break;
+        }
+    }
+    (beta, biases)
+}
+
+/// `h x = g` by Gaussian elimination with partial pivoting; `None` for a singular `h`.
+fn solve(mut h: Vec<Vec<f64>>, mut g: Vec<f64>) -> Option<Vec<f64>> {
+    let n = g.len();
+    for col in 0..n {
+        let pivot = (col..n).max_by(|&a, &b| h[a][col].abs().total_cmp(&h[b][col].abs()))?;
+        if h[pivot][col].abs() < 1e-300 {
+            return None;
+        }
+        h.swap(col, pivot);
+        g.swap(col, pivot);
+        for row in col + 1..n {
+            let f = h[row][col] / h[col][col];
+            if f != 0.0 {
+                let (above, below) = h.split_at_mut(row);
+                for (x, p) in below[0][col..].iter_mut().zip(&above[col][col..]) {
+                    *x -= f * p;
+                }
+                g[row] -= f * g[col];
+            }
+        }
+    }
+    let mut x = vec![0.0; n];
+    for row in (0..n).rev() {
+        let s: f64 = (row + 1..n).map(|c| h[row][c] * x[c]).sum();
+        x[row] = (g[row] - s) / h[row][row];
+    }
+    Some(x)
 }
 
 /// Whether a fit split of `n_fit` answers over `labels` labels is large enough for biases.

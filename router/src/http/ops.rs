@@ -103,6 +103,13 @@ pub(super) async fn info_handler(
         "modalities": state.decider.strategy.as_ref().map(|s| s.modalities().iter().map(|m| m.field()).collect::<Vec<_>>()).unwrap_or_default(),
         "prompt_format": state.decider.prompt_format().map(|f| json!({"name": f.name, "version": f.version})),
         "refusals": refusals,
+        // Where fits live (no path: /info shows none) and what a fit must have been fitted on to
+        // apply here (`calibration/`).
+        "calibrations": {
+            "store": if state.decider.calibrations.location().is_some() { "data_dir" } else { "memory" },
+            "fits": state.decider.calibrations.list().len(),
+            "model_fingerprint": state.decider.calibrations.server.as_ref().map(|s| s.model_fingerprint.clone()),
+        },
         "max_position_embeddings": info.max_position_embeddings,
         "prefix_cache": {
             "enabled": info.prefix_cache_bytes > 0,

@@ -341,6 +341,11 @@ async fn every_new_field_is_refused_naming_it() {
         assert_eq!(status, StatusCode::BAD_REQUEST);
         assert_eq!(refused["error"]["param"], "x_calibration", "{refused}");
     }
+    // `/v1/score` has no questions to calibrate: the field is unknown there, and said so.
+    let score = json!({"query": [1, 2], "items": [[3]], "label_token_ids": [7, 8], "x_calibration": "auto"});
+    let (status, refused) = post(&state, "/v1/score", &score).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(refused.to_string().contains("x_calibration"), "{refused}");
     let (status, refused) = post(&state, "/v1/systemone", &ask(json!("cal-missing"))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(refused["detail"]["message"]
@@ -434,6 +439,22 @@ async fn decisions_shapes_report_on_each_answer_and_nothing_without_the_field() 
         answered["answers"]["q"]["x_calibration"]["id"],
         Value::Null,
         "{answered}"
+    );
+    // A fit calibrates reads at temperature 1: the SGLang shape's own temperature with it is refused.
+    let mut warmer = sglang.clone();
+    warmer["temperature"] = json!(2.0);
+    let (status, refused) = post(&state, "/v1/decisions", &warmer).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        refused
+            .to_string()
+            .contains("x_calibration: a calibration fits reads at temperature 1"),
+        "{refused}"
+    );
+    warmer["temperature"] = json!(1.0);
+    assert_eq!(
+        post(&state, "/v1/decisions", &warmer).await.0,
+        StatusCode::OK
     );
     for (path, body) in super::super::testing::DECISION_BODIES {
         let response = call(&state, post_json(path, body)).await;
