@@ -9,7 +9,9 @@
 #                        their ratio B/A
 #   plain.server.log, rotate.server.log
 # Usage: bench/results/2026-12-07-quality/cost-ab.sh OUT_DIR
-#   env: K (B's --debias-max-orders, default 4: every rotation of a 4-option choice), ROUNDS (default 8), REQUESTS (in all, spread over the rounds; 20), DURATION (cap per round in s, 60), CASES ("1 8"),
+#   env: MODE (B's --debias, default rotate; prior needs WARMUP >= 8: a question form is rotated until it has 8
+#        samples), WARMUP (unmeasured requests per server, 2), K (B's --debias-max-orders, default 4: every rotation
+#        of a 4-option choice), ROUNDS (default 8), REQUESTS (in all, spread over the rounds; 20), DURATION (cap per round in s, 60), CASES ("1 8"),
 #        CONCURRENCY (1), LAUNCH_ARGS (extra launcher flags for both, e.g. "--threads 2")
 # Rerun it on a quiet machine: on a shared one the per-round ratios scatter more than the effect.
 set -euo pipefail
@@ -24,6 +26,8 @@ DURATION=${DURATION:-60}
 CASES=${CASES:-"1 8"}
 CONCURRENCY=${CONCURRENCY:-1}
 K=${K:-4}
+MODE=${MODE:-rotate}
+WARMUP=${WARMUP:-2}
 LAUNCH_ARGS=${LAUNCH_ARGS:-}
 mkdir -p "$OUT"
 free_port() { "$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -39,7 +43,7 @@ start() { # PORT NAME EXTRA...
   pids+=($!)
 }
 start "$PORT_A" plain --debias off
-start "$PORT_B" rotate --debias rotate --debias-max-orders "$K"
+start "$PORT_B" rotate --debias "$MODE" --debias-max-orders "$K"
 for port in "$PORT_A" "$PORT_B"; do
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 1; done
   curl -sf "http://127.0.0.1:$port/health" >/dev/null || { echo "server on $port never became healthy" >&2; exit 1; }
@@ -50,8 +54,8 @@ for q in $CASES; do
   echo "case: $q question(s) per request" >&2
   "$BIN/decision-bench" --url "http://127.0.0.1:$PORT_A" --url-b "http://127.0.0.1:$PORT_B" --tokenizer "$MODEL" \
     --state-tokens 512 --questions "$q" --mix choice --options 4 --concurrency "$CONCURRENCY" \
-    --rounds "$ROUNDS" --requests "$REQUESTS" --duration "$DURATION" --warmup 2 --seed "$q" \
-    --label "A --debias off, B --debias rotate (K=$K): SmolLM2-135M float32, $q 4-option choice(s) x 512-token state, C$CONCURRENCY" \
+    --rounds "$ROUNDS" --requests "$REQUESTS" --duration "$DURATION" --warmup "$WARMUP" --seed "$q" \
+    --label "A --debias off, B --debias $MODE (K=$K): SmolLM2-135M float32, $q 4-option choice(s) x 512-token state, C$CONCURRENCY" \
     --json "$OUT/q$q.json" > /dev/null
 done
 "$BIN/python" - "$OUT" $CASES <<'PY'
