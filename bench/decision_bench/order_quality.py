@@ -200,20 +200,32 @@ def disagreement(choices_per_item: list[list[str]]) -> float:
     return off / total if total else 0.0
 
 
+def reliability(confidences: list[float], correct: list[bool], bins: int = 10) -> list[dict[str, float | int]]:
+    """Per equal-width confidence bin (the first one closed at 0): its reads, their mean confidence and accuracy.
+    Empty bins are left out. The reliability diagram plots these; ECE weighs their gaps."""
+    rows: list[dict[str, float | int]] = []
+    for b in range(bins):
+        lo, hi = b / bins, (b + 1) / bins
+        idx = [i for i, c in enumerate(confidences) if lo < c <= hi or (b == 0 and c == 0.0)]
+        if idx:
+            rows.append(
+                {
+                    "lo": lo,
+                    "hi": hi,
+                    "n": len(idx),
+                    "confidence": sum(confidences[i] for i in idx) / len(idx),
+                    "accuracy": sum(correct[i] for i in idx) / len(idx),
+                }
+            )
+    return rows
+
+
 def ece(confidences: list[float], correct: list[bool], bins: int = 10) -> float:
     """Expected calibration error of the chosen option's probability, equal-width bins."""
     n = len(confidences)
     if n == 0:
         return 0.0
-    total = 0.0
-    for b in range(bins):
-        lo, hi = b / bins, (b + 1) / bins
-        idx = [i for i, c in enumerate(confidences) if lo < c <= hi or (b == 0 and c == 0.0)]
-        if idx:
-            accuracy = sum(correct[i] for i in idx) / len(idx)
-            mean_confidence = sum(confidences[i] for i in idx) / len(idx)
-            total += len(idx) / n * abs(accuracy - mean_confidence)
-    return total
+    return sum(r["n"] / n * abs(r["accuracy"] - r["confidence"]) for r in reliability(confidences, correct, bins))
 
 
 def log_loss(true_probabilities: list[float]) -> float:
