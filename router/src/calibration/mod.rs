@@ -2,11 +2,12 @@
 //! per-label biases) fitted per question signature on labelled examples read by this server, kept in
 //! an embedded database (`--data-dir`), applied after debiasing and named in every answer they touch.
 //!
-//! `fit.rs` holds the numbers, `store.rs` the database, `set.rs` the calibration set as a request
-//! sends it; this file the fits as they are stored and exported, and how a request's answers use one.
+//! `fit.rs` holds the numbers, `store.rs` the database; this file the fits as they are stored and
+//! exported, and how a request's answers use one. The calibration set as a request sends it, read
+//! through the `Decider`, is the route's (`http/calibrations/set.rs`): this module stays below
+//! `decide.rs`, which applies the fits.
 
 pub mod fit;
-pub mod set;
 pub mod store;
 
 use std::collections::BTreeMap;

@@ -15,12 +15,12 @@ use super::auth::authorize;
 use super::prologue::{self, DecisionRoute};
 use super::responses::{error_response, Answered};
 use super::state::AppState;
-use crate::calibration::set::CalibrationSet;
 use crate::calibration::{Fit, DOCUMENT_KIND, DOCUMENT_VERSION};
 use crate::error::{DecisionError, FieldError, Loc};
 use crate::limits::Budget;
 use crate::profile::Shape;
 use crate::queue::ReadTiming;
+use set::CalibrationSet;
 
 pub(super) fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -229,6 +229,8 @@ async fn delete_handler(
         Err(e) => refused(&state, e),
     }
 }
+
+pub(crate) mod set;
 
 #[cfg(test)]
 mod tests;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::{Map, Value};
 
-use super::fit::{self, Labelled, Parameters};
-use super::{exact, kind_name, labels, Fit, Provenance, Score, SignatureFit};
 use crate::api::{fields, systemone};
+use crate::calibration::fit::{self, Labelled, Parameters};
+use crate::calibration::{exact, kind_name, labels, Fit, Provenance, Score, SignatureFit};
 use crate::decide::Decider;
 use crate::error::{DecisionError, FieldError, Loc};
 use crate::ir::{Debias, DecisionRequest, QuestionKind};
@@ -170,7 +170,7 @@ impl CalibrationSet {
                 ));
                 continue;
             };
-            for key in [super::FIELD, fields::DEBIAS_FIELD] {
+            for key in [crate::calibration::FIELD, fields::DEBIAS_FIELD] {
                 if example.contains_key(key) {
                     errors.push(FieldError::new(
                         at(&[key.into()]),
@@ -365,9 +365,9 @@ impl CalibrationSet {
                 labels: label_names.clone(),
                 instructions: question.instructions.clone(),
                 method: if parameters.biases.is_some() {
-                    super::METHOD_BIASES
+                    crate::calibration::METHOD_BIASES
                 } else {
-                    super::METHOD_TEMPERATURE
+                    crate::calibration::METHOD_TEMPERATURE
                 }
                 .into(),
                 temperature: parameters.temperature,
