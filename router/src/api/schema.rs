@@ -331,7 +331,9 @@ pub struct CalibrationSignature {
     /// A choice's option names sorted; `true`, `false`; a score's level indices.
     pub labels: Vec<String>,
     pub instructions: Option<String>,
-    /// `temperature`, or `temperature+bias` for a choice or score with at least 30 fitted answers per label.
+    /// What is applied: of `none`, `temperature` and (for a choice or score with at least 30 fitted
+    /// answers per label) `temperature+bias`, the one with the lowest held-out log-loss. `none`
+    /// (temperature 1) leaves this signature's answers uncalibrated.
     pub method: String,
     /// Calibrated probabilities are `softmax(ln p / temperature + bias)`.
     pub temperature: f64,
@@ -342,8 +344,10 @@ pub struct CalibrationSignature {
     pub n_holdout: u64,
     /// On the held-out answers, uncalibrated.
     pub before: CalibrationScore,
-    /// On the held-out answers, calibrated.
+    /// On the held-out answers, with what is applied.
     pub after: CalibrationScore,
+    /// When a richer fit was not kept: what it scored held out.
+    pub reason: Option<String>,
 }
 
 /// A stored fit, with what it was fitted on: a fit applies only where the model (fingerprint) and

@@ -265,6 +265,64 @@ pub fn fits_biases(n_fit: usize, labels: usize) -> bool {
     n_fit >= MIN_FIT_ANSWERS_PER_LABEL_FOR_BIASES * labels
 }
 
+/// What a signature keeps: the parameters answers are calibrated with and how they scored held out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chosen {
+    /// Rounded as a fit stores them (`super::exact`), so the scores are those of what is applied.
+    pub parameters: Parameters,
+    /// `super::METHOD_BIASES`, `super::METHOD_TEMPERATURE` or `super::METHOD_NONE`.
+    pub method: &'static str,
+    /// Held out, uncalibrated and with `parameters`.
+    pub before: Scores,
+    pub after: Scores,
+    /// What a richer fit scored held out, when it was not kept.
+    pub reason: Option<String>,
+}
+
+/// Fits a signature on `fitted` and keeps the fit only where it pays on `held` answers it never saw:
+/// of the candidates (temperature and biases when the set allows them, a temperature, none at all),
+/// the one with the lowest held-out log-loss, the simpler one on a tie. A temperature that made
+/// held-out answers less likely (too few answers, or reads that carry no signal) is not applied, and
+/// the fit says what it scored.
+pub fn choose(fitted: &[Labelled], held: &[Labelled], labels: usize, biases: bool) -> Chosen {
+    let round = |p: Parameters| Parameters {
+        temperature: super::exact(p.temperature),
+        biases: p.biases.map(|b| b.into_iter().map(super::exact).collect()),
+    };
+    let before = scores(held, &Parameters::IDENTITY);
+    let mut candidates = vec![(super::METHOD_NONE, Parameters::IDENTITY, before)];
+    let temperature = round(fit(fitted, labels, false));
+    let scored = scores(held, &temperature);
+    candidates.push((super::METHOD_TEMPERATURE, temperature, scored));
+    if biases {
+        let with_biases = round(fit(fitted, labels, true));
+        let scored = scores(held, &with_biases);
+        candidates.push((super::METHOD_BIASES, with_biases, scored));
+    }
+    // Simplest first; a richer candidate must lower the log-loss to replace it.
+    let best = (1..candidates.len()).fold(0, |best, i| {
+        if candidates[i].2.log_loss < candidates[best].2.log_loss {
+            i
+        } else {
+            best
+        }
+    });
+    let reason = candidates[best + 1..].first().map(|(method, p, s)| {
+        format!(
+            "method '{method}' (temperature {}) scored held-out log-loss {:.4} against {:.4} with '{}', so it is not applied",
+            p.temperature, s.log_loss, candidates[best].2.log_loss, candidates[best].0
+        )
+    });
+    let (method, parameters, after) = candidates.swap_remove(best);
+    Chosen {
+        parameters,
+        method,
+        before,
+        after,
+        reason,
+    }
+}
+
 /// The held-out indices of `n` answers: `round(n * fraction)` of them, at least 1 and at most
 /// `n - 1`, drawn by a generator seeded with `seed` (the same seed and set give the same split).
 pub fn holdout(n: usize, fraction: f64, seed: u64) -> Vec<bool> {
@@ -449,5 +507,48 @@ mod tests {
         assert_ne!(a, holdout(20, 0.3, 43));
         assert_eq!(holdout(4, 0.01, 0).iter().filter(|h| **h).count(), 1);
         assert_eq!(holdout(4, 0.99, 0).iter().filter(|h| **h).count(), 3);
+    }
+
+    #[test]
+    fn a_fit_is_kept_only_where_it_lowers_the_held_out_log_loss() {
+        use crate::calibration::{METHOD_BIASES, METHOD_NONE, METHOD_TEMPERATURE};
+        // Reads whose confidence carries the answer (planted temperature 3): a temperature pays.
+        let fitted = synthetic(600, 3, 3.0, &[0.0; 3], 1);
+        let held = synthetic(300, 3, 3.0, &[0.0; 3], 2);
+        let kept = choose(&fitted, &held, 3, false);
+        assert_eq!(kept.method, METHOD_TEMPERATURE);
+        assert!((kept.parameters.temperature - 3.0).abs() < 0.3, "{kept:?}");
+        assert!(
+            kept.after.log_loss < kept.before.log_loss && kept.reason.is_none(),
+            "{kept:?}"
+        );
+        // Already calibrated reads with a truth unrelated to them held out: no temperature lowers that
+        // loss, so none is applied, and the fit says what the temperature scored.
+        let fitted = synthetic(40, 3, 0.4, &[0.0; 3], 3);
+        let held: Vec<Labelled> = synthetic(200, 3, 1.0, &[0.0; 3], 4)
+            .into_iter()
+            .map(|mut r| {
+                // The most likely label is never the answer held out.
+                let top = (0..3)
+                    .max_by(|&a, &b| r.probabilities[a].total_cmp(&r.probabilities[b]))
+                    .unwrap();
+                r.truth = (top + 1) % 3;
+                r
+            })
+            .collect();
+        let kept = choose(&fitted, &held, 3, false);
+        assert_eq!(kept.method, METHOD_NONE, "{kept:?}");
+        assert_eq!(kept.parameters, Parameters::IDENTITY);
+        assert_eq!(kept.after, kept.before);
+        let reason = kept.reason.expect("the rejected temperature is reported");
+        assert!(
+            reason.contains("'temperature'") && reason.contains("'none'"),
+            "{reason}"
+        );
+        // Biases are tried only when allowed, and kept only when they beat the temperature held out.
+        let fitted = synthetic(3000, 3, 2.0, &[1.5, 0.0, -1.5], 5);
+        let held = synthetic(1000, 3, 2.0, &[1.5, 0.0, -1.5], 6);
+        assert_eq!(choose(&fitted, &held, 3, true).method, METHOD_BIASES);
+        assert_eq!(choose(&fitted, &held, 3, false).method, METHOD_TEMPERATURE);
     }
 }

@@ -127,7 +127,8 @@ pub struct SignatureFit {
     /// The question's instructions, for a person reading the fit (the signature is what matches).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
-    /// `temperature` or `temperature+bias`.
+    /// `temperature`, `temperature+bias`, or `none`: no fit lowered the held-out log-loss, so
+    /// this signature's answers are left uncalibrated (temperature 1, no biases).
     pub method: String,
     pub temperature: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -138,10 +139,14 @@ pub struct SignatureFit {
     pub n_holdout: usize,
     pub before: Score,
     pub after: Score,
+    /// Why a simpler method than the set allowed was kept: what the rejected fit scored held out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 pub const METHOD_TEMPERATURE: &str = "temperature";
 pub const METHOD_BIASES: &str = "temperature+bias";
+pub const METHOD_NONE: &str = "none";
 
 impl SignatureFit {
     /// The parameters in label order, as `fit.rs` applies them.
@@ -273,6 +278,7 @@ impl Fit {
             }
             let method_ok = match (&s.biases, s.method.as_str()) {
                 (None, METHOD_TEMPERATURE) => true,
+                (None, METHOD_NONE) => s.temperature == 1.0,
                 (Some(b), METHOD_BIASES) => {
                     b.len() == s.labels.len()
                         && s.labels
@@ -284,7 +290,7 @@ impl Fit {
             if !method_ok {
                 out.push((
                     at("biases"),
-                    format!("method '{}' takes {}", s.method, "no biases ('temperature') or one finite bias per label ('temperature+bias')"),
+                    format!("method '{}' takes {}", s.method, "no biases ('temperature'), temperature 1 and no biases ('none') or one finite bias per label ('temperature+bias')"),
                 ));
             }
         }
@@ -532,6 +538,14 @@ impl Resolved {
                     Ok(found) => found,
                     Err(reason) => return CalibrationReport::None { reason },
                 };
+                if fitted.method == METHOD_NONE {
+                    return CalibrationReport::None {
+                        reason: format!(
+                            "calibration '{}' leaves signature {} uncalibrated: no fit lowered its held-out log-loss",
+                            fit.id, fitted.signature
+                        ),
+                    };
+                }
                 let (labels, order) = labels(&question.kind);
                 if labels != fitted.labels || answer.probabilities.len() != labels.len() {
                     return CalibrationReport::None {

@@ -71,6 +71,7 @@ fn fit_for(question: &Question, id: &str, biases: Option<&[f64]>) -> Fit {
                 ece: 0.1,
                 log_loss: 0.9,
             },
+            reason: None,
         }],
     }
 }
@@ -304,4 +305,38 @@ fn a_stored_row_this_build_cannot_read_is_skipped_not_fatal() {
     // It can still be deleted.
     assert!(book.delete("cal-bad").unwrap());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_signature_whose_fit_did_not_pay_held_out_is_left_uncalibrated_and_says_so() {
+    let question = choice(&["a", "b", "c"]);
+    let mut fit = fit_for(&question, "cal-none", None);
+    let kept = &mut fit.signatures[0];
+    kept.method = METHOD_NONE.into();
+    kept.temperature = 1.0;
+    kept.after = kept.before;
+    kept.reason = Some("method 'temperature' (temperature 0.5) scored held-out log-loss 1.2 against 1.0 with 'none', so it is not applied".into());
+    assert!(fit.problems().is_empty(), "{:?}", fit.problems());
+    let p = vec![0.5, 0.3, 0.2];
+    let mut answers = vec![answer(p.clone())];
+    let reports = Resolved::One(Arc::new(fit.clone())).apply(&[question.clone()], &mut answers);
+    match &reports[0] {
+        CalibrationReport::None { reason } => {
+            assert!(
+                reason.contains("cal-none") && reason.contains("uncalibrated"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(answers[0].probabilities, answer(p).probabilities);
+    // 'none' takes temperature 1 and no biases; anything else is refused naming the field.
+    fit.signatures[0].temperature = 2.0;
+    let problems = fit.problems();
+    assert!(
+        problems
+            .iter()
+            .any(|(loc, _)| format!("{loc:?}").contains("biases")),
+        "{problems:?}"
+    );
 }

@@ -8,8 +8,8 @@ use futures::{StreamExt, TryStreamExt};
 use serde_json::{Map, Value};
 
 use crate::api::{fields, systemone};
-use crate::calibration::fit::{self, Labelled, Parameters};
-use crate::calibration::{exact, kind_name, labels, Fit, Provenance, Score, SignatureFit};
+use crate::calibration::fit::{self, Labelled};
+use crate::calibration::{kind_name, labels, Fit, Provenance, Score, SignatureFit};
 use crate::decide::Decider;
 use crate::error::{DecisionError, FieldError, Loc};
 use crate::ir::{Debias, DecisionRequest, QuestionKind};
@@ -350,13 +350,7 @@ impl CalibrationSet {
             let k = order.len();
             let with_biases = !matches!(question.kind, QuestionKind::YesNo { .. })
                 && fit::fits_biases(fit_reads.len(), k);
-            let fitted = fit::fit(&fit_reads, k, with_biases);
-            let parameters = Parameters {
-                temperature: exact(fitted.temperature),
-                biases: fitted.biases.map(|b| b.into_iter().map(exact).collect()),
-            };
-            let before = fit::scores(&held_reads, &Parameters::IDENTITY);
-            let after = fit::scores(&held_reads, &parameters);
+            let chosen = fit::choose(&fit_reads, &held_reads, k, with_biases);
             n_fit += fit_reads.len();
             n_holdout += held_reads.len();
             out.push(SignatureFit {
@@ -364,21 +358,18 @@ impl CalibrationSet {
                 kind: kind_name(&question.kind).into(),
                 labels: label_names.clone(),
                 instructions: question.instructions.clone(),
-                method: if parameters.biases.is_some() {
-                    crate::calibration::METHOD_BIASES
-                } else {
-                    crate::calibration::METHOD_TEMPERATURE
-                }
-                .into(),
-                temperature: parameters.temperature,
-                biases: parameters
+                method: chosen.method.into(),
+                temperature: chosen.parameters.temperature,
+                biases: chosen
+                    .parameters
                     .biases
                     .map(|b| label_names.iter().cloned().zip(b).collect()),
                 n: fit_reads.len() + held_reads.len(),
                 n_fit: fit_reads.len(),
                 n_holdout: held_reads.len(),
-                before: Score::from(before),
-                after: Score::from(after),
+                before: Score::from(chosen.before),
+                after: Score::from(chosen.after),
+                reason: chosen.reason,
             });
         }
         let created = std::time::SystemTime::now()

@@ -96,9 +96,15 @@ async fn a_set_is_fitted_stored_and_survives_a_restart() {
     let signature = &fit["signatures"][0];
     assert_eq!(signature["kind"], "choice");
     assert_eq!(signature["labels"], json!(["billing", "sales", "tech"]));
-    // 8 fitted answers of 3 labels: fewer than 30 per label, so no biases.
-    assert_eq!(signature["method"], "temperature");
+    // 8 fitted answers of 3 labels: fewer than 30 per label, so no biases. Over equal reads no
+    // temperature changes a probability, so none lowers the held-out log-loss: the fit keeps 'none'
+    // and says what the temperature scored.
+    assert_eq!(signature["method"], "none", "{fit}");
+    assert_eq!(signature["temperature"], json!(1.0));
     assert!(signature.get("biases").is_none());
+    assert_eq!(signature["before"], signature["after"]);
+    let reason = signature["reason"].as_str().unwrap();
+    assert!(reason.starts_with("method 'temperature'"), "{reason}");
     for side in ["before", "after"] {
         assert!(
             signature[side]["ece"].is_f64() && signature[side]["log_loss"].is_f64(),
@@ -121,10 +127,10 @@ async fn a_set_is_fitted_stored_and_survives_a_restart() {
     let (status, answered) = post(&restarted, "/v1/systemone", &ask(json!(id))).await;
     assert_eq!(status, StatusCode::OK, "{answered}");
     assert_eq!(answered["answers"], answered_first["answers"]);
-    assert_eq!(
-        answered["x_diagnostics"]["team"]["calibration"],
-        json!({"id": id, "signature": signature["signature"]})
-    );
+    let report = &answered["x_diagnostics"]["team"]["calibration"];
+    assert_eq!(report["id"], Value::Null, "{answered}");
+    let why = report["reason"].as_str().unwrap();
+    assert!(why.contains(&id) && why.contains("uncalibrated"), "{why}");
     let (status, _) = send(&restarted, delete(&format!("/v1/calibrations/{id}"))).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     let (status, gone) = send(&restarted, get(&format!("/v1/calibrations/{id}"))).await;
