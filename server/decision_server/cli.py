@@ -287,7 +287,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if not (args.model_dir / "config.json").is_file():
             raise FileNotFoundError(f"{args.model_dir} is not a Hugging Face model folder (no config.json)")
         from decision_server.distributed import ParallelConfig
-        from decision_server.serve import ServeConfig, serve
+        from decision_server.serve import ServeConfig, leave, serve
 
         config = ServeConfig(
             model_dir=args.model_dir,
@@ -311,8 +311,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                 **_given(collective_timeout_s=args.collective_timeout_secs, startup_timeout_s=args.join_timeout_secs),
             ),
         )
-        asyncio.run(serve(config))
-        return 0
+        leave(asyncio.run(serve(config)))
     if args.command == "export-default":
         from decision_server.export import export_default
 

@@ -110,8 +110,12 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
                 (result,) = stub.Read(read_request([(3, [9707, 11, 1879], [[0], [16, 17]])]), timeout=30).results
                 assert result.id == 3 and len(label_logprobs(result)) == 2
             process.send_signal(signal.SIGTERM)
+            wait_for_message(lines, "stopped", timeout=30)
+            stopped = time.monotonic()
             assert process.wait(timeout=30) == 0
-            wait_for_message(lines, "stopped", timeout=5)
+            # Once stopped the process leaves at once: an interpreter tearing torch down lingered 2.6-4.8 s, which
+            # a launcher, a container's scale-down or a rolling update waited for.
+            assert time.monotonic() - stopped < 1.0, time.monotonic() - stopped
             assert not uds.exists()
         finally:
             if process.poll() is None:
