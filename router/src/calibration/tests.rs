@@ -319,7 +319,8 @@ fn a_signature_whose_fit_did_not_pay_held_out_is_left_uncalibrated_and_says_so()
     assert!(fit.problems().is_empty(), "{:?}", fit.problems());
     let p = vec![0.5, 0.3, 0.2];
     let mut answers = vec![answer(p.clone())];
-    let reports = Resolved::One(Arc::new(fit.clone())).apply(&[question.clone()], &mut answers);
+    let reports =
+        Resolved::One(Arc::new(fit.clone())).apply(std::slice::from_ref(&question), &mut answers);
     match &reports[0] {
         CalibrationReport::None { reason } => {
             assert!(
