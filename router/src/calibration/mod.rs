@@ -350,11 +350,16 @@ pub enum BookError {
     Corrupt { id: String, reason: String },
 }
 
+/// Fits by id, each with its place in the order stored.
+type Placed = BTreeMap<String, (u64, Arc<Fit>)>;
+
 /// The fits of this server: the database, and a copy of its fits in memory that requests read (a
 /// write replaces the copy; a read takes the current one without waiting for the database).
 pub struct Book {
     store: Store,
-    fits: RwLock<Arc<BTreeMap<String, Arc<Fit>>>>,
+    /// Each fit with its place in the order it was stored (`created` has whole seconds, so two fits
+    /// of one second are told apart by which was stored later).
+    fits: RwLock<Arc<Placed>>,
     /// This server's model and wording; `None` when it has no read strategy (nothing is read).
     pub server: Option<Provenance>,
 }
@@ -378,7 +383,8 @@ impl Book {
             // the file and not served: a request naming it is refused as unknown, and the log says why.
             match parse_stored(&id, &text) {
                 Ok(fit) => {
-                    fits.insert(id, Arc::new(fit));
+                    let place = fits.len() as u64;
+                    fits.insert(id, (place, Arc::new(fit)));
                 }
                 Err(e) => tracing::error!("{e}; it is not served"),
             }
@@ -395,14 +401,14 @@ impl Book {
         self.store.path()
     }
 
-    fn snapshot(&self) -> Arc<BTreeMap<String, Arc<Fit>>> {
+    fn snapshot(&self) -> Arc<Placed> {
         match self.fits.read() {
             Ok(f) => f.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 
-    fn replace(&self, f: impl FnOnce(&mut BTreeMap<String, Arc<Fit>>)) {
+    fn replace(&self, f: impl FnOnce(&mut Placed)) {
         let mut guard = match self.fits.write() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -412,15 +418,15 @@ impl Book {
         *guard = Arc::new(next);
     }
 
-    /// Every fit, oldest first.
+    /// Every fit, oldest first: by `created`, then in the order stored (the same after a restart).
     pub fn list(&self) -> Vec<Arc<Fit>> {
-        let mut all: Vec<Arc<Fit>> = self.snapshot().values().cloned().collect();
-        all.sort_by(|a, b| (a.created, &a.id).cmp(&(b.created, &b.id)));
-        all
+        let mut all: Vec<(u64, Arc<Fit>)> = self.snapshot().values().cloned().collect();
+        all.sort_by_key(|(place, fit)| (fit.created, *place));
+        all.into_iter().map(|(_, fit)| fit).collect()
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Fit>> {
-        self.snapshot().get(id).cloned()
+        self.snapshot().get(id).map(|(_, fit)| fit.clone())
     }
 
     /// Stores a fit (its numbers as its JSON text reads back) and answers it as stored. An id held
@@ -444,7 +450,8 @@ impl Book {
             .insert(&fit.id, fit.created, &text)
             .map_err(|e| DecisionError::Internal(e.to_string()))?;
         self.replace(|fits| {
-            fits.insert(fit.id.clone(), stored.clone());
+            let place = fits.values().map(|(p, _)| p + 1).max().unwrap_or(0);
+            fits.insert(fit.id.clone(), (place, stored.clone()));
         });
         Ok((stored, true))
     }

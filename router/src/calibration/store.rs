@@ -100,7 +100,7 @@ impl Store {
     pub fn all(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.with(|c| {
             let mut statement =
-                c.prepare("SELECT id, document FROM calibrations ORDER BY created, id")?;
+                c.prepare("SELECT id, document FROM calibrations ORDER BY created, rowid")?;
             let rows = statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
             rows.collect()
         })
