@@ -113,7 +113,7 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             wait_for_message(lines, "stopped", timeout=30)
             stopped = time.monotonic()
             assert process.wait(timeout=30) == 0
-            # Once stopped the process leaves at once: an interpreter tearing torch down lingered 2.6-4.8 s, which
+            # Once stopped the process leaves at once: an interpreter tearing torch down lingered 1.4-4.8 s, which
             # a launcher, a container's scale-down or a rolling update waited for.
             assert time.monotonic() - stopped < 1.0, time.monotonic() - stopped
             assert not uds.exists()
