@@ -7,16 +7,19 @@ A batch of R requests x Q questions over distinct S-token states (fresh states e
 hits; it stores every batch as serving does), through the tree engine on a model that is narrow and shallow (Qwen3
 architecture, 2 layers, hidden 64, a 1,024-token vocabulary: random weights), one thread. Times are the thread's
 CPU time (steadier than wall time on a shared machine): `forward_ms` is the model's `score` calls, `host_ms` the
-rest of `engine.run`.
+rest of `engine.run`. The heap is settled after the warm-up run as the shard settles it (`decision_server.collector`;
+`--no-settle` leaves Python's defaults); `gc_ms_mean` is the time the garbage collector ran inside `engine.run`.
+Means beside medians: a full collection every few batches is invisible in a median.
 
-Prints one JSON object: reads, prompt_tokens, batch_ms, forward_ms, host_ms (medians), host_us_per_read,
-forward_passes.
+Prints one JSON object: reads, prompt_tokens, batch_ms, forward_ms, host_ms (medians), batch_ms_mean, host_ms_mean,
+gc_ms_mean, host_us_per_read, forward_passes.
 Run: .venv/bin/python bench/host_batch.py [--requests 64 --questions 8 --state 512 --runs 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import tempfile
@@ -51,14 +54,25 @@ def main() -> None:
     parser.add_argument("--state", type=int, default=512)
     parser.add_argument("--cache-mb", type=int, default=1024, help="The prefix cache (0: none)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--no-settle", action="store_true", help="Python's collector defaults (no freeze)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    from decision_server import collector
     from decision_server.engines import ReadSpec, make_engine
     from decision_server.model import LoadOptions, load_model
 
     with tempfile.TemporaryDirectory() as tmp:
         build(Path(tmp))
         model = load_model(Path(tmp), LoadOptions(dtype="float32"))
+    collecting = [0.0, 0.0]  # seconds collected inside engine.run, when the current collection started
+
+    def on_collection(phase: str, info: dict) -> None:  # type: ignore[type-arg]
+        if phase == "start":
+            collecting[1] = time.perf_counter()
+        else:
+            collecting[0] += time.perf_counter() - collecting[1]
+
+    gc.callbacks.append(on_collection)
     # The whole batch as one chunk: what a device budget packs into one pass.
     tokens_per_request = args.state + 10 + args.questions * 18
     engine = make_engine("auto", model, args.cache_mb, max_batch_tokens=args.requests * tokens_per_request)
@@ -85,19 +99,23 @@ def main() -> None:
                 reads.append(ReadSpec(id=len(reads), prompt=tuple(state + question), labels=((3,), (4,), (7, 8))))
         return reads
 
-    totals, forwards, passes = [], [], 0
+    totals, forwards, collections, passes = [], [], [], 0
     for run in range(args.runs + 1):
         reads = batch()
-        forward[0] = 0.0
+        if run == 1 and not args.no_settle:
+            collector.settle()  # after the warm-up run, as `serve` settles after its warm-up read
+        forward[0] = collecting[0] = 0.0
         started = time.thread_time()
         outcome = engine.run(reads)
         elapsed = time.thread_time() - started
         if run:  # the first run warms up
             totals.append(elapsed * 1000)
             forwards.append(forward[0] * 1000)
+            collections.append(collecting[0] * 1000)
             passes = outcome.forward_passes
     reads_n = args.requests * args.questions
-    host = statistics.median(t - f for t, f in zip(totals, forwards, strict=True))
+    hosts = [t - f for t, f in zip(totals, forwards, strict=True)]
+    host = statistics.median(hosts)
     print(
         json.dumps(
             {
@@ -106,6 +124,10 @@ def main() -> None:
                 "batch_ms": round(statistics.median(totals), 1),
                 "forward_ms": round(statistics.median(forwards), 1),
                 "host_ms": round(host, 1),
+                "batch_ms_mean": round(statistics.mean(totals), 1),
+                "host_ms_mean": round(statistics.mean(hosts), 1),
+                "gc_ms_mean": round(statistics.mean(collections), 1),
+                "settled": not args.no_settle,
                 "host_us_per_read": round(1000 * host / reads_n, 1),
                 "forward_passes": passes,
                 "budget": engine.batch_budget.tokens,

@@ -17,6 +17,7 @@ from typing import NoReturn
 
 import grpc
 
+from decision_server import collector
 from decision_server.architectures import architecture_of, choose_engine
 from decision_server.distributed import ParallelConfig
 from decision_server.engines import AnyEngine, make_engine
@@ -142,6 +143,8 @@ async def serve(config: ServeConfig) -> int:
         model_thread, make_engine, engine_name, model, config.prefix_cache_mb, config.max_batch_prefill_tokens
     )
     await loop.run_in_executor(model_thread, warm_up, model, engine)
+    # Loaded and warm: what the heap holds now lives as long as the shard (`collector` says why this pays).
+    settled = collector.settle()
 
     stop = asyncio.Event()
 
@@ -183,6 +186,8 @@ async def serve(config: ServeConfig) -> int:
                     "rank": model.rank,
                     "world_size": model.world_size,
                     "weight_bytes": model.weight_bytes(),
+                    "frozen_objects": settled.frozen_objects,
+                    "gc_thresholds": list(settled.thresholds),
                     "pid": os.getpid(),
                 }
             },

@@ -98,6 +98,10 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             assert (ready["engine"], ready["implementation"]) == ("naive", "decoder")
             assert ready["architecture"] == "Qwen3ForCausalLM"
             assert ready["batch_token_budget"] == 3072
+            # Loaded and warm, the heap is frozen (torch, transformers and the model: hundreds of thousands of
+            # objects a full collection would walk again every few batches) and young collections come later.
+            assert ready["frozen_objects"] > 100_000, ready["frozen_objects"]
+            assert ready["gc_thresholds"][0] == 10_000
             with grpc.insecure_channel(f"unix://{uds}") as channel:
                 stub = decision_pb2_grpc.DecisionShardStub(channel)
                 info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
