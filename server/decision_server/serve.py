@@ -52,6 +52,9 @@ class ServeConfig:
     max_batch_prefill_tokens: int | None = None
     otlp_endpoint: str | None = None
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    # The process's garbage collector settled after warm-up (`collector`); False leaves it alone, for a caller
+    # that runs `serve` inside a process of its own (a test).
+    settle_heap: bool = True
 
     def load_options(self, needs_custom_mask: bool) -> LoadOptions:
         """The flags that act on the weights, for `load_model` (the engine decides whether masks are custom)."""
@@ -144,7 +147,7 @@ async def serve(config: ServeConfig) -> int:
     )
     await loop.run_in_executor(model_thread, warm_up, model, engine)
     # Loaded and warm: what the heap holds now lives as long as the shard (`collector` says why this pays).
-    settled = collector.settle()
+    settled = collector.settle() if config.settle_heap else collector.unsettled()
 
     stop = asyncio.Event()
 
