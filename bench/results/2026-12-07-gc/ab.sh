@@ -26,5 +26,5 @@ row() {  # row NAME ARGS...
   .venv/bin/python -m decision_bench.table "$O/$NAME-$1.json" | sed -n 3p
 }
 row 8x512-c32 --seed 20701 --state-tokens 512 --questions 8 --concurrency 32 --requests ${REQUESTS:-192} --rounds ${ROUNDS:-6} --warmup 32 --pause 2
-[[ -n ${C1:-} ]] && row 8x512-c1 --seed 20702 --state-tokens 512 --questions 8 --requests 12 --rounds 6 --warmup 2 --pause 2
+[[ -n ${C1:-} ]] && row 8x512-c1 --seed 20702 --state-tokens 512 --questions 8 --requests ${C1_REQUESTS:-12} --rounds ${C1_ROUNDS:-6} --warmup 2 --pause 2
 true
