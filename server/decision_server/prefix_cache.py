@@ -200,7 +200,7 @@ class PrefixCache:
     def _push(self, segment: Segment) -> None:
         heapq.heappush(self._candidates, (segment.last_used, segment.uid, segment))
         if len(self._candidates) > 2 * self._live + 1024:
-            # Mostly stale entries: keep one per live segment (re-pushed below as they are used again).
+            # Mostly stale entries: keep the current ones (at most one per segment; use pushes a new one).
             self._candidates = [entry for entry in self._candidates if self._current(entry)]
             heapq.heapify(self._candidates)
 

@@ -147,7 +147,7 @@ async def serve(config: ServeConfig) -> int:
     )
     await loop.run_in_executor(model_thread, warm_up, model, engine)
     # Loaded and warm: what the heap holds now lives as long as the shard (`collector` says why this pays).
-    settled = collector.settle() if config.settle_heap else collector.unsettled()
+    settled = collector.settle() if config.settle_heap else collector.current()
 
     stop = asyncio.Event()
 

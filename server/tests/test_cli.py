@@ -18,6 +18,7 @@ import grpc
 import pytest
 from conftest import label_logprobs, read_request, socket_dir
 
+from decision_server import collector
 from decision_server.cli import build_parser
 from decision_server.layers import MATMUL_MODES
 from decision_server.pb import decision_pb2, decision_pb2_grpc
@@ -101,7 +102,7 @@ def test_serve_answers_then_stops_cleanly_on_sigterm(tiny_qwen3_dir: Path) -> No
             # Loaded and warm, the heap is frozen (torch, transformers and the model: hundreds of thousands of
             # objects a full collection would walk again every few batches) and young collections come later.
             assert ready["frozen_objects"] > 100_000, ready["frozen_objects"]
-            assert ready["gc_thresholds"][0] == 10_000
+            assert ready["gc_thresholds"][0] == collector.YOUNG_THRESHOLD
             with grpc.insecure_channel(f"unix://{uds}") as channel:
                 stub = decision_pb2_grpc.DecisionShardStub(channel)
                 info = stub.Info(decision_pb2.InfoRequest(), timeout=30)
