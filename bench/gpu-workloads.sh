@@ -61,7 +61,7 @@ for name in $CELLS; do
   timeout $(( seconds + 2 * timeout + 60 )) "$PYTHON" -m decision_bench.cli "${args[@]}" 2>&1 >/dev/null \
     | grep -v "^$" | tail -3 | tee -a "$LOG" || echo "$name: decision-bench failed or ran out of time" | tee -a "$LOG"
 done
-curl -s "http://127.0.0.1:$PORT/metrics" | grep -E "^decision_(shard_forward_seconds|batch_duration_seconds)_(sum|count)|^decision_computed_tokens_total" | tee -a "$LOG"
+curl -s "http://127.0.0.1:$PORT/metrics" | grep -E "^decision_(shard_forward_seconds|shard_idle_seconds|batch_duration_seconds)_(sum|count)|^decision_computed_tokens_total" | tee -a "$LOG"
 
 if command -v nvidia-smi >/dev/null; then device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 else device="CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1)"; fi

@@ -115,6 +115,8 @@ def test_a_router_flag_given_to_the_launcher_reaches_the_router(auth_launcher: L
     key = {"authorization": f"Bearer {API_KEY}"}
     info = httpx2.get(f"{auth_launcher.url}/info", headers=key, timeout=30.0).json()
     assert info["limits"]["max_body_bytes"] == MAX_BODY_BYTES, info
+    # Not given: auto, one call at a time on a CPU shard (two on one GPU).
+    assert info["limits"]["max_batches_at_shard"] == 1, info
     big = {**BODY, "state": "x" * MAX_BODY_BYTES}
     r = httpx2.post(
         f"{auth_launcher.url}/v1/systemone",

@@ -90,7 +90,10 @@ def test_two_shards_answer_like_one_then_a_killed_rank_stops_everything(
 ) -> None:
     one_payload, _ = ok_answers(http, BODY)
     with httpx2.Client(base_url=two_shards.url, timeout=120.0) as client:
-        assert client.get("/info").json()["shards"] == 2
+        info = client.get("/info").json()
+        assert info["shards"] == 2
+        # The ranks must run batches in one order: one call at a time (`--max-batches-at-shard` auto).
+        assert info["limits"]["max_batches_at_shard"] == 1, info["limits"]
         two_payload, _ = ok_answers(client, BODY)
         worst = 0.0
         for qid, question in QUESTIONS.items():

@@ -75,6 +75,8 @@ def row(name: str, report: dict[str, Any], parameters: int | None, device: str, 
         "p99_ms": latency["p99"],
         "prompt_tokens_per_s": round(tokens_per_s, 1) if tokens_per_s is not None else None,
         "mfu": round(mfu, 5) if mfu is not None else None,
+        # The share of the run the shard's model thread sat idle between batches (decision_shard_idle_seconds).
+        "device_idle_fraction": (server.get("server_metrics") or {}).get("shard_idle_fraction"),
         "device": device,
         "commit": commit,
     }
@@ -100,12 +102,13 @@ def summarize(
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    head = "| workload | C | questions/s | p50 ms | p99 ms | prompt tokens/s | MFU | device | commit |"
-    lines = [head, "|" + "---|" * 9]
+    head = "| workload | C | questions/s | p50 ms | p99 ms | prompt tokens/s | MFU | device idle | device | commit |"
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         mfu = f"{r['mfu'] * 100:.2f} %" if r["mfu"] is not None else "n/a"
         cells = [r["workload"], r["concurrency"], r["questions_per_s"], r["p50_ms"], r["p99_ms"]]
-        cells += [r["prompt_tokens_per_s"], mfu, r["device"], r["commit"]]
+        idle = f"{r['device_idle_fraction'] * 100:.1f} %" if r.get("device_idle_fraction") is not None else None
+        cells += [r["prompt_tokens_per_s"], mfu, idle, r["device"], r["commit"]]
         lines.append("| " + " | ".join("n/a" if c is None else str(c) for c in cells) + " |")
     return "\n".join(lines)
 

@@ -18,6 +18,8 @@ _BATCH_SUMMARIES = {
     "decision_batch_requests": "requests_per_batch",
     "decision_batch_duration_seconds": "batch_seconds",
     "decision_shard_forward_seconds": "forward_seconds",
+    # How long the shard's model thread sat idle before each batch (under load: the device waiting for the router).
+    "decision_shard_idle_seconds": "idle_seconds",
     # Joint-schema (Clef) shards: the head's part of forward_seconds (the rest is the backbone).
     "decision_shard_head_seconds": "head_seconds",
 }
@@ -70,6 +72,11 @@ def summarize(grown: Mapping[Sample, float], wall_seconds: float) -> dict[str, o
         if forward and wall_seconds > 0:
             # Share of the measured wall time the shard spent in forward passes: the rest is queueing, HTTP, tokenizing.
             report["forward_busy_fraction"] = round(forward / wall_seconds, 4)
+        idle = grown.get(("decision_shard_idle_seconds_sum", ""), 0.0)
+        if idle and wall_seconds > 0:
+            # Share of the wall time the shard's model thread sat idle between batches (capped: the first batch of a
+            # round counts the pause before it).
+            report["shard_idle_fraction"] = round(min(idle / wall_seconds, 1.0), 4)
         head = grown.get(("decision_shard_head_seconds_sum", ""), 0.0)
         if forward and head:
             # Pooled (Clef) reads: the joint-schema head's share of the shard's forward time; the rest is the backbone.

@@ -25,13 +25,24 @@ QWEN3_06B = {
 }
 
 
-def report(questions: int, concurrency: int, seconds: float, ok: int, computed: int | None, rate: float | None = None):
+def report(
+    questions: int,
+    concurrency: int,
+    seconds: float,
+    ok: int,
+    computed: int | None,
+    rate: float | None = None,
+    idle: float | None = None,
+):
+    metrics = {"deltas": {"decision_computed_tokens_total": computed} if computed is not None else {}}
+    if idle is not None:
+        metrics["shard_idle_fraction"] = idle
     server = {
         "seconds": seconds,
         "questions_per_s": ok * questions / seconds,
         "latency_ms": {"p50": 10.0, "p99": 40.0},
         "tokens": {"server_input_tokens": 999, "server_cached_tokens": 0},
-        "server_metrics": {"deltas": {"decision_computed_tokens_total": computed} if computed is not None else {}},
+        "server_metrics": metrics,
     }
     workload = {
         "questions": questions,
@@ -62,7 +73,7 @@ def test_parameter_count_of_the_qwen3_06b_shape() -> None:
 
 def test_rows_mfu_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
-    (tmp_path / "8x512-c64.json").write_text(json.dumps(report(8, 64, 10.0, 100, computed=1_000_000)))
+    (tmp_path / "8x512-c64.json").write_text(json.dumps(report(8, 64, 10.0, 100, computed=1_000_000, idle=0.0125)))
     (tmp_path / "8x512-c1.json").write_text(json.dumps(report(8, 1, 10.0, 5, computed=None)))
     (tmp_path / "1x300-open.json").write_text(json.dumps(report(1, 1, 10.0, 9000, computed=2_700_000, rate=1000.0)))
     (tmp_path / "gpu-check.log").write_text("not a report")
@@ -78,8 +89,11 @@ def test_rows_mfu_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert c1["prompt_tokens_per_s"] == 99.9  # no router counter: the answers' usage
     assert open_loop["prompt_tokens_per_s"] == 270_000.0
     assert {r["device"] for r in rows} == {"NVIDIA H200"} and {r["commit"] for r in rows} == {"abc1234"}
+    # The device's idle share where the server reported it (a router before decision_shard_idle_seconds: none).
+    assert (c64["device_idle_fraction"], c1["device_idle_fraction"]) == (0.0125, None)
     table = capsys.readouterr().out
     assert table.startswith("| workload | C |") and "| 8x512 | 64 | 80.0 | 10.0 | 40.0 | 100000.0 |" in table
+    assert " | 1.2 % | NVIDIA H200 | abc1234 |" in table
 
 
 def test_unknown_card_has_no_mfu_and_a_model_per_workload(tmp_path: Path) -> None:

@@ -21,6 +21,8 @@ decision_batch_requests_sum 3
 decision_batch_requests_count 3
 decision_shard_forward_seconds_sum 2.5
 decision_shard_forward_seconds_count 3
+decision_shard_idle_seconds_sum 0.2
+decision_shard_idle_seconds_count 2
 decision_http_requests_total{path="/v1/systemone",status="200"} 3
 decision_http_requests_total{path="/v1/systemone",status="429"} 1
 decision_queued_reads 5
@@ -49,6 +51,9 @@ def test_summarize_batch_means() -> None:
     assert report["mean_reads_per_batch"] == 8.0
     assert report["mean_forward_seconds"] == 1.0
     assert report["forward_busy_fraction"] == 0.5
+    # The shard's model thread: 0.2 s idle before the 2 batches of 4 s.
+    assert report["mean_idle_seconds"] == 0.1
+    assert report["shard_idle_fraction"] == 0.05
 
 
 def test_summarize_other_servers() -> None:

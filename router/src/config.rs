@@ -253,6 +253,16 @@ pub struct RouterFlags {
     /// How long the first read of a batch waits for reads of other requests, in milliseconds.
     #[arg(long, env = "MAX_BATCH_WAIT_MS", default_value_t = 2)]
     pub max_batch_wait_ms: u64,
+    /// Shard calls outstanding at once. 2: a batch that fills --max-batch-prefill-tokens is sent
+    /// while the shard still reads the one before it and waits there, so under load the device starts
+    /// each batch without waiting for a round trip to the router (a batch that is not full still
+    /// waits for the shard to answer, as more requests may join it). 1: one call at a time. Unset
+    /// (auto, default): 2 on a GPU shard of one rank; 1 on CPU, where the device is the host's own
+    /// cores and the router's work would only move beside the forward; 1 with tensor parallelism,
+    /// whose ranks must run batches in one order (two calls in flight could reach them in different
+    /// orders), where 2 is refused at startup.
+    #[arg(long, env = "MAX_BATCHES_AT_SHARD", value_parser = clap::value_parser!(u64).range(1..=2))]
+    pub max_batches_at_shard: Option<u64>,
     /// Unique prompt tokens one request may need; larger requests get 413 naming the limit.
     #[arg(long, env = "MAX_INPUT_TOKENS", default_value_t = crate::limits::DEFAULT_MAX_INPUT_TOKENS)]
     pub max_input_tokens: usize,

@@ -73,6 +73,7 @@ pub const SERIES: &[Series] = &[
     Series { name: "decision_batch_requests", kind: Kind::Histogram(BATCH_REQUESTS), help: "Requests per shard call." },
     Series { name: "decision_batch_duration_seconds", kind: Kind::Histogram(FORWARD_SECONDS), help: "A shard call, as the router waited for it." },
     Series { name: "decision_shard_forward_seconds", kind: Kind::Histogram(FORWARD_SECONDS), help: "The shards' forward time per call, as they reported it." },
+    Series { name: "decision_shard_idle_seconds", kind: Kind::Histogram(FORWARD_SECONDS), help: "How long the shard's model thread sat idle before each call, since the call before it: under load, the time the device waited for the router." },
     Series { name: "decision_shard_forward_passes_total", kind: Kind::Counter, help: "Walks over the model's layers, as rank 0 ran them." },
     Series { name: "decision_shard_head_seconds", kind: Kind::Histogram(FORWARD_SECONDS), help: "Joint-schema models: the part of the forward time the head took." },
     Series { name: "decision_queued_reads", kind: Kind::Gauge, help: "Reads queued or at the shards (bounded by --max-queued-reads)." },

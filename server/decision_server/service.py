@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -67,6 +68,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         # passes the thread that loaded the model and warmed it up (`model_thread` there says why).
         self._model_thread = model_thread or new_model_thread()
         self._media_threads = ThreadPoolExecutor(max_workers=MEDIA_THREADS, thread_name_prefix="media")
+        # When the model thread last finished a batch (`time.perf_counter`), for the idle time the batch log reports.
+        self._last_done: float | None = None
 
     def close(self) -> None:
         self._model_thread.shutdown(wait=False, cancel_futures=True)
@@ -127,7 +130,14 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
         specs, media_errors = await kind.with_media(kind.from_pb(request), engine, self._media_threads)
 
         def work() -> decision_pb2.ReadResponse:
-            batch = engine.run(specs)
+            started = time.perf_counter()
+            # How long the model thread (the device) sat idle before this batch: a router that keeps the next
+            # batch at the shard (`--max-batches-at-shard 2`) makes it ~0 under load.
+            idle = None if self._last_done is None else started - self._last_done
+            try:
+                batch = engine.run(specs)
+            finally:
+                self._last_done = time.perf_counter()
             logger.debug(
                 kind.batch_message,
                 extra={
@@ -136,6 +146,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
                         "forward_passes": batch.forward_passes,
                         "packed_tokens": batch.packed_tokens,
                         "forward_ms": round(batch.forward_seconds * 1e3, 3),
+                        "run_ms": round((self._last_done - started) * 1e3, 3),
+                        "idle_ms": None if idle is None else round(idle * 1e3, 3),
                         **kind.log_fields(batch),
                     }
                 },
@@ -144,6 +156,7 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             cache = engine.prefix_cache
             # The whole model's bytes on every rank (PrefixCache counts them so), for the router's usage gauge.
             response.prefix_cache_used_bytes = cache.bytes_used if cache is not None else 0
+            response.idle_micros = 0 if idle is None else round(idle * 1e6)
             return response
 
         return await asyncio.get_running_loop().run_in_executor(self._model_thread, work)

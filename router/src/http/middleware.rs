@@ -420,7 +420,9 @@ mod tests {
             .count();
         assert_eq!(unmatched, 1, "{scrape}");
         assert!(scrape.contains("path=\"/health\""), "{scrape}");
-        assert!(scrape.len() < 32 << 10, "{} bytes", scrape.len());
+        // Every series this test process recorded comes to about 33 KiB (2026-12-07); 500 leaked
+        // paths would add over 40 KiB more.
+        assert!(scrape.len() < 40 << 10, "{} bytes", scrape.len());
     }
 
     #[test]

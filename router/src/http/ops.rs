@@ -132,6 +132,7 @@ pub(super) async fn info_handler(
             "max_body_bytes": limits.max_body_bytes,
             "max_batch_prefill_tokens": state.batch_budget.tokens,
             "max_batch_wait_ms": state.config.flags.max_batch_wait_ms,
+            "max_batches_at_shard": state.decider.queue.max_batches_at_shard(),
             "max_queued_reads": state.config.flags.max_queued_reads,
             "request_timeout_secs": state.config.flags.request_timeout_secs,
             "header_read_timeout_secs": state.config.flags.header_read_timeout_secs,
@@ -274,6 +275,7 @@ mod tests {
             "decision_queue_wait_seconds",
             "decision_batch_duration_seconds",
             "decision_shard_forward_seconds",
+            "decision_shard_idle_seconds",
         ] {
             assert!(typed.contains_key(name), "{name} missing from\n{page}");
         }

@@ -18,7 +18,7 @@ use crate::limits::Limits;
 use crate::media::{Fetcher, MediaPolicy, PolicyError};
 use crate::prompt::{self, RegistryError};
 use crate::question_kind::Kind;
-use crate::queue::{BatchBudget, BudgetError, BudgetSource, Queue, QueueConfig};
+use crate::queue::{self, BatchBudget, BudgetError, BudgetSource, Queue, QueueConfig};
 use crate::shard::{ShardConnectError, ShardSet};
 
 pub struct AppState {
@@ -191,12 +191,18 @@ pub fn build_state(config: Config, shards: ShardSet) -> Result<AppState, Startup
         shard_rule = %shards.info.batch_budget_rule,
         "batch budget"
     );
+    let max_batches_at_shard = queue::batches_at_shard(
+        config.flags.max_batches_at_shard,
+        shards.world_size(),
+        &shards.info.device,
+    )?;
     let queue = Queue::start(
         shards.clone(),
         QueueConfig {
             max_batch_prefill_tokens: batch_budget.tokens,
             max_batch_wait: Duration::from_millis(config.flags.max_batch_wait_ms),
             max_queued_reads: config.flags.max_queued_reads,
+            max_batches_at_shard,
         },
     );
     let provenance = strategy.as_ref().ok().map(|s| {

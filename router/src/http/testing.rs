@@ -98,6 +98,7 @@ pub(super) fn state_reading_from_with(shard: HeldShard, flags: &[&str]) -> Arc<A
             max_batch_prefill_tokens: 1000,
             max_batch_wait: Duration::ZERO,
             max_queued_reads: state.config.flags.max_queued_reads,
+            max_batches_at_shard: 2,
         },
     );
     Arc::new(state)
