@@ -101,3 +101,72 @@ def test_a_closed_loop_of_32_requests_runs_one_forward_pass_per_batch(server: La
     print(f"batches={batches:.0f} requests/batch={requests / batches:.2f} passes/batch={passes / batches:.3f}")
     assert passes / batches <= 1.05
     assert requests / batches >= 4
+
+
+@pytest.fixture(scope="module")
+def two_at_shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    from conftest import HEALTH_TIMEOUT_S
+
+    model = cache_dir() / "models" / "tiny-qwen3"
+    workdir: Path = tmp_path_factory.mktemp("batching-two")
+    launcher = start_launcher(
+        workdir,
+        ["--model-id", str(model), "--dtype", "float32", "--hostname", "127.0.0.1", "--max-batches-at-shard", "2"],
+        name="batching-two",
+    )
+    try:
+        launcher.wait_healthy(HEALTH_TIMEOUT_S)
+        yield launcher
+    finally:
+        launcher.stop(grace_s=20.0)
+
+
+def close(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where two JSON answers differ: numbers by more than 1e-5 (batches packed differently round differently),
+    anything else at all."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{path}: keys {sorted(a)} != {sorted(b)}"]
+        return [d for key in a for d in close(a[key], b[key], f"{path}.{key}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in close(x, y, f"{path}[{i}]")]
+    if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
+        return [] if abs(a - b) <= 1e-5 else [f"{path}: {a} != {b}"]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def test_two_calls_at_the_shard_answer_as_one_call_at_a_time(two_at_shard: Launcher, server: Launcher) -> None:
+    """`--max-batches-at-shard 2` (the default on one GPU): full batches sent while the shard reads another wait there
+    and are read in turn. Under the same closed loop every answer equals the one-call-at-a-time server's for the same
+    body, batches still run one forward pass each, and the shard reports its idle time."""
+    bodies = [request_body(random.Random(1000 + seed)) for seed in range(CONCURRENCY * 2)]
+    answers: dict[int, Any] = {}
+    failures: list[str] = []
+
+    def client(first: int) -> None:
+        with httpx2.Client(timeout=600.0) as http:
+            for index in (first, first + CONCURRENCY):
+                response = http.post(f"{two_at_shard.url}/v1/systemone", json=bodies[index])
+                if response.status_code != 200:
+                    failures.append(f"{response.status_code} {response.text[:300]}")
+                else:
+                    answers[index] = response.json()["answers"]
+
+    threads = [threading.Thread(target=client, args=(first,)) for first in range(CONCURRENCY)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[:3]
+    info = httpx2.get(f"{two_at_shard.url}/info", timeout=30.0).json()
+    assert info["limits"]["max_batches_at_shard"] == 2
+    metrics = httpx2.get(f"{two_at_shard.url}/metrics", timeout=30.0).text
+    batches = metric(metrics, "decision_batch_requests_count")
+    assert metric(metrics, "decision_shard_forward_passes_total") / batches <= 1.05
+    assert metric(metrics, "decision_shard_idle_seconds_count") == batches
+    with httpx2.Client(timeout=600.0) as http:
+        for index, body in enumerate(bodies):
+            alone = http.post(f"{server.url}/v1/systemone", json=body)
+            assert alone.status_code == 200, alone.text[:300]
+            differences = close(answers[index], alone.json()["answers"])
+            assert not differences, (index, differences[:5])
