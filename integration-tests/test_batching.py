@@ -9,7 +9,7 @@ import random
 import re
 import threading
 from collections.abc import Iterator
-from pathlib import Path
+from contextlib import contextmanager
 from typing import Any
 
 import httpx2
@@ -26,21 +26,28 @@ WORDS = (
 ).split()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+@contextmanager
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory, name: str, *flags: str) -> Iterator[Launcher]:
     from conftest import HEALTH_TIMEOUT_S
 
     model = cache_dir() / "models" / "tiny-qwen3"
     assert (model / "config.json").is_file(), f"{model} is missing: run `make fixtures`"
-    workdir: Path = tmp_path_factory.mktemp("batching")
     launcher = start_launcher(
-        workdir, ["--model-id", str(model), "--dtype", "float32", "--hostname", "127.0.0.1"], name="batching"
+        tmp_path_factory.mktemp(name),
+        ["--model-id", str(model), "--dtype", "float32", "--hostname", "127.0.0.1", *flags],
+        name=name,
     )
     try:
         launcher.wait_healthy(HEALTH_TIMEOUT_S)
         yield launcher
     finally:
         launcher.stop(grace_s=20.0)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    with tiny_qwen3(tmp_path_factory, "batching") as launcher:
+        yield launcher
 
 
 def metric(text: str, name: str) -> float:
@@ -105,20 +112,8 @@ def test_a_closed_loop_of_32_requests_runs_one_forward_pass_per_batch(server: La
 
 @pytest.fixture(scope="module")
 def two_at_shard(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
-    from conftest import HEALTH_TIMEOUT_S
-
-    model = cache_dir() / "models" / "tiny-qwen3"
-    workdir: Path = tmp_path_factory.mktemp("batching-two")
-    launcher = start_launcher(
-        workdir,
-        ["--model-id", str(model), "--dtype", "float32", "--hostname", "127.0.0.1", "--max-batches-at-shard", "2"],
-        name="batching-two",
-    )
-    try:
-        launcher.wait_healthy(HEALTH_TIMEOUT_S)
+    with tiny_qwen3(tmp_path_factory, "batching-two", "--max-batches-at-shard", "2") as launcher:
         yield launcher
-    finally:
-        launcher.stop(grace_s=20.0)
 
 
 def close(a: Any, b: Any, path: str = "") -> list[str]:
