@@ -50,6 +50,30 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
         yield launcher
 
 
+def closed_loop(url: str, bodies: list[list[dict[str, Any]]]) -> list[list[Any]]:
+    """One client per list of bodies, all at once, each posting its bodies to `/v1/systemone` one after another;
+    every answer must be a 200. Their `answers`, in the same layout."""
+    answers: list[list[Any]] = [[] for _ in bodies]
+    failures: list[str] = []
+
+    def client(index: int) -> None:
+        with httpx2.Client(timeout=600.0) as http:
+            for body in bodies[index]:
+                response = http.post(f"{url}/v1/systemone", json=body)
+                if response.status_code != 200:
+                    failures.append(f"{response.status_code} {response.text[:300]}")
+                    return
+                answers[index].append(response.json()["answers"])
+
+    threads = [threading.Thread(target=client, args=(index,)) for index in range(len(bodies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[:3]
+    return answers
+
+
 def metric(text: str, name: str) -> float:
     match = re.search(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.MULTILINE)
     assert match, f"/metrics has no {name}"
@@ -80,22 +104,8 @@ def request_body(rng: random.Random) -> dict[str, Any]:
 
 def test_a_closed_loop_of_32_requests_runs_one_forward_pass_per_batch(server: Launcher) -> None:
     before = httpx2.get(f"{server.url}/metrics", timeout=30.0).text
-    failures: list[str] = []
-
-    def client(seed: int) -> None:
-        rng = random.Random(seed)
-        with httpx2.Client(timeout=600.0) as http:
-            for _ in range(REQUESTS_EACH):
-                response = http.post(f"{server.url}/v1/systemone", json=request_body(rng))
-                if response.status_code != 200:
-                    failures.append(f"{response.status_code} {response.text[:300]}")
-
-    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(CONCURRENCY)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures, failures[:3]
+    rngs = [random.Random(seed) for seed in range(CONCURRENCY)]
+    closed_loop(server.url, [[request_body(rng) for _ in range(REQUESTS_EACH)] for rng in rngs])
     after = httpx2.get(f"{server.url}/metrics", timeout=30.0).text
 
     def delta(name: str) -> float:
@@ -135,24 +145,9 @@ def test_two_calls_at_the_shard_answer_as_one_call_at_a_time(two_at_shard: Launc
     and are read in turn. Under the same closed loop every answer equals the one-call-at-a-time server's for the same
     body, batches still run one forward pass each, and the shard reports its idle time."""
     bodies = [request_body(random.Random(1000 + seed)) for seed in range(CONCURRENCY * 2)]
-    answers: dict[int, Any] = {}
-    failures: list[str] = []
-
-    def client(first: int) -> None:
-        with httpx2.Client(timeout=600.0) as http:
-            for index in (first, first + CONCURRENCY):
-                response = http.post(f"{two_at_shard.url}/v1/systemone", json=bodies[index])
-                if response.status_code != 200:
-                    failures.append(f"{response.status_code} {response.text[:300]}")
-                else:
-                    answers[index] = response.json()["answers"]
-
-    threads = [threading.Thread(target=client, args=(first,)) for first in range(CONCURRENCY)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures, failures[:3]
+    # Client c posts bodies c and c + CONCURRENCY, one after the other.
+    answered = closed_loop(two_at_shard.url, [[bodies[c], bodies[c + CONCURRENCY]] for c in range(CONCURRENCY)])
+    answers = {c + k * CONCURRENCY: answer for c, mine in enumerate(answered) for k, answer in enumerate(mine)}
     info = httpx2.get(f"{two_at_shard.url}/info", timeout=30.0).json()
     assert info["limits"]["max_batches_at_shard"] == 2
     metrics = httpx2.get(f"{two_at_shard.url}/metrics", timeout=30.0).text

@@ -797,6 +797,15 @@ mod tests {
         }
     }
 
+    /// Batches of at most 10 tokens, no wait window, `at_shard` calls at the shard at once.
+    fn ten_token_batches(at_shard: usize) -> QueueConfig {
+        QueueConfig {
+            max_batch_prefill_tokens: 10,
+            max_batches_at_shard: at_shard,
+            ..config(Duration::ZERO)
+        }
+    }
+
     /// One request's undecodable image fails that request alone (a 400 naming it), never the other
     /// requests batched with it.
     #[tokio::test(start_paused = true)]
@@ -908,14 +917,7 @@ mod tests {
     async fn requests_queued_behind_a_busy_shard_ride_the_next_batch_within_the_budget() {
         for (at_shard, second_queued, second_sent) in [(1, 99, 100), (2, 2, 3)] {
             let shard = FakeShard::new(Duration::from_millis(100));
-            let queue = Queue::start(
-                shard.clone(),
-                QueueConfig {
-                    max_batch_prefill_tokens: 10,
-                    max_batches_at_shard: at_shard,
-                    ..config(Duration::ZERO)
-                },
-            );
+            let queue = Queue::start(shard.clone(), ten_token_batches(at_shard));
             let t0 = Instant::now();
             let mut handles = Vec::new();
             for (i, tokens) in [4, 4, 4, 4].into_iter().enumerate() {
@@ -965,14 +967,7 @@ mod tests {
     async fn full_batches_wait_at_the_shard_within_the_limit_and_the_rate_counts_reading_only() {
         for at_shard in [1, 2] {
             let shard = FakeShard::new(Duration::from_millis(100));
-            let queue = Queue::start(
-                shard.clone(),
-                QueueConfig {
-                    max_batch_prefill_tokens: 10,
-                    max_batches_at_shard: at_shard,
-                    ..config(Duration::ZERO)
-                },
-            );
+            let queue = Queue::start(shard.clone(), ten_token_batches(at_shard));
             let handles: Vec<_> = (0..6).map(|i| spawn_read(&queue, &[i], 10)).collect();
             for (i, handle) in handles.into_iter().enumerate() {
                 let (outcomes, _) = handle.await.unwrap().unwrap();
