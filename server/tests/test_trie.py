@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from decision_server.engines import ReadSpec
@@ -239,3 +240,74 @@ def test_plan_of_a_chain_is_one_causal_pass() -> None:
     trie.add_path(trie.root(""), list(range(5)))
     passes = plan_passes(trie, min_chain_tokens=32, min_split_tokens=256)
     assert [(step.chain, len(step.nodes)) for step in passes] == [(True, 5)]
+
+
+def plan_by_nodes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int) -> list[Pass]:
+    """The planner as it walked the trie node by node (until 2026-12-07): the reference the run walk must equal."""
+    children = trie.children()
+    sizes = [1] * len(trie)
+    for node in range(len(trie) - 1, -1, -1):
+        if trie.parents[node] >= 0:
+            sizes[trie.parents[node]] += sizes[node]
+    passes: list[Pass] = []
+
+    def subtree(top: int) -> list[int]:
+        found, stack = [], [top]
+        while stack:
+            node = stack.pop()
+            found.append(node)
+            stack.extend(children[node])
+        return sorted(found)
+
+    def plan(root: int, tops: list[int], past: tuple[int, ...]) -> None:
+        chain: list[int] = []
+        if len(tops) == 1:
+            node = tops[0]
+            chain.append(node)
+            while len(children[node]) == 1:
+                node = children[node][0]
+                chain.append(node)
+            tops = children[node]
+        large = [top for top in tops if sizes[top] >= min_split_tokens]
+        small = sorted(node for top in tops if sizes[top] < min_split_tokens for node in subtree(top))
+        if chain and (len(chain) >= min_chain_tokens or not small):
+            passes.append(Pass(root, tuple(chain), past, chain=True))
+            if small:
+                passes.append(Pass(root, tuple(small), past + tuple(chain), chain=False))
+        elif chain or small:
+            passes.append(Pass(root, tuple(sorted(chain + small)), past, chain=False))
+        for top in large:
+            plan(root, [top], past + tuple(chain))
+
+    for root, tops in trie.top_nodes().items():
+        plan(root, tops, ())
+    return passes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_plan_walked_by_runs_equals_the_plan_walked_by_nodes(seed: int) -> None:
+    """`plan_passes` walks runs of nodes; on random batches (several salts and cached roots, states shared by several
+    questions, paths that end inside others, label branches, and paths added out of order so that a node's only
+    child is not the next node) it must plan exactly the passes the node-by-node walk planned."""
+    generator = np.random.default_rng(seed)
+    trie = TokenTrie()
+    states = [generator.integers(0, 9, size=int(generator.integers(1, 400))).tolist() for _ in range(6)]
+    roots = [trie.root("a"), trie.root("b"), trie.root(("cached", 3, 40), 40)]
+    ends: list[int] = []
+    for _ in range(int(generator.integers(5, 60))):
+        root = roots[int(generator.integers(0, len(roots)))]
+        if ends and generator.random() < 0.2:  # continue some earlier path (out of node order)
+            nodes = trie.add_path(ends[int(generator.integers(0, len(ends)))], generator.integers(0, 9, 3).tolist())
+        else:
+            state = states[int(generator.integers(0, len(states)))]
+            cut = int(generator.integers(0, len(state) + 1))
+            tail = generator.integers(0, 9, size=int(generator.integers(0, 30))).tolist()
+            nodes = trie.add_path(root, state[:cut] + tail)
+        if nodes:
+            ends.append(nodes[-1])
+            for label in ([1], [2, 3], [2, 4]):
+                trie.add_path(nodes[-1], label[:-1])
+    for min_chain, min_split in ((32, 256), (1, 1), (5, 40), (1000, 100_000)):
+        passes = plan_passes(trie, min_chain, min_split)
+        assert passes == plan_by_nodes(trie, min_chain, min_split)
+        assert_valid_plan(trie, passes)

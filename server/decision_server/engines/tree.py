@@ -16,7 +16,7 @@ between requests) each run is a forward pass of its own, after the passes holdin
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -41,6 +41,8 @@ DEFAULT_MAX_LOGIT_ROWS = 512
 DEFAULT_MIN_CHAIN_TOKENS = 32
 # A subtree at least this large (another state, a very long question) is planned apart from its small siblings.
 DEFAULT_MIN_SPLIT_TOKENS = 256
+# Token ids are below 2**32 (the wire's uint32): an edge key is its parent shifted past them, or'ed with its token.
+EDGE_SHIFT = 32
 
 
 class TokenTrie:
@@ -59,8 +61,10 @@ class TokenTrie:
         self.root_keys: list[Hashable] = []
         self._root_ids: dict[Hashable, int] = {}
         self._root_starts: list[int] = []
-        self._children: dict[tuple[int, int], int] = {}
-        self._counted: list[bool] = []  # already counted in some read's tokens_computed
+        # Edges by `_edge(parent, token)`: a dict of ints only is one the garbage collector never walks (with tuple
+        # keys each collection during a batch walked its 40,000+ entries).
+        self._children: dict[int, int] = {}
+        self._counted = bytearray()  # 1: already counted in some read's tokens_computed
         # The last path added under each root, and its nodes: the reads of a request follow each other and share
         # their state, so the next path's common prefix with it is found by slice comparisons (`common_prefix`),
         # not one dictionary lookup per token.
@@ -80,7 +84,7 @@ class TokenTrie:
         return -1 - self._root_ids[key]
 
     def add(self, parent: int, token: int) -> int:
-        existing = self._children.get((parent, token))
+        existing = self._children.get(_edge(parent, token))
         if existing is not None:
             return existing
         node = len(self.tokens)
@@ -94,8 +98,8 @@ class TokenTrie:
             self.parents.append(-1)
             self.depths.append(self._root_starts[root])
             self.root_of.append(root)
-        self._counted.append(False)
-        self._children[(parent, token)] = node
+        self._counted.append(0)
+        self._children[_edge(parent, token)] = node
         return node
 
     def add_path(self, parent: int, tokens: Sequence[int]) -> list[int]:
@@ -126,7 +130,7 @@ class TokenTrie:
                 at = nodes[-1]
         children = self._children
         for token in path[len(nodes) :]:
-            found = children.get((at, token))
+            found = children.get(_edge(at, token))
             if found is None:
                 break
             nodes.append(found)
@@ -150,8 +154,14 @@ class TokenTrie:
         self.parents.extend(range(first, first + count - 1))
         self.depths.extend(range(depth, depth + count))
         self.root_of.extend([root] * count)
-        self._counted.extend([False] * count)
-        self._children.update(zip(zip((parent, *nodes[:-1]), tokens, strict=True), nodes, strict=True))
+        self._counted.extend(bytes(count))
+        if count > 64:  # a state: the edges' keys in array steps
+            parents = np.arange(first - 1, first + count - 1, dtype=np.int64)
+            parents[0] = parent
+            keys = ((parents << EDGE_SHIFT) | np.asarray(tokens, dtype=np.int64)).tolist()
+        else:  # a question or a label: cheaper without numpy's fixed cost per call
+            keys = [_edge(at, token) for at, token in zip((parent, *nodes[:-1]), tokens, strict=True)]
+        self._children.update(zip(keys, nodes, strict=True))
         return nodes
 
     def claim(self, nodes: Sequence[int]) -> int:
@@ -169,7 +179,7 @@ class TokenTrie:
             else:
                 high = middle
         for node in nodes[low:]:
-            counted[node] = True
+            counted[node] = 1
         return len(nodes) - low
 
     def missing_nodes(self, read: ReadSpec, labels: bool = True) -> int:
@@ -189,7 +199,7 @@ class TokenTrie:
             at = answer
             for end in range(1, len(label)):
                 if at is not None:
-                    at = self._children.get((at, label[end - 1]))
+                    at = self._children.get(_edge(at, label[end - 1]))
                     if at is not None:
                         continue
                 new_prefixes.add(tuple(label[:end]))
@@ -247,6 +257,11 @@ class TokenTrie:
         return allowed
 
 
+def _edge(parent: int, token: int) -> int:
+    """The key of the edge `token` under `parent` (a node, or a root's negative id): one int, unique per pair."""
+    return (parent << EDGE_SHIFT) | token
+
+
 def _salt_root(salt: str) -> Hashable:
     return (salt, -1, 0)  # the same key as an empty CachedPrefix, so "no cache hit" shares one root per salt
 
@@ -269,46 +284,97 @@ def plan_passes(trie: TokenTrie, min_chain_tokens: int, min_split_tokens: int) -
     Under a root (or the end of a chain), the shared chain is followed while each node has one child; then the
     subtrees hanging off its end are split: small ones share one masked pass, large ones are planned on their own
     with the chain as their past.
+
+    The walk goes over runs, not nodes (`_Runs`): a batch of 64 requests over 512-token states is 40,000+ nodes but
+    about a thousand runs, and a Python step per node was 10 ms of its host work (bench/results/2026-12-07-plan/).
     """
-    children = trie.children()
-    sizes = [1] * len(trie)
-    for node in range(len(trie) - 1, -1, -1):
-        parent = trie.parents[node]
-        if parent >= 0:
-            sizes[parent] += sizes[node]
+    runs = _Runs.of(trie)
     passes: list[Pass] = []
 
-    def subtree(top: int) -> list[int]:
-        found, stack = [], [top]
-        while stack:
-            node = stack.pop()
-            found.append(node)
-            stack.extend(children[node])
-        return sorted(found)
-
     def plan(root: int, tops: list[int], past: tuple[int, ...]) -> None:
-        chain: list[int] = []
+        chain: list[int] = []  # runs
         if len(tops) == 1:
-            node = tops[0]
-            chain.append(node)
-            while len(children[node]) == 1:
-                node = children[node][0]
-                chain.append(node)
-            tops = children[node]
-        large = [top for top in tops if sizes[top] >= min_split_tokens]
-        small = sorted(node for top in tops if sizes[top] < min_split_tokens for node in subtree(top))
-        if chain and (len(chain) >= min_chain_tokens or not small):
-            passes.append(Pass(root, tuple(chain), past, chain=True))
+            run = tops[0]
+            chain.append(run)
+            while len(runs.children[run]) == 1:
+                run = runs.children[run][0]
+                chain.append(run)
+            tops = runs.children[run]
+        large = [top for top in tops if runs.sizes[top] >= min_split_tokens]
+        small = runs.nodes([run for top in tops if runs.sizes[top] < min_split_tokens for run in runs.subtree(top)])
+        small.sort()
+        chain_nodes = runs.nodes(chain)
+        if chain and (len(chain_nodes) >= min_chain_tokens or not small):
+            passes.append(Pass(root, tuple(chain_nodes), past, chain=True))
             if small:
-                passes.append(Pass(root, tuple(small), past + tuple(chain), chain=False))
+                passes.append(Pass(root, tuple(small), past + tuple(chain_nodes), chain=False))
         elif chain or small:
-            passes.append(Pass(root, tuple(sorted(chain + small)), past, chain=False))
+            passes.append(Pass(root, tuple(sorted(chain_nodes + small)), past, chain=False))
         for top in large:
-            plan(root, [top], past + tuple(chain))
+            plan(root, [top], past + tuple(chain_nodes))
 
-    for root, tops in trie.top_nodes().items():
+    for root, tops in runs.tops.items():
         plan(root, tops, ())
     return passes
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """A trie's nodes as runs: maximal stretches of consecutive nodes where each is its predecessor's only child
+    (a state, a question: `TokenTrie._extend` appends a new path's nodes in order). A run starts under a root or under
+    the last node of another run, since a node with any other child ends its run.
+
+    `starts`/`ends`: node ranges [start, end) per run; `children`: the runs under each run's last node, in node order;
+    `sizes`: nodes in each run's subtree; `tops`: the runs directly under each root, by root index."""
+
+    starts: list[int]
+    ends: list[int]
+    children: list[list[int]]
+    sizes: list[int]
+    tops: dict[int, list[int]]
+
+    @classmethod
+    def of(cls, trie: TokenTrie) -> _Runs:
+        count = len(trie)
+        parents = np.asarray(trie.parents, dtype=np.int64)
+        under = parents >= 0
+        child_counts = np.bincount(parents[under], minlength=count)
+        continues = np.zeros(count, dtype=bool)
+        continues[1:] = (parents[1:] == np.arange(count - 1)) & (child_counts[:-1] == 1)
+        first = np.flatnonzero(~continues)
+        run_of = np.cumsum(~continues) - 1
+        starts = first.tolist()
+        ends = [*starts[1:], count]
+        start_parents = parents[first]
+        parent_runs = np.where(start_parents >= 0, run_of[np.maximum(start_parents, 0)], -1).tolist()
+        roots = np.asarray(trie.root_of, dtype=np.int64)[first].tolist()
+        children: list[list[int]] = [[] for _ in starts]
+        tops: dict[int, list[int]] = {}
+        for run, parent in enumerate(parent_runs):
+            if parent >= 0:
+                children[parent].append(run)
+            else:
+                tops.setdefault(roots[run], []).append(run)
+        sizes = [end - start for start, end in zip(starts, ends, strict=True)]
+        for run in range(len(starts) - 1, -1, -1):  # a run's parent run comes before it
+            if parent_runs[run] >= 0:
+                sizes[parent_runs[run]] += sizes[run]
+        return cls(starts, ends, children, sizes, tops)
+
+    def subtree(self, top: int) -> list[int]:
+        found, stack = [], [top]
+        while stack:
+            run = stack.pop()
+            found.append(run)
+            stack.extend(self.children[run])
+        return found
+
+    def nodes(self, runs: Sequence[int]) -> list[int]:
+        """The nodes of `runs`, run after run."""
+        found: list[int] = []
+        for run in runs:
+            found.extend(range(self.starts[run], self.ends[run]))
+        return found
 
 
 @dataclass
@@ -341,8 +407,10 @@ class _PastLayout:
             total += used
         self.length = total
 
-    def positions(self, prefix: CachedPrefix) -> list[int]:
-        return [self.offsets[s.uid] + i for s, used in prefix.pieces for i in range(used)]
+    def positions(self, prefix: CachedPrefix) -> np.ndarray:
+        """The past positions of `prefix`'s tokens, in order (each piece a run, not a Python step per token)."""
+        runs = [np.arange(self.offsets[s.uid], self.offsets[s.uid] + used) for s, used in prefix.pieces]
+        return np.concatenate(runs) if runs else np.zeros(0, dtype=np.int64)
 
     def key_values(self) -> KeyValues | None:
         if not self.used:
@@ -360,44 +428,47 @@ def _present(tensor: torch.Tensor | None) -> torch.Tensor:
 
 
 class _NodeKeyValues:
-    """Keys/values computed by the passes of one chunk, looked up by trie node."""
+    """Keys/values computed by the passes of one chunk, looked up by trie node: per node its part and its index in
+    that part, in arrays (a Python step and a tuple per node was 8 ms of a 64 x 8 x 512 batch's host work)."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: int) -> None:
         self._parts: list[KeyValues] = []
-        self._where: dict[int, tuple[int, int]] = {}  # node -> (part, index in it)
+        self._part = np.full(nodes, -1, dtype=np.int64)
+        self._index = np.zeros(nodes, dtype=np.int64)
 
     @classmethod
     def whole(cls, keys: torch.Tensor, values: torch.Tensor) -> _NodeKeyValues:
         """The keys/values of a single pass over every node, in node order."""
-        stored = cls()
+        stored = cls(keys.shape[2])
         stored.add(range(keys.shape[2]), keys, values)
         return stored
 
     def add(self, nodes: Sequence[int], keys: torch.Tensor, values: torch.Tensor) -> None:
-        part = len(self._parts)
+        at = np.asarray(nodes, dtype=np.int64)
+        self._part[at] = len(self._parts)
+        self._index[at] = np.arange(len(at))
         self._parts.append((keys, values))
-        for index, node in enumerate(nodes):
-            self._where[node] = (part, index)
 
     def select(self, nodes: Sequence[int]) -> KeyValues | None:
         """(layers, kv_heads, len(nodes), head_dim) keys and values of `nodes`, in that order; None for none."""
-        if not nodes:
+        if not len(nodes):
             return None
-        runs: list[tuple[int, list[int]]] = []
-        for node in nodes:
-            part, index = self._where[node]
-            if runs and runs[-1][0] == part:
-                runs[-1][1].append(index)
-            else:
-                runs.append((part, [index]))
+        at = np.asarray(nodes, dtype=np.int64)
+        parts, indices = self._part[at], self._index[at]
+        if (parts < 0).any():
+            raise KeyError(f"no keys/values computed for node {int(at[np.argmax(parts < 0)])}")
+        # Runs of nodes from one part; a run at consecutive indices is a view, any other a gather.
+        cuts = (np.flatnonzero(parts[1:] != parts[:-1]) + 1).tolist()
         keys, values = [], []
-        for part, indices in runs:
-            part_keys, part_values = self._parts[part]
-            if indices == list(range(indices[0], indices[0] + len(indices))):
-                keys.append(part_keys[:, :, indices[0] : indices[0] + len(indices)])
-                values.append(part_values[:, :, indices[0] : indices[0] + len(indices)])
+        for low, high in zip([0, *cuts], [*cuts, len(at)], strict=True):
+            part_keys, part_values = self._parts[int(parts[low])]
+            run = indices[low:high]
+            first = int(run[0])
+            if int(run[-1]) - first == high - low - 1 and bool((np.diff(run) == 1).all()):
+                keys.append(part_keys[:, :, first : first + high - low])
+                values.append(part_values[:, :, first : first + high - low])
             else:
-                gather = torch.tensor(indices, dtype=torch.long, device=part_keys.device)
+                gather = torch.from_numpy(run).to(part_keys.device)
                 keys.append(part_keys.index_select(2, gather))
                 values.append(part_values.index_select(2, gather))
         if len(keys) == 1:
@@ -522,14 +593,17 @@ class TreeEngine(NextTokenEngine):
         if rows > self.max_logit_rows:
             return False
         tokens = 0
-        before: dict[str, tuple[int, ...]] = {}
+        # Per salt: the read before, and how much it shared with the one before it (the next read of a request
+        # likely shares as much: `common_prefix`'s first guess, two slice comparisons instead of a binary search).
+        before: dict[str, tuple[tuple[int, ...], int]] = {}
         for read in reads:
             prompt = tuple(read.prompt)
-            last = before.get(read.cache_salt)
-            tokens += len(prompt) - (common_prefix(prompt, last) if last is not None else 0)
+            last, guess = before.get(read.cache_salt, ((), 0))
+            shared = common_prefix(prompt, last, guess)
+            tokens += len(prompt) - shared
             if tokens > self.max_packed_tokens:
                 return False
-            before[read.cache_salt] = prompt
+            before[read.cache_salt] = (prompt, shared or guess)
         return True
 
     def _cached_prefix(self, read: ReadSpec) -> CachedPrefix | None:
@@ -609,7 +683,7 @@ class TreeEngine(NextTokenEngine):
         passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens)
         needed_later = {node for step in passes for node in step.past}
         remember = self.prefix_cache is not None
-        stored = _NodeKeyValues()
+        stored = _NodeKeyValues(len(trie))
         scores = NodeScores()
         # Each root's cached keys/values, gathered from the cache's segments once for all its passes.
         cached_past = {root: _PastLayout([prefix]).key_values() for root, prefix in cached_of_root.items()}
@@ -653,14 +727,15 @@ class TreeEngine(NextTokenEngine):
         for the whole batch, and no kernel spans two requests."""
         passes = plan_passes(trie, self.min_chain_tokens, self.min_split_tokens)
         stream = [node for step in passes for node in step.nodes]
-        at = {node: index for index, node in enumerate(stream)}
+        at = np.empty(len(trie), dtype=np.int64)  # each node's index in the stream
+        at[np.asarray(stream, dtype=np.int64)] = np.arange(len(stream))
         layout = _PastLayout([prefix for prefix in prefixes if prefix is not None])
         cached = {root: ranges(layout.positions(prefix), PAST) for root, prefix in cached_of_root.items()}
         segments, start = [], 0
         for step in passes:
             end = start + len(step.nodes)
             tree = None if step.chain else trie.subset_ancestor_matrix(step.nodes)
-            past = cached.get(step.root, ()) + ranges([at[node] for node in step.past], NEW)
+            past = cached.get(step.root, ()) + ranges(at[np.asarray(step.past, dtype=np.int64)], NEW)
             segments.append(AttentionSegment(start, end, past, tree))
             start = end
         remember = self.prefix_cache is not None
@@ -673,7 +748,7 @@ class TreeEngine(NextTokenEngine):
         )
         scored = self._forward(request, batch)
         if remember and scored.keys is not None and scored.values is not None:
-            stored = _NodeKeyValues()
+            stored = _NodeKeyValues(len(trie))
             stored.add(stream, scored.keys, scored.values)
             self._remember(placed, stored)
         return NodeScores.of(request, stream, scored)
@@ -738,16 +813,41 @@ class TreeEngine(NextTokenEngine):
         return self.model.tree_attention_mask(torch.from_numpy(allowed))
 
     def _remember(self, placed: Sequence[PlacedRead], stored: _NodeKeyValues) -> None:
+        """Caches every read's prompt. Where a read shares more than its cached prefix with the next read of its salt
+        (the state of a request's questions), that shared part is cached first: the questions then hang off it as
+        they do in the trie, where caching the first read whole and cutting its segment at the second read's question
+        copied the state's keys/values twice more (`PrefixCache._split`)."""
         cache = self.prefix_cache
         assert cache is not None
-        for p in placed:
+        after = {}  # per read: the read after it of the same salt
+        last_of_salt: dict[str, int] = {}
+        for index, p in enumerate(placed):
+            if (before := last_of_salt.get(p.read.cache_salt)) is not None:
+                after[before] = index
+            last_of_salt[p.read.cache_salt] = index
+        guess = 0
+        shared_before = [0] * len(placed)  # with the read before of the same salt
+        for index, p in enumerate(placed):
+            prompt = tuple(p.read.prompt)
+            if (following := after.get(index)) is not None:
+                shared = common_prefix(prompt, tuple(placed[following].read.prompt), guess)
+                shared_before[following] = shared
+                guess = shared or guess
+                # Once per group: the reads after the first find the shared part cached by their own insert.
+                if max(p.prefix_length, shared_before[index]) < shared < len(prompt):
+                    cache.insert(p.read.cache_salt, prompt[:shared], self._provider(p, stored, shared))
+            cache.insert(p.read.cache_salt, prompt, self._provider(p, stored, len(prompt)))
 
-            def provide(start: int, p: PlacedRead = p) -> KeyValues | None:
-                if start < p.prefix_length:
-                    return None  # part of what this read continued from was evicted meanwhile
-                return stored.select(p.prompt_nodes[start - p.prefix_length :])
+    @staticmethod
+    def _provider(p: PlacedRead, stored: _NodeKeyValues, end: int) -> Callable[[int], KeyValues | None]:
+        """`PrefixCache.insert`'s `provide` for `p.read.prompt[:end]`: the keys/values of its tokens [start, end)."""
 
-            cache.insert(p.read.cache_salt, p.read.prompt, provide)
+        def provide(start: int) -> KeyValues | None:
+            if start < p.prefix_length:
+                return None  # part of what this read continued from was evicted meanwhile
+            return stored.select(p.prompt_nodes[start - p.prefix_length : end - p.prefix_length])
+
+        return provide
 
 
 def read_outcomes(placed: Sequence[PlacedRead], scores: NodeScores) -> list[ReadOutcome]:
