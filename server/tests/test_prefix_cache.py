@@ -26,6 +26,7 @@ from decision_server.prefix_cache import (
     free_memory_bytes,
     kv_bytes_per_token,
 )
+from decision_server.sequences import common_prefix
 
 # Fake keys/values for bookkeeping tests: 2 layers, 1 head, head_dim 1, value = the token's position,
 # so a slice that comes back from the wrong place is visible. 16 bytes per token (keys + values, float32).
@@ -194,6 +195,48 @@ def test_a_new_question_on_a_cached_state_computes_only_its_tail(tiny_qwen3: Loa
     (reference,) = NaiveEngine(tiny_qwen3).run([new]).outcomes
     assert outcome.label_logprobs == pytest.approx(reference.label_logprobs, abs=1e-5)
     assert outcome.greedy_token_id == reference.greedy_token_id
+
+
+def cached_segments(cache: PrefixCache) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
+    """Every stored segment as (start, its tokens, its children's first tokens), sorted: the tree's shape."""
+    return sorted((s.start, tuple(s.tokens), tuple(sorted(s.children))) for s in cache._segments())
+
+
+def test_a_requests_state_is_cached_once_before_its_questions(
+    tiny_qwen3: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine caches the state a request's questions share, then the questions under it: the cache takes the
+    shape (and the bytes) that caching each prompt in turn gave, but no stored segment is cut where a request's
+    questions leave its state (caching the first question's prompt whole and cutting it at the second copied the
+    state's keys/values twice more), and the cached keys/values still answer exactly (a warm batch equals a cold
+    one). Cuts where different requests part (after the chat head they share) remain."""
+    reads = decision_batch(tiny_qwen3.path)
+    config = tiny_qwen3.text_config
+    cuts: list[int] = []  # absolute positions of `_split` cuts
+    split = PrefixCache._split
+    monkeypatch.setattr(
+        PrefixCache, "_split", lambda cache, segment, at: cuts.append(segment.start + at) or split(cache, segment, at)
+    )
+    reference = PrefixCache(64 << 20)
+    for read in reads:
+
+        def provide(start: int, length: int = len(read.prompt)) -> KeyValues:
+            shape = (config.num_hidden_layers, config.num_key_value_heads, length - start, config.head_dim)
+            return torch.zeros(shape), torch.zeros(shape)
+
+        reference.insert(read.cache_salt, read.prompt, provide)
+    # Where each request's questions leave its state (decision_batch: a read per state and question, in order).
+    groups = [reads[i : i + len(QUESTIONS)] for i in range(0, len(STATES) * len(QUESTIONS), len(QUESTIONS))]
+    state_ends = {common_prefix(group[0].prompt, group[1].prompt) for group in groups}
+    assert state_ends & set(cuts)  # caching prompt by prompt cuts there
+    cuts.clear()
+    engine = TreeEngine(tiny_qwen3, prefix_cache=PrefixCache(64 << 20))
+    cold = engine.run(reads)
+    assert engine.prefix_cache is not None
+    assert not state_ends & set(cuts), cuts
+    assert cached_segments(engine.prefix_cache) == cached_segments(reference)
+    assert engine.prefix_cache.bytes_used == reference.bytes_used
+    assert_same_reads(engine.run(reads), cold, tolerance=1e-5)
 
 
 def test_salted_reads_never_hit_each_others_cache(tiny_qwen3: LoadedModel) -> None:
