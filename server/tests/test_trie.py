@@ -311,3 +311,37 @@ def test_the_plan_walked_by_runs_equals_the_plan_walked_by_nodes(seed: int) -> N
         passes = plan_passes(trie, min_chain, min_split)
         assert passes == plan_by_nodes(trie, min_chain, min_split)
         assert_valid_plan(trie, passes)
+
+
+def subset_ancestors_by_rows(trie: TokenTrie, nodes: list[int]) -> np.ndarray:
+    """`subset_ancestor_matrix` as it was filled a row at a time (until 2026-12-07): the reference."""
+    index = {node: i for i, node in enumerate(nodes)}
+    allowed = np.zeros((len(nodes), len(nodes)), dtype=bool)
+    for i, node in enumerate(nodes):
+        parent = index.get(trie.parents[node], -1)
+        if parent >= 0:
+            allowed[i, : parent + 1] = allowed[parent, : parent + 1]
+        allowed[i, i] = True
+    return allowed
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_subset_ancestor_matrix_filled_by_runs_equals_the_one_filled_by_rows(seed: int) -> None:
+    """On random tries and random ascending subsets (a pass's nodes, and subsets missing parents, first rows whose
+    parent is outside, single nodes, the empty set), the run-at-a-time fill equals the row-at-a-time one."""
+    generator = np.random.default_rng(seed)
+    trie = TokenTrie()
+    root = trie.root("")
+    ends = [root]
+    for _ in range(40):
+        parent = ends[int(generator.integers(0, len(ends)))]
+        nodes = trie.add_path(parent, generator.integers(0, 5, size=int(generator.integers(1, 12))).tolist())
+        ends.extend(nodes[-1:] if generator.random() < 0.7 else nodes)
+    for _ in range(20):
+        size = int(generator.integers(0, len(trie) + 1))
+        subset = sorted(generator.choice(len(trie), size=size, replace=False).tolist())
+        got = trie.subset_ancestor_matrix(subset)
+        assert got.shape == (size, size)
+        assert (got == subset_ancestors_by_rows(trie, subset)).all()
+    for step in plan_passes(trie, 4, 30):
+        assert (trie.subset_ancestor_matrix(list(step.nodes)) == subset_ancestors_by_rows(trie, list(step.nodes))).all()

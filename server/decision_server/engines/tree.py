@@ -15,6 +15,7 @@ between requests) each run is a forward pass of its own, after the passes holdin
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -233,14 +234,24 @@ class TokenTrie:
 
     def subset_ancestor_matrix(self, nodes: Sequence[int]) -> np.ndarray:
         """allowed[i, j]: nodes[i] may attend nodes[j], for ascending `nodes` (ancestors outside the subset are
-        the pass's past and not part of this matrix)."""
-        index = {node: i for i, node in enumerate(nodes)}
-        allowed = np.zeros((len(nodes), len(nodes)), dtype=bool)
-        for i, node in enumerate(nodes):
-            parent = index.get(self.parents[node], -1)
-            if parent >= 0:
-                allowed[i, : parent + 1] = allowed[parent, : parent + 1]
-            allowed[i, i] = True
+        the pass's past and not part of this matrix). Filled a run at a time (rows each the child of the row
+        before: a question, a label), not a row at a time."""
+        count = len(nodes)
+        at = np.asarray(nodes, dtype=np.int64)
+        parents = np.asarray(_gather(self.parents, nodes), dtype=np.int64)
+        # Each node's parent as a row of the subset, or -1 where the parent is outside it (in the pass's past).
+        rows = np.searchsorted(at, parents)
+        inside = (rows < count) & (at[np.minimum(rows, count - 1)] == parents)
+        parent_rows = np.where(inside, rows, -1)
+        allowed = np.zeros((count, count), dtype=bool)
+        starts = np.flatnonzero(parent_rows != np.arange(count) - 1).tolist()
+        if count and (not starts or starts[0]):
+            starts.insert(0, 0)  # the first row starts a run even where its parent is outside (its -1 reads as a chain)
+        for start, end in zip(starts, [*starts[1:], count], strict=True):
+            parent = int(parent_rows[start])
+            if parent >= 0:  # every row of the run sees what its first row's parent sees
+                allowed[start:end, : parent + 1] = allowed[parent, : parent + 1]
+            allowed[start:end, start:end] = _causal(end - start)
         return allowed
 
     def ancestor_matrix(self, window: int | None = None) -> np.ndarray:
@@ -257,6 +268,14 @@ class TokenTrie:
             # Same rule as transformers' sliding overlay (kv > q - window), in positions, which here are depths.
             allowed &= (depths[:, None] - depths[None, :]) < window
         return allowed
+
+
+@functools.lru_cache(maxsize=64)
+def _causal(size: int) -> np.ndarray:
+    """(size, size) booleans, row i sees 0..i (kept: questions and labels come in a few lengths)."""
+    causal = np.tri(size, dtype=bool)
+    causal.flags.writeable = False
+    return causal
 
 
 def _gather(values: list[int], nodes: Sequence[int]) -> list[int]:
