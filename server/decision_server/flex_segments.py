@@ -35,7 +35,12 @@ def kernel(device_type: str) -> Callable[..., torch.Tensor]:
     "cur_qSplitSize5 was not declared"); CPU serving attends with the split kernels, so only tests compile there."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=device_type != "cpu")
+    return torch.compile(flex_attention, **compile_options(device_type))
+
+
+def compile_options(device_type: str) -> dict[str, Any]:
+    """`kernel`'s torch.compile options on `device_type` (dynamic shapes off CPU; tests check what they guard)."""
+    return {"dynamic": device_type != "cpu"}
 
 
 @dataclass(frozen=True)

@@ -194,3 +194,46 @@ def test_one_segment_and_one_row_are_padded_to_the_tables_every_pass_shares(
     got = mask.attend(query[:, chosen], keys[:, 40:], values[:, 40:], past)
     assert got.shape == (4, len(chosen), 16)
     torch.testing.assert_close(got, expected[:, chosen], atol=2e-5, rtol=1e-5)
+
+
+def test_with_dynamic_shapes_a_new_batch_reuses_the_compiled_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off CPU the kernel is compiled once with dynamic shapes (`compile_options`): a pass of any other size must
+    reuse it, or every batch would compile again (seconds on a GPU) and, past dynamo's recompile limit, fall back to
+    eager FlexAttention, which materialises every score. The guards are dynamo's, whatever the backend, so the
+    eager backend checks them on CPU: after the forms a served pass takes (with and without cached keys, every row or
+    kept rows) have compiled once, eight batches of other sizes compile nothing more."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from decision_server import flex_segments
+
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention, backend="eager", **flex_segments.compile_options("cuda"))
+    monkeypatch.setattr(flex_segments, "kernel", lambda device_type: compiled)
+    counters = torch._dynamo.utils.counters
+    before = counters["stats"]["unique_graphs"]  # other tests' compiles
+
+    def serve(seed: int, requests: int, past_length: int) -> None:
+        layout = requests_layout(seed, requests, past_length)
+        tokens = layout.tokens
+        generator = torch.Generator().manual_seed(seed)
+        query = torch.randn(4, tokens, 16, generator=generator)
+        keys = torch.randn(2, past_length + tokens, 16, generator=generator)
+        values = torch.randn(2, past_length + tokens, 16, generator=generator)
+        past = SimpleNamespace(keys=keys[:, :past_length], values=values[:, :past_length]) if past_length else None
+        for rows in (None, sorted({0, 5, tokens // 2, tokens - 1})):
+            mask = FlexSegments.of(layout, past_length, torch.device("cpu"), rows=rows)
+            chosen = list(range(tokens)) if rows is None else rows
+            got = mask.attend(query[:, chosen], keys[:, past_length:], values[:, past_length:], past)
+            assert got.shape == (4, len(chosen), 16)
+
+    serve(1, 5, 0)
+    serve(2, 7, 300)
+    forms = counters["stats"]["unique_graphs"] - before
+    assert 0 < forms <= 4
+    for seed, (requests, past_length) in enumerate(
+        [(3, 128), (9, 0), (11, 50), (4, 0), (2, 400), (6, 0), (8, 77), (1, 0)]
+    ):
+        serve(10 + seed, requests, past_length)
+    assert counters["stats"]["unique_graphs"] - before == forms
+    torch._dynamo.reset()
