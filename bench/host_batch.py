@@ -12,7 +12,7 @@ rest of `engine.run`. The heap is settled after the warm-up run as the shard set
 Means beside medians: a full collection every few batches is invisible in a median.
 
 Prints one JSON object: reads, prompt_tokens, batch_ms, forward_ms, host_ms (medians), batch_ms_mean, host_ms_mean,
-gc_ms_mean, host_us_per_read, forward_passes.
+gc_ms_mean, host_us_per_read, forward_passes, budget, device.
 Run: .venv/bin/python bench/host_batch.py [--requests 64 --questions 8 --state 512 --runs 5]
 """
 
@@ -131,6 +131,7 @@ def main() -> None:
                 "host_us_per_read": round(1000 * host / reads_n, 1),
                 "forward_passes": passes,
                 "budget": engine.batch_budget.tokens,
+                "device": model.device_name,
             }
         )
     )

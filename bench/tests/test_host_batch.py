@@ -26,3 +26,4 @@ def test_the_host_batch_report_adds_up() -> None:
     assert report["forward_passes"] == 1
     assert 0 < report["forward_ms"] <= report["batch_ms"]
     assert report["host_ms"] >= 0 and report["host_us_per_read"] >= 0
+    assert report["device"] == "cpu"  # the GPU check reads it on its machine
