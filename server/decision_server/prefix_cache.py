@@ -26,7 +26,7 @@ class Segment:
 
     uid: int
     start: int
-    tokens: list[int]
+    tokens: tuple[int, ...]
     keys: torch.Tensor | None
     values: torch.Tensor | None
     parent: Segment | None
@@ -106,7 +106,7 @@ class PrefixCache:
 
     def _root(self, salt: str) -> Segment:
         if salt not in self._roots:
-            self._roots[salt] = Segment(uid=next(self._uids), start=0, tokens=[], keys=None, values=None, parent=None)
+            self._roots[salt] = Segment(uid=next(self._uids), start=0, tokens=(), keys=None, values=None, parent=None)
         return self._roots[salt]
 
     def match(self, salt: str, tokens: Sequence[int]) -> CachedPrefix:
@@ -156,7 +156,7 @@ class PrefixCache:
         leaf = Segment(
             uid=next(self._uids),
             start=position,
-            tokens=list(tokens[position:]),
+            tokens=tuple(tokens[position:]),
             keys=keys,
             values=values,
             parent=node,
@@ -265,9 +265,10 @@ def _owned(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _common_length(stored: Sequence[int], tokens: Sequence[int], offset: int) -> int:
-    """How many of `stored` equal `tokens` from `offset` on (`sequences.common_prefix`: in C, not per token)."""
-    return common_prefix(tuple(stored), tuple(tokens[offset : offset + len(stored)]))
+def _common_length(stored: tuple[int, ...], tokens: Sequence[int], offset: int) -> int:
+    """How many of `stored` equal `tokens` from `offset` on (`sequences.common_prefix`: in C, not per token; a
+    whole match, the usual case on a walk down the tree, is checked first)."""
+    return common_prefix(stored, tuple(tokens[offset : offset + len(stored)]), len(stored))
 
 
 # The `--prefix-cache-mb auto` rule: room for AUTO_CONTEXTS prompts of the model's full length, within a share of

@@ -911,7 +911,9 @@ def place_read(trie: TokenTrie, read: ReadSpec, prefix: CachedPrefix | None) -> 
     answer = prompt_nodes[-1]
     # Only prompt tokens are counted, the first time any read's prompt needs them; label branches are scoring work.
     computed = trie.claim(prompt_nodes)
-    label_nodes = [[answer, *trie.add_path(answer, label[:-1])] for label in read.labels]
+    label_nodes = [
+        [answer, *trie.add_path(answer, label[:-1])] if len(label) > 1 else [answer] for label in read.labels
+    ]
     return PlacedRead(
         read=read,
         prefix_length=skip,
