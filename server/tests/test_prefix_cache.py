@@ -208,7 +208,7 @@ def test_a_requests_state_is_cached_once_before_its_questions(
     """The engine caches the state a request's questions share, then the questions under it: the cache takes the
     shape (and the bytes) that caching each prompt in turn gave, but no stored segment is cut where a request's
     questions leave its state (caching the first question's prompt whole and cutting it at the second copied the
-    state's keys/values twice more), and the cached keys/values still answer exactly (a warm batch equals a cold
+    state's keys/values once more), and the cached keys/values still answer exactly (a warm batch equals a cold
     one). Cuts where different requests part (after the chat head they share) remain."""
     reads = decision_batch(tiny_qwen3.path)
     config = tiny_qwen3.text_config

@@ -847,7 +847,7 @@ class TreeEngine(NextTokenEngine):
         """Caches every read's prompt. Where a read shares more than its cached prefix with the next read of its salt
         (the state of a request's questions), that shared part is cached first: the questions then hang off it as
         they do in the trie, where caching the first read whole and cutting its segment at the second read's question
-        copied the state's keys/values twice more (`PrefixCache._split`)."""
+        copied the state's keys/values once more (`PrefixCache._split`)."""
         cache = self.prefix_cache
         assert cache is not None
         after = {}  # per read: the read after it of the same salt
