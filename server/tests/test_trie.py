@@ -83,7 +83,8 @@ def test_paths_added_in_bulk_build_the_trie_one_add_per_token_builds() -> None:
             nodes.append(parent)
         return nodes
 
-    states = [torch.randint(0, 6, (n,), generator=generator).tolist() for n in (40, 40, 3, 0, 25)]
+    # 150 and 90: paths longer than 64 new tokens key their edges in array steps (`TokenTrie._extend`).
+    states = [torch.randint(0, 6, (n,), generator=generator).tolist() for n in (40, 40, 3, 0, 25, 150, 90)]
     states[1][:20] = states[0][:20]  # two states sharing a head
     for step in range(200):
         state = states[int(torch.randint(0, len(states), (1,), generator=generator))]
