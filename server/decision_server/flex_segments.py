@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .segments import PAST, SegmentLayout
+from .segments import PAST, SegmentLayout, causal_rows
 
 # FlexAttention's tile: queries and keys are cut in blocks of this many rows.
 BLOCK = 128
@@ -87,7 +87,7 @@ class FlexSegments:
         for number, segment in enumerate(layout.segments):
             if segment.tree is None:
                 continue
-            causal = _causal(len(segment))
+            causal = causal_rows(len(segment))
             if np.array_equal(segment.tree, causal):
                 continue
             if (segment.tree & ~causal).any():
@@ -147,14 +147,6 @@ class FlexSegments:
             enable_gqa=query.shape[0] != keys.shape[0],
         )
         return attended[0, :, : self.rows]
-
-
-@functools.lru_cache(maxsize=64)
-def _causal(size: int) -> np.ndarray:
-    """(size, size) booleans, row i sees 0..i (kept: a batch's question trees come in a few sizes)."""
-    causal = np.tri(size, dtype=bool)
-    causal.flags.writeable = False
-    return causal
 
 
 def _key_ranges(past: Sequence[Any], past_length: int) -> list[tuple[int, int]]:

@@ -15,6 +15,7 @@ This module is plain numpy and device-free: the tree engine builds layouts, the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -121,3 +122,12 @@ def ranges(positions: Sequence[int] | np.ndarray, source: str) -> tuple[KeyRange
     firsts = array[np.concatenate(([0], cuts))].tolist()
     lasts = array[np.concatenate((cuts - 1, [array.size - 1]))].tolist()
     return tuple(KeyRange(source, first, last + 1) for first, last in zip(firsts, lasts, strict=True))
+
+
+@functools.lru_cache(maxsize=64)
+def causal_rows(size: int) -> np.ndarray:
+    """(size, size) booleans, row i sees 0..i; shared and read-only (a batch's questions and labels come in a few
+    lengths, so the planner and the FlexAttention tables reuse them)."""
+    causal = np.tri(size, dtype=bool)
+    causal.flags.writeable = False
+    return causal

@@ -15,7 +15,6 @@ between requests) each run is a forward pass of its own, after the passes holdin
 
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -30,7 +29,7 @@ from decision_server.engines.base import NextTokenEngine
 from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec
 from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
-from decision_server.segments import NEW, PAST, AttentionSegment, SegmentLayout, ranges
+from decision_server.segments import NEW, PAST, AttentionSegment, SegmentLayout, causal_rows, ranges
 from decision_server.sequences import common_prefix
 
 # Unique prompt tokens of one chunk (the router's default batch, `--max-batch-prefill-tokens`, so a batch is one
@@ -251,7 +250,7 @@ class TokenTrie:
             parent = int(parent_rows[start])
             if parent >= 0:  # every row of the run sees what its first row's parent sees
                 allowed[start:end, : parent + 1] = allowed[parent, : parent + 1]
-            allowed[start:end, start:end] = _causal(end - start)
+            allowed[start:end, start:end] = causal_rows(end - start)
         return allowed
 
     def ancestor_matrix(self, window: int | None = None) -> np.ndarray:
@@ -268,14 +267,6 @@ class TokenTrie:
             # Same rule as transformers' sliding overlay (kv > q - window), in positions, which here are depths.
             allowed &= (depths[:, None] - depths[None, :]) < window
         return allowed
-
-
-@functools.lru_cache(maxsize=64)
-def _causal(size: int) -> np.ndarray:
-    """(size, size) booleans, row i sees 0..i (kept: questions and labels come in a few lengths)."""
-    causal = np.tri(size, dtype=bool)
-    causal.flags.writeable = False
-    return causal
 
 
 def _gather(values: list[int], nodes: Sequence[int]) -> list[int]:
