@@ -8,7 +8,7 @@
 #   3. equality on CUDA: our shard's reads (tree and naive, float32 and bfloat16, eager, compiled, and compiled with
 #      CUDA graphs) against transformers' own forward on the tiny fixture, the tolerance per dtype as on CPU; then
 #      the host-work proxy (bench/host_overhead.py) with CUDA graphs and without, and the host work per batch around
-#      the forward (bench/host_batch.py);
+#      the forward (bench/host_batch.py: what overlaps the pass in flight, and whether anything in it waits);
 #   4. decision-bench through the whole stack (bench/gpu-workloads.sh: launcher, router, one shard), Qwen3-0.6B shape,
 #      bfloat16: 8 q x 512 at C 1 and C 64, 1 q x 300 in an open loop at 1,000 requests/s, 32 q x 2,048 at C 64; then,
 #      when under 300 s have gone, 8 q x 2,048 at C 64 on a Qwen3-8B-shaped random model; reports, summary.json (rows
@@ -97,7 +97,8 @@ for graphs in auto off; do
     || echo "host_overhead --cuda-graphs $graphs failed" | tee -a "$LOG"
 done
 
-echo "== 3c. the shard's host work per batch around its forward (bench/host_batch.py: 64 x 8 x 512, this machine's CPU)" | tee -a "$LOG"
+# in_flight_ms: the host work that runs while the pass is on the device; in_flight_syncs: waits for the device in it (0).
+echo "== 3c. the shard's host work per batch around its forward (bench/host_batch.py: 64 x 8 x 512, on this GPU)" | tee -a "$LOG"
 timeout 120 python3 bench/host_batch.py --runs 3 2>&1 | tail -1 | tee -a "$LOG" || echo "host_batch failed" | tee -a "$LOG"
 echo "== 4. decision-bench, --num-shard 1, bfloat16, Qwen3-0.6B shape (bench/gpu-workloads.sh)" | tee -a "$LOG"
 FIXTURE=/tmp/gpu-models/qwen3-0.6b

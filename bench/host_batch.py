@@ -6,13 +6,18 @@ cost at most 0.5 ms of host work in all, forward included.
 A batch of R requests x Q questions over distinct S-token states (fresh states every run, so the prefix cache never
 hits; it stores every batch as serving does), through the tree engine on a model that is narrow and shallow (Qwen3
 architecture, 2 layers, hidden 64, a 1,024-token vocabulary: random weights), one thread. Times are the thread's
-CPU time (steadier than wall time on a shared machine): `forward_ms` is the model's `score` calls, `host_ms` the
-rest of `engine.run`. The heap is settled after the warm-up run as the shard settles it (`decision_server.collector`;
-`--no-settle` leaves Python's defaults); `gc_ms_mean` is the time the garbage collector ran inside `engine.run`.
-Means beside medians: a full collection every few batches is invisible in a median.
+CPU time (steadier than wall time on a shared machine): `forward_ms` is the model's `launch` calls and the scores'
+collection, `host_ms` the rest of `engine.run`. Of `host_ms`, `in_flight_ms` runs between a pass's launch and the
+collection of its scores (the prefix cache's inserts: on a GPU it overlaps the device's work) and `waited_host_ms` is
+the rest (the device waits for it). The heap is settled after the warm-up run as the shard settles it
+(`decision_server.collector`; `--no-settle` leaves Python's defaults); `gc_ms_mean` is the time the garbage collector
+ran inside `engine.run`. Means beside medians: a full collection every few batches is invisible in a median.
 
-Prints one JSON object: reads, prompt_tokens, batch_ms, forward_ms, host_ms (medians), batch_ms_mean, host_ms_mean,
-gc_ms_mean, host_us_per_read, forward_passes, budget, device.
+On CUDA the last run counts the calls that wait for the device (torch's sync debug mode): `syncs` in all and
+`in_flight_syncs` between a launch and its collection, which would stall the host work meant to overlap the pass.
+
+Prints one JSON object: reads, prompt_tokens, batch_ms, forward_ms, host_ms, in_flight_ms, waited_host_ms (medians),
+batch_ms_mean, host_ms_mean, gc_ms_mean, in_flight_syncs, syncs, host_us_per_read, forward_passes, budget, device.
 Run: .venv/bin/python bench/host_batch.py [--requests 64 --questions 8 --state 512 --runs 5]
 """
 
@@ -24,6 +29,7 @@ import json
 import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -76,17 +82,39 @@ def main() -> None:
     # The whole batch as one chunk: what a device budget packs into one pass.
     tokens_per_request = args.state + 10 + args.questions * 18
     engine = make_engine("auto", model, args.cache_mb, max_batch_tokens=args.requests * tokens_per_request)
-    forward = [0.0]
-    score = model.score
+    # forward[0]: the model's launch and collect calls; forward[1]: host work between a launch and its collect (on a
+    # GPU it runs while the device computes); forward[2]: when the last launch returned.
+    forward = [0.0, 0.0, 0.0]
+    # On CUDA, torch's sync debug mode warns at every call that waits for the device; those between a launch and its
+    # collect would stall the host work that should overlap the pass (there should be none).
+    cuda = model.device.type == "cuda"
+    synced: list[warnings.WarningMessage] = []
+    window = [0, 0]  # warnings seen when the last launch returned; waits counted inside windows
+    launch = model.launch
 
-    def timed_score(request):  # type: ignore[no-untyped-def]
+    def timed_launch(request):  # type: ignore[no-untyped-def]
         started = time.thread_time()
         try:
-            return score(request)
+            launched = launch(request)
         finally:
-            forward[0] += time.thread_time() - started
+            forward[2] = time.thread_time()
+            forward[0] += forward[2] - started
+            window[0] = len(synced)
+        collect = launched.collect
 
-    model.score = timed_score  # type: ignore[method-assign]
+        def timed_collect():  # type: ignore[no-untyped-def]
+            began = time.thread_time()
+            forward[1] += began - forward[2]
+            window[1] += len(synced) - window[0]
+            try:
+                return collect()
+            finally:
+                forward[0] += time.thread_time() - began
+
+        launched.collect = timed_collect
+        return launched
+
+    model.launch = timed_launch  # type: ignore[method-assign]
     generator = torch.Generator().manual_seed(0)
     head = list(range(1, 11))  # a chat head every request shares
 
@@ -99,18 +127,28 @@ def main() -> None:
                 reads.append(ReadSpec(id=len(reads), prompt=tuple(state + question), labels=((3,), (4,), (7, 8))))
         return reads
 
-    totals, forwards, collections, passes = [], [], [], 0
+    totals, forwards, in_flights, collections, passes = [], [], [], [], 0
     for run in range(args.runs + 1):
         reads = batch()
         if run == 1 and not args.no_settle:
             collector.settle()  # after the warm-up run, as `serve` settles after its warm-up read
-        forward[0] = collecting[0] = 0.0
+        forward[0] = forward[1] = collecting[0] = 0.0
         started = time.thread_time()
-        outcome = engine.run(reads)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if cuda and run == args.runs:  # the last run: its waits for the device, where they happen
+                torch.cuda.set_sync_debug_mode("warn")
+                synced = caught
+            try:
+                outcome = engine.run(reads)
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode("default")
         elapsed = time.thread_time() - started
         if run:  # the first run warms up
             totals.append(elapsed * 1000)
             forwards.append(forward[0] * 1000)
+            in_flights.append(forward[1] * 1000)
             collections.append(collecting[0] * 1000)
             passes = outcome.forward_passes
     reads_n = args.requests * args.questions
@@ -124,6 +162,11 @@ def main() -> None:
                 "batch_ms": round(statistics.median(totals), 1),
                 "forward_ms": round(statistics.median(forwards), 1),
                 "host_ms": round(host, 1),
+                "in_flight_ms": round(statistics.median(in_flights), 1),
+                # CUDA only: the device waits in the last run while a pass was in flight (0 expected), and in all.
+                "in_flight_syncs": window[1] if cuda else None,
+                "syncs": len(synced) if cuda else None,
+                "waited_host_ms": round(statistics.median(h - f for h, f in zip(hosts, in_flights, strict=True)), 1),
                 "batch_ms_mean": round(statistics.mean(totals), 1),
                 "host_ms_mean": round(statistics.mean(hosts), 1),
                 "gc_ms_mean": round(statistics.mean(collections), 1),

@@ -26,4 +26,8 @@ def test_the_host_batch_report_adds_up() -> None:
     assert report["forward_passes"] == 1
     assert 0 < report["forward_ms"] <= report["batch_ms"]
     assert report["host_ms"] >= 0 and report["host_us_per_read"] >= 0
+    # The prefix cache stores each batch between its pass's launch and the collection of its scores (on a GPU, while
+    # the device computes): that part of the host work is reported apart from the part the device waits for.
+    assert 0 < report["in_flight_ms"] <= report["host_ms"] and report["waited_host_ms"] >= 0
+    assert report["syncs"] is None and report["in_flight_syncs"] is None  # counted on CUDA only
     assert report["device"] == "cpu"  # the GPU check reads it on its machine

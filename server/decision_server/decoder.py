@@ -1048,7 +1048,7 @@ class DecoderLM(nn.Module):
         positions: torch.Tensor,
         mask: torch.Tensor | None,
         past: list[LayerKV] | None,
-        keep: torch.Tensor | None = None,
+        keep: Sequence[int] | None = None,
         segments: SegmentLayout | None = None,
         segment_kernel: str | None = None,
     ) -> tuple[torch.Tensor, list[LayerKV]]:
@@ -1059,7 +1059,8 @@ class DecoderLM(nn.Module):
 
         `mask` (1, 1, tokens, past + tokens), booleans, True = may attend; None = causal. The hidden states are
         (tokens, hidden), or with `keep` (token indices) those rows only, in that order: the last layer then
-        computes only them (`KeptRows`).
+        computes only them (`KeptRows`). `keep` is a host list: its rows are grouped by segment on the host, with
+        no round trip through the device.
 
         With `bucket_rows` (AMX) the layers run `gemm_rows(tokens)` rows: padding rows of token 0 follow the
         tokens through the projections and row-wise ops and are never attended (`Attention.forward`).
@@ -1078,12 +1079,13 @@ class DecoderLM(nn.Module):
             plan = SegmentPlan.of(segments, past_length, hidden.dtype, hidden.device, kernel)
             layer_mask = plan
             if keep is not None:
-                rows = SegmentRows.of(keep.tolist(), plan, segments, hidden.device, self.bucket_rows)
+                rows = SegmentRows.of(keep, plan, segments, hidden.device, self.bucket_rows)
         else:
             if mask is not None and hidden.device.type == "cpu":
                 layer_mask = TreeAfterPast.of(mask, past_length, hidden.dtype) or mask
             if keep is not None:
-                rows = KeptRows.of(keep, mask, past_length, tokens, self.bucket_rows)
+                index = torch.tensor(list(keep), dtype=torch.long, device=hidden.device)
+                rows = KeptRows.of(index, mask, past_length, tokens, self.bucket_rows)
         last = len(self.layers) - 1
         new: list[LayerKV] = []
         if self.graph is not None and run_rows == tokens >= layer_graph.MIN_TOKENS:

@@ -17,8 +17,8 @@ import torch
 from decision_server.checkpoint import Checkpoint
 from decision_server.decoder import Attention, DecoderLM, DecoderShape, LayerKV, SegmentPlan, SegmentRows
 from decision_server.distributed import ParallelConfig, ShardGroup, join_group, partition
-from decision_server.layers import resolve_matmul, vocab_parallel_scores, widen_fits_memory
-from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
+from decision_server.layers import resolve_matmul, vocab_parallel_score_tensors, widen_fits_memory
+from decision_server.model_base import LaunchedPass, LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import free_memory_bytes
 from decision_server.segments import NEW, PAST, AttentionSegment, KeyRange, SegmentLayout
 
@@ -105,30 +105,14 @@ class DecoderModel(LoadedModel):
     def packs_segments(self) -> bool:
         return True
 
-    def _scores_in_pieces(self, kept: torch.Tensor, request: ScoreRequest) -> tuple[list[float], list[int]]:
-        """`layers.vocab_parallel_scores` of the kept rows, LOGIT_PIECE_ROWS rows at a time: a packed batch may keep
-        thousands of rows, and each costs a full-vocabulary row of float32 logits (600 kB for 150k tokens)."""
-        labels: list[float] = [0.0] * len(request.label_rows)
-        greedy: list[int] = [0] * len(request.greedy_rows)
-        for start in range(0, max(len(kept), 1), LOGIT_PIECE_ROWS):
-            end = start + LOGIT_PIECE_ROWS
-            label_at = [k for k, row in enumerate(request.label_rows) if start <= row < end]
-            greedy_at = [k for k, row in enumerate(request.greedy_rows) if start <= row < end]
-            values, tokens = vocab_parallel_scores(
-                self.network.head.local_logits(kept[start:end]),
-                self.network.head.start,
-                self.group,
-                [request.label_rows[k] - start for k in label_at],
-                [request.label_tokens[k] for k in label_at],
-                [request.greedy_rows[k] - start for k in greedy_at],
-            )
-            for k, value in zip(label_at, values, strict=True):
-                labels[k] = value
-            for k, token in zip(greedy_at, tokens, strict=True):
-                greedy[k] = token
-        return labels, greedy
-
     def score(self, request: ScoreRequest) -> ScoredPass:
+        return self.launch(request).finish()
+
+    def launch(self, request: ScoreRequest) -> LaunchedPass:
+        """The pass queued on the device: its inputs, the score indices included, copied there before the layers (a
+        copy to the device waits for what is queued before it), the layers, then the kept rows' scores, computed
+        LOGIT_PIECE_ROWS rows at a time (a packed batch may keep thousands of rows, and each costs a full-vocabulary
+        row of float32 logits: 600 kB for 150k tokens) and copied to the host in `finish`, once for the pass."""
         if isinstance(request.attention_mask, dict):
             raise ValueError("the decoder has full-attention layers only; it takes one mask, not one per layer type")
         past_length = int(request.past[0].shape[2]) if request.past is not None else 0
@@ -138,6 +122,7 @@ class DecoderModel(LoadedModel):
                 [len(request.token_ids), past_length, len(request.keep), _digest(request)],
             )
         device = self.device
+        pieces = _LogitPieces.of(request)
         with torch.inference_mode():
             ids = torch.tensor(request.token_ids, dtype=torch.long, device=device)
             positions = (
@@ -145,20 +130,42 @@ class DecoderModel(LoadedModel):
                 if request.position_ids is not None
                 else torch.arange(len(request.token_ids), device=device)
             )
+            indices = torch.tensor(pieces.indices, dtype=torch.long, device=device)
             past = None
             if request.past is not None:
-                keys, values = request.past
-                past = [LayerKV(keys[layer], values[layer]) for layer in range(keys.shape[0])]
-            keep = torch.tensor(request.keep, dtype=torch.long, device=device)
+                past_keys, past_values = request.past
+                past = [LayerKV(past_keys[layer], past_values[layer]) for layer in range(past_keys.shape[0])]
             kept, new = self.network.hidden_states(
-                ids, positions, request.attention_mask, past, keep, request.segments, self.segment_kernel
+                ids, positions, request.attention_mask, past, request.keep, request.segments, self.segment_kernel
             )
-            label_logprobs, greedy = self._scores_in_pieces(kept, request)
-            scored = ScoredPass(label_logprobs=label_logprobs, greedy_tokens=greedy)
+            head = self.network.head
+            labels, greedy = [], []
+            for start, end, label_rows, label_tokens, greedy_rows in pieces.slices(indices):
+                piece_labels, piece_greedy = vocab_parallel_score_tensors(
+                    head.local_logits(kept[start:end]), head.start, self.group, label_rows, label_tokens, greedy_rows
+                )
+                labels.append(piece_labels)
+                greedy.append(piece_greedy)
+            label_values, greedy_tokens = torch.cat(labels).double(), torch.cat(greedy)
+            keys: torch.Tensor | None = None
+            values: torch.Tensor | None = None
             if request.return_key_values:
-                scored.keys = torch.stack([kv.keys for kv in new])
-                scored.values = torch.stack([kv.values for kv in new])
-        return scored
+                keys = torch.stack([kv.keys for kv in new])
+                values = torch.stack([kv.values for kv in new])
+            ready = None
+            if device.type == "cuda":
+                # The scores' copy to the host is queued now, behind the pass and ahead of whatever the host queues
+                # next (the next batch's pass): `finish` waits for this pass's scores alone.
+                label_values, greedy_tokens = _queued_to_host(label_values), _queued_to_host(greedy_tokens)
+                ready = torch.cuda.Event()
+                ready.record()
+
+        def collect() -> tuple[list[float], list[int]]:
+            if ready is not None:
+                ready.synchronize()
+            return pieces.collect(label_values, greedy_tokens)
+
+        return LaunchedPass(keys, values, collect, in_flight=ready is not None)
 
     def probe(self) -> float:
         weight = self.network.embedding.weight
@@ -172,6 +179,78 @@ class DecoderModel(LoadedModel):
 
     def close(self) -> None:
         self.group.close()
+
+
+def _queued_to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of device `tensor` in pinned host memory, queued on the device's stream (valid once it has run)."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    return host
+
+
+@dataclass(frozen=True)
+class _LogitPieces:
+    """A pass's kept rows in pieces of LOGIT_PIECE_ROWS, with each piece's score indices (its own label rows, label
+    tokens and greedy rows) laid end to end in `indices`, one host list the pass copies to the device at once."""
+
+    bounds: tuple[tuple[int, int, int, int], ...]  # per piece: first row, labels, greedy rows, offset in indices
+    indices: list[int]
+    label_order: list[int]  # the request's label index of each label value, in piece order
+    greedy_order: list[int]
+    labels: int
+    greedy: int
+
+    @classmethod
+    def of(cls, request: ScoreRequest) -> _LogitPieces:
+        count = max(-(-len(request.keep) // LOGIT_PIECE_ROWS), 1)  # one piece even with no kept rows
+        label_at: list[list[int]] = [[] for _ in range(count)]
+        greedy_at: list[list[int]] = [[] for _ in range(count)]
+        for k, row in enumerate(request.label_rows):
+            label_at[row // LOGIT_PIECE_ROWS].append(k)
+        for k, row in enumerate(request.greedy_rows):
+            greedy_at[row // LOGIT_PIECE_ROWS].append(k)
+        bounds: list[tuple[int, int, int, int]] = []
+        indices: list[int] = []
+        for number, (labels, greedy) in enumerate(zip(label_at, greedy_at, strict=True)):
+            start = number * LOGIT_PIECE_ROWS
+            bounds.append((start, len(labels), len(greedy), len(indices)))
+            indices += [request.label_rows[k] - start for k in labels]
+            indices += [request.label_tokens[k] for k in labels]
+            indices += [request.greedy_rows[k] - start for k in greedy]
+        return cls(
+            bounds=tuple(bounds),
+            indices=indices,
+            label_order=[k for labels in label_at for k in labels],
+            greedy_order=[k for greedy in greedy_at for k in greedy],
+            labels=len(request.label_rows),
+            greedy=len(request.greedy_rows),
+        )
+
+    def slices(self, indices: torch.Tensor) -> list[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per piece: its rows [start, end) and its label rows, label tokens and greedy rows, as views of `indices`
+        (`self.indices` on the device)."""
+        out = []
+        for start, labels, greedy, at in self.bounds:
+            out.append(
+                (
+                    start,
+                    start + LOGIT_PIECE_ROWS,
+                    indices[at : at + labels],
+                    indices[at + labels : at + 2 * labels],
+                    indices[at + 2 * labels : at + 2 * labels + greedy],
+                )
+            )
+        return out
+
+    def collect(self, label_values: torch.Tensor, greedy_tokens: torch.Tensor) -> tuple[list[float], list[int]]:
+        """The pass's scores on the host, in the request's order: the pass's one wait for the device."""
+        labels: list[float] = [0.0] * self.labels
+        greedy: list[int] = [0] * self.greedy
+        for k, value in zip(self.label_order, label_values.double().tolist(), strict=True):
+            labels[k] = value
+        for k, token in zip(self.greedy_order, greedy_tokens.tolist(), strict=True):
+            greedy[k] = token
+        return labels, greedy
 
 
 def _digest(request: ScoreRequest) -> int:

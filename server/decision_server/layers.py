@@ -552,40 +552,58 @@ def vocab_parallel_scores(
 ) -> tuple[list[float], list[int]]:
     """log_softmax(logits)[label_rows[k], label_tokens[k]] for every k, and argmax(logits[r]) for r in greedy_rows,
     where `logits` (rows, vocab) is split by vocabulary across ranks and this rank holds columns
-    [vocab_start, vocab_start + local_logits.shape[1]).
+    [vocab_start, vocab_start + local_logits.shape[1]): `vocab_parallel_score_tensors` copied to the host."""
+    device = local_logits.device
+    label_logprobs, greedy = vocab_parallel_score_tensors(
+        local_logits,
+        vocab_start,
+        group,
+        torch.tensor(list(label_rows), dtype=torch.long, device=device),
+        torch.tensor(list(label_tokens), dtype=torch.long, device=device),
+        torch.tensor(list(greedy_rows), dtype=torch.long, device=device),
+    )
+    values: list[float] = label_logprobs.double().tolist()
+    tokens: list[int] = greedy.tolist()
+    return values, tokens
+
+
+def vocab_parallel_score_tensors(
+    local_logits: torch.Tensor,
+    vocab_start: int,
+    group: ShardGroup,
+    label_rows: torch.Tensor,
+    label_tokens: torch.Tensor,
+    greedy_rows: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`vocab_parallel_scores` on the device: (labels,) float32 log-probabilities and (greedy rows,) int64 tokens,
+    from index tensors already on the logits' device, so nothing here waits for the device (`DecoderModel.launch`).
 
     Nothing of size vocab crosses ranks: per row, the maximum and the sum of exponentials are all-reduced (so
     each rank knows log Z), each label logit comes from its owner (others add 0), and the greedy token is the
     smallest index holding the global maximum (torch.argmax's tie rule), all-reduced as a minimum.
     """
     logits = local_logits.float()
-    device = logits.device
     width = logits.shape[1]
     rows = logits.shape[0]
     local_max, local_argmax = logits.max(dim=-1)
     global_max = group.all_reduce_max(local_max.clone())
     # A row whose every logit is -inf would give nan here, exactly as log_softmax would.
     sum_exp = torch.exp(logits - global_max.unsqueeze(-1)).sum(dim=-1)
-    row_index = torch.tensor(list(label_rows), dtype=torch.long, device=device)
-    column = torch.tensor(list(label_tokens), dtype=torch.long, device=device) - vocab_start
+    column = label_tokens - vocab_start
     owned = (column >= 0) & (column < width)
-    picked = logits[row_index, column.clamp(0, width - 1)].masked_fill(~owned, 0.0)
+    picked = logits[label_rows, column.clamp(0, width - 1)].masked_fill(~owned, 0.0)
     # One all-reduce carries both sums: the per-row exponentials, then each label's logit.
     totals = group.all_reduce_sum(torch.cat([sum_exp, picked]))
     log_normaliser = global_max + torch.log(totals[:rows])
-    label_logprobs = totals[rows:] - log_normaliser[row_index]
+    label_logprobs = totals[rows:] - log_normaliser[label_rows]
 
-    greedy_index = torch.tensor(list(greedy_rows), dtype=torch.long, device=device)
     never = torch.iinfo(torch.int64).max
     candidates = torch.where(
-        local_max[greedy_index] == global_max[greedy_index],
-        local_argmax[greedy_index] + vocab_start,
-        torch.full_like(local_argmax[greedy_index], never),
+        local_max[greedy_rows] == global_max[greedy_rows],
+        local_argmax[greedy_rows] + vocab_start,
+        torch.full_like(local_argmax[greedy_rows], never),
     )
-    greedy = group.all_reduce_min(candidates)
-    values: list[float] = label_logprobs.double().tolist()
-    tokens: list[int] = greedy.tolist()
-    return values, tokens
+    return label_logprobs, group.all_reduce_min(candidates)
 
 
 def _bias_name(weight_name: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -88,6 +88,29 @@ class ScoredPass:
     values: torch.Tensor | None = None
 
 
+@dataclass
+class LaunchedPass:
+    """A forward pass whose work is queued on the device (`LoadedModel.launch`). Its keys/values are usable at once
+    in further device work (the device's stream orders it after the pass: the prefix cache's copies); its scores
+    reach the host in `finish`, the pass's one wait for the device. On CPU every op runs as it is called, so a
+    launched pass is already done and `finish` only hands its scores over."""
+
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
+    collect: Callable[[], tuple[list[float], list[int]]]
+    # The device is still computing the pass (CUDA); False where it ran to the end in `launch` (CPU).
+    in_flight: bool = False
+
+    @classmethod
+    def done(cls, scored: ScoredPass) -> LaunchedPass:
+        """A pass that ran to the end before it was handed over (models with no launch of their own)."""
+        return cls(scored.keys, scored.values, lambda: (scored.label_logprobs, scored.greedy_tokens))
+
+    def finish(self) -> ScoredPass:
+        label_logprobs, greedy_tokens = self.collect()
+        return ScoredPass(label_logprobs, greedy_tokens, self.keys, self.values)
+
+
 class ModelState(ABC):
     """What a model keeps of the tokens it has run so a later pass can continue after them: keys/values of
     attention layers, and the convolution and recurrent states of layers that have no per-token keys."""
@@ -155,6 +178,12 @@ class LoadedModel(ABC):
     @abstractmethod
     def score(self, request: ScoreRequest) -> ScoredPass:
         """Runs one forward pass. Every rank of a group must run the same passes in the same order."""
+
+    def launch(self, request: ScoreRequest) -> LaunchedPass:
+        """`score` in two steps: the pass queued on the device now, its scores copied to the host by `finish`,
+        so the host's work in between (caching the pass's keys/values) runs while the device computes. Here the
+        whole pass runs at once; the shard's own decoder splits it."""
+        return LaunchedPass.done(self.score(request))
 
     @abstractmethod
     def probe(self) -> float:

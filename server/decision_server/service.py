@@ -10,12 +10,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
 from decision_server import fused
-from decision_server.engines import AnyEngine
+from decision_server.engines import AnyEngine, Started
 from decision_server.errors import grpc_status_for, is_fatal
 from decision_server.model_base import LoadedModel, dtype_name
 from decision_server.pb import decision_pb2, decision_pb2_grpc
@@ -125,19 +125,23 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
 
     async def _read(self, request: decision_pb2.ReadRequest) -> decision_pb2.ReadResponse:
         """The request decoded by the engine's read kind, its media expanded on the media threads (a read whose media
-        cannot be decoded is answered with its error, the others go on), then the batch on the model thread."""
+        cannot be decoded is answered with its error, the others go on), then the batch on the model thread.
+
+        A batch the engine leaves in flight (its passes queued on a GPU: `Engine.start`) is finished in a second job on
+        the model thread, so a batch that arrived meanwhile (the router's `--max-batches-at-shard 2`) is planned and
+        launched first, while the device computes this one: the device then never waits for the host's planning. A
+        batch that is done when it starts (CPU) is finished and answered in the same job, never held behind another."""
         engine, kind = self._engine, self._kind
         specs, media_errors = await kind.with_media(kind.from_pb(request), engine, self._media_threads)
+        began: list[float] = []
+        idle: list[float | None] = []
 
-        def work() -> decision_pb2.ReadResponse:
-            started = time.perf_counter()
-            # How long the model thread (the device) sat idle before this batch: a router that keeps the next
-            # batch at the shard (`--max-batches-at-shard 2`) makes it ~0 under load.
-            idle = None if self._last_done is None else started - self._last_done
+        def finish(started: Started[Any]) -> decision_pb2.ReadResponse:
             try:
-                batch = engine.run(specs)
+                batch = started.finish()
             finally:
                 self._last_done = time.perf_counter()
+            waited = idle[0]
             logger.debug(
                 kind.batch_message,
                 extra={
@@ -146,8 +150,8 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
                         "forward_passes": batch.forward_passes,
                         "packed_tokens": batch.packed_tokens,
                         "forward_ms": round(batch.forward_seconds * 1e3, 3),
-                        "run_ms": round((self._last_done - started) * 1e3, 3),
-                        "idle_ms": None if idle is None else round(idle * 1e3, 3),
+                        "run_ms": round((self._last_done - began[0]) * 1e3, 3),
+                        "idle_ms": None if waited is None else round(waited * 1e3, 3),
                         **kind.log_fields(batch),
                     }
                 },
@@ -156,10 +160,25 @@ class DecisionShardService(decision_pb2_grpc.DecisionShardServicer):
             cache = engine.prefix_cache
             # The whole model's bytes on every rank (PrefixCache counts them so), for the router's usage gauge.
             response.prefix_cache_used_bytes = cache.bytes_used if cache is not None else 0
-            response.idle_micros = 0 if idle is None else round(idle * 1e6)
+            response.idle_micros = 0 if waited is None else round(waited * 1e6)
             return response
 
-        return await asyncio.get_running_loop().run_in_executor(self._model_thread, work)
+        def start() -> decision_pb2.ReadResponse | Started[Any]:
+            began.append(time.perf_counter())
+            # How long the model thread (the device) sat idle before this batch: a router that keeps the next
+            # batch at the shard (`--max-batches-at-shard 2`) makes it ~0 under load.
+            idle.append(None if self._last_done is None else began[0] - self._last_done)
+            try:
+                started = engine.start(specs)
+            finally:
+                self._last_done = time.perf_counter()
+            return started if started.in_flight else finish(started)
+
+        loop = asyncio.get_running_loop()
+        first = await loop.run_in_executor(self._model_thread, start)
+        if isinstance(first, decision_pb2.ReadResponse):
+            return first
+        return await loop.run_in_executor(self._model_thread, finish, first)
 
     def _breaks_group(self, rpc: str, code: grpc.StatusCode) -> bool:
         """A rank that fails in the middle of a read leaves its peers waiting in a collective (or ahead of it by

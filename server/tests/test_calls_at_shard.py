@@ -1,6 +1,8 @@
 """Two calls at the shard at once (the router's `--max-batches-at-shard 2`): the second waits on the model thread
 behind the first and starts the moment it ends, both answer exactly as they would alone, and the batch log says how
-long the model thread sat idle before each batch."""
+long the model thread sat idle before each batch. Where the first batch is still in flight on the device when it has
+started (a GPU), the second is started (planned, launched) before the first is finished, so the device never waits
+for the host's planning; where it is done when it has started (CPU), it is answered before the second starts."""
 
 from __future__ import annotations
 
@@ -16,14 +18,22 @@ import pytest
 import torch
 from conftest import InProcessShard, label_logprobs, random_tokens, read_request, socket_dir
 
-from decision_server.engines import BatchOutcome, ReadSpec, make_engine
+from decision_server.engines import BatchOutcome, ReadSpec, Started, make_engine
 from decision_server.pb import decision_pb2_grpc
 from decision_server.read_kinds.next_token import read_specs
 from decision_server.service import DecisionShardService
 
 
+@pytest.mark.parametrize(
+    ("in_flight", "order"),
+    [
+        (False, ["start 0", "finish 0", "start 1", "finish 1"]),
+        (True, ["start 0", "start 1", "finish 0", "finish 1"]),
+    ],
+    ids=["done-when-started-cpu", "in-flight-gpu"],
+)
 def test_a_second_call_waits_on_the_model_thread_and_starts_when_the_first_ends(
-    tiny_qwen3: Any, caplog: pytest.LogCaptureFixture
+    tiny_qwen3: Any, caplog: pytest.LogCaptureFixture, in_flight: bool, order: list[str]
 ) -> None:
     generator = torch.Generator().manual_seed(7)
     vocab = tiny_qwen3.vocab_size
@@ -38,16 +48,26 @@ def test_a_second_call_waits_on_the_model_thread_and_starts_when_the_first_ends(
     engine = make_engine("tree", tiny_qwen3)
     alone = [make_engine("tree", tiny_qwen3).run(read_specs(request)) for request in requests]
     release, entered = threading.Event(), threading.Event()
-    real_run = engine.run
+    real_start = engine.start
+    seen: list[str] = []
 
-    def gated_run(reads: Sequence[ReadSpec]) -> BatchOutcome:
+    def gated_start(reads: Sequence[ReadSpec]) -> Started[BatchOutcome]:
         # The first batch holds the model thread until the second call has arrived and queued behind it.
         if not entered.is_set():
             entered.set()
             assert release.wait(timeout=60)
-        return real_run(reads)
+        number = len([event for event in seen if event.startswith("start")])
+        seen.append(f"start {number}")
+        started = real_start(reads)
 
-    engine.run = gated_run  # type: ignore[method-assign]
+        def finish() -> BatchOutcome:
+            seen.append(f"finish {number}")
+            return started.finish()
+
+        # As on a GPU, where the tree engine's passes are still queued on the device when `start` returns.
+        return Started(finish, in_flight=in_flight)
+
+    engine.start = gated_start  # type: ignore[method-assign]
     caplog.set_level(logging.DEBUG, logger="decision_server.service")
     service = DecisionShardService(tiny_qwen3, engine)
     with socket_dir() as folder, ThreadPoolExecutor(max_workers=2) as client:
@@ -88,3 +108,4 @@ def test_a_second_call_waits_on_the_model_thread_and_starts_when_the_first_ends(
     assert abs(answers[1].idle_micros - batches[1]["idle_ms"] * 1e3) <= 1
     assert batches[0]["run_ms"] >= batches[0]["forward_ms"]
     assert held_ms >= 200
+    assert seen == order

@@ -631,9 +631,7 @@ def test_the_last_layer_computes_only_the_kept_rows(request: pytest.FixtureReque
             full, full_kv = network.hidden_states(ids[past_length:], positions, mask, past)
             for keep in ([39, 3, 19, 20], []):
                 seen.clear()
-                kept, kept_kv = network.hidden_states(
-                    ids[past_length:], positions, mask, past, torch.tensor(keep, dtype=torch.long)
-                )
+                kept, kept_kv = network.hidden_states(ids[past_length:], positions, mask, past, keep)
                 assert seen == ([len(keep)] if keep else [])
                 assert kept.shape == (len(keep), network.shape.hidden_size)
                 torch.testing.assert_close(kept, full[keep], rtol=0, atol=2e-5)
@@ -669,7 +667,7 @@ def test_bucketed_passes_run_their_gemms_at_bucketed_row_counts(
         allowed[:, 0] = True
         mask = model.tree_attention_mask(allowed)
         positions = torch.tensor([i % 10 for i in range(tokens)])
-    keep = torch.arange(0, tokens, 2)  # 20 kept rows: 32 in the last layer
+    keep = list(range(0, tokens, 2))  # 20 kept rows: 32 in the last layer
     linears = [m for m in network.modules() if isinstance(m, layers.ColumnParallelLinear | layers.RowParallelLinear)]
     rows_seen: list[int] = []
     hooks = [m.register_forward_hook(lambda _m, args, _o: rows_seen.append(args[0].shape[0])) for m in linears]

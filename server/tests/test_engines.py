@@ -327,7 +327,7 @@ def test_serve_loads_warms_up_and_reads_on_one_thread(
 
     def engine_with_recorded_reads(*args: Any, **kwargs: Any) -> Any:
         engine = on_thread("make_engine", make_engine)(*args, **kwargs)
-        engine.run = on_thread("read", engine.run)
+        engine.start = on_thread("read", engine.start)  # the service starts (and on CPU finishes) every batch
         return engine
 
     monkeypatch.setattr(serve, "load_model", on_thread("load", serve.load_model))

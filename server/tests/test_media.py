@@ -401,8 +401,14 @@ def test_bad_media_fail_only_their_own_read_naming_their_position() -> None:
             ).results
             assert [r.id for r in results] == [0, 1, 2]
             assert words in results[1].media_error and results[1].WhichOneof("kind") is None, results[1]
+            # Equal to the read alone within the float32 tolerance of every batched read here, not bit for bit: beside
+            # other reads the same rows go through GEMMs of another row count, whose kernels (oneDNN picks them by
+            # shape and CPU) may sum in another order (a 2-core AMD EPYC without AVX-512: 4.8e-7 apart).
             for other in (results[0], results[2]):
-                assert other.media_error == "" and list(other.next_token.labels) == list(alone.next_token.labels)
+                assert other.media_error == "" and other.next_token.greedy_token_id == alone.next_token.greedy_token_id
+                assert [lp for label in other.next_token.labels for lp in label.variant_logprobs] == pytest.approx(
+                    [lp for label in alone.next_token.labels for lp in label.variant_logprobs], abs=TOL
+                )
         # A broken contract (more images than placeholders) is the router's bug: the whole RPC is refused.
         with pytest.raises(grpc.RpcError) as raised:
             stub.Read(decision_pb2.ReadRequest(reads=[read(ids, label_ids, [item(good), item(good, "images.1")])]))

@@ -177,3 +177,74 @@ def test_logits_in_pieces_of_rows_equal_all_at_once(tiny_qwen3: LoadedModel, mon
     for a, b in zip(whole.outcomes, pieces.outcomes, strict=True):
         assert a.label_logprobs == pytest.approx(b.label_logprobs, abs=1e-6)
         assert a.greedy_token_id == b.greedy_token_id
+
+
+@pytest.mark.parametrize("requests", [1, 4], ids=["one-read-one-pass", "packed-batch"])
+def test_the_cache_stores_a_pass_before_its_scores_are_waited_for(
+    tiny_qwen3: LoadedModel, monkeypatch: pytest.MonkeyPatch, requests: int
+) -> None:
+    # On a GPU a pass's scores reach the host in `LaunchedPass.finish`, the pass's one wait for the device. The
+    # prefix cache's inserts (copies queued behind the pass, and their bookkeeping in Python) come before it, so they
+    # run while the device computes. Recorded: what the cache holds when each pass's scores are collected.
+    cache = PrefixCache(64 << 20)
+    engine = TreeEngine(tiny_qwen3, prefix_cache=cache, min_split_tokens=64)
+    held_when_collected: list[int] = []
+    launch = tiny_qwen3.launch
+
+    def recording_launch(request: Any) -> Any:
+        launched = launch(request)
+        collect = launched.collect
+
+        def collect_after_recording() -> tuple[list[float], list[int]]:
+            held_when_collected.append(cache.cached_tokens)
+            return collect()
+
+        launched.collect = collect_after_recording
+        return launched
+
+    monkeypatch.setattr(tiny_qwen3, "launch", recording_launch)
+    reads = many_requests(requests=requests, state_tokens=60, questions=3 if requests > 1 else 1)
+    batch = engine.run(reads)
+    assert batch.forward_passes == 1
+    # Every prompt token of the batch (less each answer position, never cached alone) was cached before the wait.
+    unique = len({read.prompt[:end] for read in reads for end in range(1, len(read.prompt) + 1)})
+    assert held_when_collected == [cache.cached_tokens] and cache.cached_tokens == unique
+    monkeypatch.undo()
+    for ours, uncached in zip(batch.outcomes, TreeEngine(tiny_qwen3).run(reads).outcomes, strict=True):
+        assert ours.label_logprobs == pytest.approx(uncached.label_logprobs, abs=1e-5)
+
+
+def test_a_batch_in_flight_on_the_device_is_finished_later_with_the_same_outcomes(
+    tiny_qwen3: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On CPU a pass is done when it is launched, so a started batch is not in flight and the service answers it at
+    # once. On a GPU the decoder's passes are in flight (`LaunchedPass.in_flight`): the started batch says so, and its
+    # outcomes come in `finish`. Three chunks (a budget of two requests), each launched before any is collected.
+    reads = many_requests(requests=5, state_tokens=50, questions=2)
+    budget = 2 * (12 + 50 + 8)
+    expected = TreeEngine(tiny_qwen3, max_packed_tokens=budget).run(reads)
+    engine = TreeEngine(tiny_qwen3, max_packed_tokens=budget)
+    assert not engine.start(reads).in_flight
+    events: list[str] = []
+    launch = tiny_qwen3.launch
+
+    def in_flight_launch(request: Any) -> Any:
+        launched = launch(request)
+        events.append("launch")
+        collect = launched.collect
+
+        def collect_later() -> tuple[list[float], list[int]]:
+            events.append("collect")
+            return collect()
+
+        return replace(launched, collect=collect_later, in_flight=True)
+
+    monkeypatch.setattr(tiny_qwen3, "launch", in_flight_launch)
+    started = TreeEngine(tiny_qwen3, max_packed_tokens=budget).start(reads)
+    assert started.in_flight and events == ["launch"] * 3
+    batch = started.finish()
+    assert events == ["launch"] * 3 + ["collect"] * 3
+    assert batch.forward_passes == expected.forward_passes == 3
+    for ours, theirs in zip(batch.outcomes, expected.outcomes, strict=True):
+        assert ours.id == theirs.id and ours.label_logprobs == theirs.label_logprobs
+        assert ours.greedy_token_id == theirs.greedy_token_id

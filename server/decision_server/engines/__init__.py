@@ -36,6 +36,7 @@ from decision_server.engines.types import (
     InvalidReadError,
     ReadOutcome,
     ReadSpec,
+    Started,
 )
 from decision_server.model_base import Capabilities, LoadedModel, capabilities_of
 from decision_server.prefix_cache import (
@@ -164,6 +165,7 @@ __all__ = [
     "PooledSpec",
     "ReadOutcome",
     "ReadSpec",
+    "Started",
     "TreeEngine",
     "make_engine",
     "plan_prefix_cache",

@@ -12,7 +12,7 @@ import torch
 
 from decision_server.batch_budget import BatchBudget
 from decision_server.engines.media import run_media_reads
-from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadSpec
+from decision_server.engines.types import BatchOutcome, InvalidReadError, ReadSpec, Started
 from decision_server.model_base import Capabilities, LoadedModel, capabilities_of
 from decision_server.prefix_cache import CachePlan, PrefixCache
 
@@ -41,6 +41,12 @@ class Engine(Protocol[SpecT, BatchT]):
 
     def run(self, reads: Sequence[SpecT]) -> BatchT:
         """Checks every read, then runs them; outcomes in request order."""
+        ...
+
+    def start(self, reads: Sequence[SpecT]) -> Started[BatchT]:
+        """`run` in two steps: checks every read and starts the batch; `finish` on the result waits for it. Where
+        the device queues work (the tree engine's passes on a GPU) the batch is still in flight when this returns;
+        elsewhere it is done."""
         ...
 
 
@@ -89,26 +95,33 @@ class NextTokenEngine(ABC):
         self.capabilities = capabilities_of(model)
 
     def run(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
+        return self.start(reads).finish()
+
+    def start(self, reads: Sequence[ReadSpec]) -> Started[BatchOutcome]:
         media_model = self.capabilities.media_scoring
         for read in reads:
             validate_read(read, self.model.token_limit, self.model.max_position_embeddings)
             if read.media and media_model is None:
                 raise InvalidReadError(read.id, "this model reads no media")
         if not reads:
-            return BatchOutcome(outcomes=[])
+            return Started.done(BatchOutcome(outcomes=[]))
         text = [read for read in reads if not read.media]
         # All tensor work of a batch, cache bookkeeping included, happens without autograd tracking.
         with torch.inference_mode():
-            batch = self._run_valid(text) if text else BatchOutcome(outcomes=[])
             if len(text) == len(reads):
-                return batch
+                return self._start_valid(text)
+            batch = self._run_valid(text) if text else BatchOutcome(outcomes=[])
             # Reads with media run apart from text reads, sharing only a prefill of equal media and ids among
             # themselves (engines/media.py); results keep the batch's read order.
             text_outcomes = iter(batch.outcomes)
             assert media_model is not None  # every read with media was checked above
             media_outcomes = iter(run_media_reads(media_model, [read for read in reads if read.media], batch))
             batch.outcomes = [next(media_outcomes) if read.media else next(text_outcomes) for read in reads]
-            return batch
+            return Started.done(batch)
+
+    def _start_valid(self, reads: Sequence[ReadSpec]) -> Started[BatchOutcome]:
+        """Starts reads that passed `validate_read` (text only); engines whose passes can be in flight override it."""
+        return Started.done(self._run_valid(reads))
 
     @abstractmethod
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:

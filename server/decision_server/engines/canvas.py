@@ -23,6 +23,7 @@ from decision_server.engines.types import (
     CanvasRowOutcome,
     CanvasSpec,
     InvalidReadError,
+    Started,
 )
 from decision_server.media import MediaPrompt
 from decision_server.model_base import LoadedModel, capabilities_of
@@ -138,6 +139,10 @@ class CanvasEngine:
         self.model = model
         self._module = module
         self._softcap = getattr(model.text_config, "final_logit_softcapping", None)
+
+    def start(self, reads: Sequence[CanvasSpec]) -> Started[CanvasBatchOutcome]:
+        """`run`: its passes end before it returns."""
+        return Started.done(self.run(reads))
 
     def run(self, reads: Sequence[CanvasSpec]) -> CanvasBatchOutcome:
         for read in reads:

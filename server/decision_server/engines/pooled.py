@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from decision_server.batch_budget import BatchBudget
-from decision_server.engines.types import InvalidReadError
+from decision_server.engines.types import InvalidReadError, Started
 from decision_server.joint_head import QUESTION_TYPES, PooledQuestion, PooledScores
 from decision_server.media import MediaItem, MediaPrompt
 from decision_server.model_base import Capabilities, PooledScoring
@@ -103,6 +103,10 @@ class PooledEngine:
         self.padded_tokens = padded_tokens
         # The head is what this engine needs of a model; its media go through `model.prepare_pooled_media`.
         self.capabilities = Capabilities(prefix_cache_refusal="off: pooled reads keep no prefixes", pooled=model)
+
+    def start(self, reads: Sequence[PooledSpec]) -> Started[PooledBatchOutcome]:
+        """`run`: its passes end before it returns."""
+        return Started.done(self.run(reads))
 
     def run(self, reads: Sequence[PooledSpec]) -> PooledBatchOutcome:
         # Every read is checked before any forward: one bad read fails the batch without wasted work.

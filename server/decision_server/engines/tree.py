@@ -26,8 +26,8 @@ import torch
 
 from decision_server.architectures import EngineRefusedError, tree_refusal
 from decision_server.engines.base import NextTokenEngine
-from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec
-from decision_server.model_base import LoadedModel, ScoredPass, ScoreRequest
+from decision_server.engines.types import BatchOutcome, ReadOutcome, ReadSpec, Started
+from decision_server.model_base import LaunchedPass, LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
 from decision_server.segments import NEW, PAST, AttentionSegment, SegmentLayout, causal_rows, ranges
 from decision_server.sequences import common_prefix
@@ -487,12 +487,22 @@ class _NodeKeyValues:
                 keys.append(part_keys[:, :, first : first + high - low])
                 values.append(part_values[:, :, first : first + high - low])
             else:
-                gather = torch.from_numpy(run).to(part_keys.device)
+                gather = _to_device(run, part_keys.device)
                 keys.append(part_keys.index_select(2, gather))
                 values.append(part_values.index_select(2, gather))
         if len(keys) == 1:
             return keys[0], values[0]
         return torch.cat(keys, dim=2), torch.cat(values, dim=2)
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` on `device`, without waiting for the device: on CUDA a copy from pageable host memory waits for all
+    the work queued before it (a pass still in flight while `_remember` selects its keys), one from pinned memory
+    does not."""
+    tensor = torch.from_numpy(array)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _concat_past(first: KeyValues | None, second: KeyValues | None) -> KeyValues | None:
@@ -553,10 +563,20 @@ class TreeEngine(NextTokenEngine):
         self.min_split_tokens = min_split_tokens
 
     def _run_valid(self, reads: Sequence[ReadSpec]) -> BatchOutcome:
+        return self._start_valid(reads).finish()
+
+    def _start_valid(self, reads: Sequence[ReadSpec]) -> Started[BatchOutcome]:
+        """Each chunk planned, launched and cached in turn (a chunk's prefixes match what the chunks before it
+        cached); the scores of all of them collected in `finish`."""
         batch = BatchOutcome(outcomes=[])
-        for chunk in self._chunks(reads):
-            batch.outcomes.extend(self._run_chunk(chunk, batch))
-        return batch
+        chunks = [self._start_chunk(chunk, batch) for chunk in self._chunks(reads)]
+
+        def finish() -> BatchOutcome:
+            for chunk in chunks:
+                batch.outcomes.extend(chunk.finish())
+            return batch
+
+        return Started(finish, in_flight=any(chunk.in_flight for chunk in chunks))
 
     def _chunks(self, reads: Sequence[ReadSpec]) -> list[list[ReadSpec]]:
         """Splits the batch, in request order, into groups whose packed tree fits the budgets: `max_packed_tokens`
@@ -631,7 +651,7 @@ class TreeEngine(NextTokenEngine):
         # The answer position's own token is always computed: its hidden state gives the next-token logits.
         return self.prefix_cache.match(read.cache_salt, read.prompt[:-1])
 
-    def _run_chunk(self, reads: Sequence[ReadSpec], batch: BatchOutcome) -> list[ReadOutcome]:
+    def _start_chunk(self, reads: Sequence[ReadSpec], batch: BatchOutcome) -> Started[list[ReadOutcome]]:
         prefixes = [self._cached_prefix(read) for read in reads]
         trie = TokenTrie()
         placed = [place_read(trie, read, prefix) for read, prefix in zip(reads, prefixes, strict=True)]
@@ -647,14 +667,13 @@ class TreeEngine(NextTokenEngine):
             if prefix is not None and prefix.length > 0
         }
         if self._single_pass(trie, cached_of_root):
-            scores = self._run_single_pass(trie, placed, prefixes, batch)
+            scores = self._start_single_pass(trie, placed, prefixes, batch)
         elif self.capabilities.packs_segments:
-            scores = self._run_packed(trie, placed, prefixes, cached_of_root, batch)
+            scores = self._start_packed(trie, placed, prefixes, cached_of_root, batch)
         else:
-            scores = self._run_passes(trie, placed, cached_of_root, batch)
+            scores = Started.done(self._run_passes(trie, placed, cached_of_root, batch))
         batch.packed_tokens += len(trie)
-
-        return read_outcomes(placed, scores)
+        return Started(lambda: read_outcomes(placed, scores.finish()), scores.in_flight)
 
     def _single_pass(self, trie: TokenTrie, cached_of_root: dict[int, CachedPrefix]) -> bool:
         """One dense-mask pass over everything: for models whose keys cannot be reused across passes (sliding
@@ -665,13 +684,13 @@ class TreeEngine(NextTokenEngine):
             return not cached_of_root
         return False
 
-    def _run_single_pass(
+    def _start_single_pass(
         self,
         trie: TokenTrie,
         placed: Sequence[PlacedRead],
         prefixes: Sequence[CachedPrefix | None],
         batch: BatchOutcome,
-    ) -> NodeScores:
+    ) -> Started[NodeScores]:
         past = _PastLayout([prefix for prefix in prefixes if prefix is not None])
         nodes = list(range(len(trie)))
         request = self._score_request(trie, nodes, placed)
@@ -687,10 +706,10 @@ class TreeEngine(NextTokenEngine):
             request = replace(request, position_ids=trie.depths, attention_mask=self._mask(trie))
         # else: one read with single-token labels (or labels sharing one branch): the plain causal prefill is exact
         # and lets attention use its fastest causal kernel.
-        scored = self._forward(request, batch)
-        if self.prefix_cache is not None and scored.keys is not None and scored.values is not None:
-            self._remember(placed, _NodeKeyValues.whole(scored.keys, scored.values))
-        return NodeScores.of(request, nodes, scored)
+        launched = self._launch(request, batch)
+        if self.prefix_cache is not None and launched.keys is not None and launched.values is not None:
+            self._remember(placed, _NodeKeyValues.whole(launched.keys, launched.values))
+        return self._scores_later(request, nodes, launched, batch)
 
     def _run_passes(
         self,
@@ -732,14 +751,14 @@ class TreeEngine(NextTokenEngine):
             self._remember(placed, stored)
         return scores
 
-    def _run_packed(
+    def _start_packed(
         self,
         trie: TokenTrie,
         placed: Sequence[PlacedRead],
         prefixes: Sequence[CachedPrefix | None],
         cached_of_root: dict[int, CachedPrefix],
         batch: BatchOutcome,
-    ) -> NodeScores:
+    ) -> Started[NodeScores]:
         """Every read of the chunk in one forward pass: the planned passes (`plan_passes`: each state a causal chain,
         the short branches after it one masked run) become segments of one token stream, each seeing its cached
         prefix and the runs before it that hold its ancestors (`segments.SegmentLayout`). The weights are read once
@@ -765,12 +784,25 @@ class TreeEngine(NextTokenEngine):
             past=layout.key_values(),
             return_key_values=remember,
         )
-        scored = self._forward(request, batch)
-        if remember and scored.keys is not None and scored.values is not None:
+        launched = self._launch(request, batch)
+        # The cache's copies of the pass's keys/values are queued behind it, and its bookkeeping runs while the
+        # device computes: on a GPU the host's largest piece of work per batch after planning, no longer between
+        # one batch's forward and the next.
+        if remember and launched.keys is not None and launched.values is not None:
             stored = _NodeKeyValues(len(trie))
-            stored.add(stream, scored.keys, scored.values)
+            stored.add(stream, launched.keys, launched.values)
             self._remember(placed, stored)
-        return NodeScores.of(request, stream, scored)
+        return self._scores_later(request, stream, launched, batch)
+
+    def _scores_later(
+        self, request: ScoreRequest, nodes: Sequence[int], launched: LaunchedPass, batch: BatchOutcome
+    ) -> Started[NodeScores]:
+        """The pass's `NodeScores` once `finish` collects its scores, holding only what that needs: not the pass's
+        keys/values (cached by now) nor its inputs, so a pass in flight keeps little device memory alive while the
+        model thread plans and launches the next batch."""
+        launched = replace(launched, keys=None, values=None)
+        rows = replace(request, token_ids=[], position_ids=None, attention_mask=None, past=None, segments=None)
+        return Started(lambda: NodeScores.of(rows, nodes, self._finish(launched, batch)), launched.in_flight)
 
     def _score_request(self, trie: TokenTrie, nodes: Sequence[int], placed: Sequence[PlacedRead]) -> ScoreRequest:
         """A pass over `nodes` keeping the rows of the answer and label nodes among them. The per-node work (a packed
@@ -800,10 +832,22 @@ class TreeEngine(NextTokenEngine):
         )
 
     def _forward(self, request: ScoreRequest, batch: BatchOutcome) -> ScoredPass:
+        return self._finish(self._launch(request, batch), batch)
+
+    def _launch(self, request: ScoreRequest, batch: BatchOutcome) -> LaunchedPass:
+        """The pass queued on the device (`LoadedModel.launch`); `_finish` waits for its scores. What the host does
+        in between (`_remember`) runs while the device computes; on CPU the pass is done when this returns."""
         started = time.perf_counter()
-        scored = self.model.score(request)
+        launched = self.model.launch(request)
         batch.forward_seconds += time.perf_counter() - started
         batch.forward_passes += 1
+        return launched
+
+    @staticmethod
+    def _finish(launched: LaunchedPass, batch: BatchOutcome) -> ScoredPass:
+        started = time.perf_counter()
+        scored = launched.finish()
+        batch.forward_seconds += time.perf_counter() - started
         return scored
 
     def _mask(self, trie: TokenTrie) -> torch.Tensor | dict[str, torch.Tensor]:

@@ -3,7 +3,9 @@ These are plain token ids and floats: the gRPC layer converts to and from them, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from decision_server.media import MediaItem, MediaPrompt
 
@@ -64,6 +66,24 @@ class BatchOutcome:
     # Tokens packed into the forward passes (prompt and label branches), for metrics and logs.
     packed_tokens: int = 0
     stats: dict[str, float] = field(default_factory=dict)
+
+
+T = TypeVar("T", covariant=True)
+U = TypeVar("U")
+
+
+@dataclass(frozen=True)
+class Started(Generic[T]):
+    """Work an engine has started (`Engine.start`): `finish` returns its outcome. `in_flight`: the device is still
+    computing it (its passes were queued on a GPU), so the model thread may start the next batch, planning it while
+    the device works, before it waits here; otherwise the work is done and `finish` only hands it over."""
+
+    finish: Callable[[], T]
+    in_flight: bool = False
+
+    @classmethod
+    def done(cls, outcome: U) -> Started[U]:
+        return Started(lambda: outcome)
 
 
 class InvalidReadError(ValueError):
