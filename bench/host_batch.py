@@ -13,11 +13,14 @@ the rest (the device waits for it). The heap is settled after the warm-up run as
 (`decision_server.collector`; `--no-settle` leaves Python's defaults); `gc_ms_mean` is the time the garbage collector
 ran inside `engine.run`. Means beside medians: a full collection every few batches is invisible in a median.
 
-On CUDA the last run counts the calls that wait for the device (torch's sync debug mode): `syncs` in all and
-`in_flight_syncs` between a launch and its collection, which would stall the host work meant to overlap the pass.
+On CUDA the last run counts the calls that wait for the device (torch's sync debug mode): `syncs` in all,
+`launch_syncs` inside the model's launch calls (a launch that waits holds the next batch's launch until the pass
+before it is done) and `in_flight_syncs` between a launch and its collection (they would stall the host work meant
+to overlap the pass). Both of those should be 0; the collection waits on an event, once per pass.
 
 Prints one JSON object: reads, prompt_tokens, batch_ms, forward_ms, host_ms, in_flight_ms, waited_host_ms (medians),
-batch_ms_mean, host_ms_mean, gc_ms_mean, in_flight_syncs, syncs, host_us_per_read, forward_passes, budget, device.
+batch_ms_mean, host_ms_mean, gc_ms_mean, in_flight_syncs, launch_syncs, syncs, host_us_per_read, forward_passes,
+budget, device.
 Run: .venv/bin/python bench/host_batch.py [--requests 64 --questions 8 --state 512 --runs 5]
 """
 
@@ -89,17 +92,19 @@ def main() -> None:
     # collect would stall the host work that should overlap the pass (there should be none).
     cuda = model.device.type == "cuda"
     synced: list[warnings.WarningMessage] = []
-    window = [0, 0]  # warnings seen when the last launch returned; waits counted inside windows
+    # warnings seen when the last launch returned; waits inside windows; waits inside launches
+    window = [0, 0, 0]
     launch = model.launch
 
     def timed_launch(request):  # type: ignore[no-untyped-def]
-        started = time.thread_time()
+        started, before = time.thread_time(), len(synced)
         try:
             launched = launch(request)
         finally:
             forward[2] = time.thread_time()
             forward[0] += forward[2] - started
             window[0] = len(synced)
+            window[2] += window[0] - before
         collect = launched.collect
 
         def timed_collect():  # type: ignore[no-untyped-def]
@@ -165,6 +170,7 @@ def main() -> None:
                 "in_flight_ms": round(statistics.median(in_flights), 1),
                 # CUDA only: the device waits in the last run while a pass was in flight (0 expected), and in all.
                 "in_flight_syncs": window[1] if cuda else None,
+                "launch_syncs": window[2] if cuda else None,
                 "syncs": len(synced) if cuda else None,
                 "waited_host_ms": round(statistics.median(h - f for h, f in zip(hosts, in_flights, strict=True)), 1),
                 "batch_ms_mean": round(statistics.mean(totals), 1),

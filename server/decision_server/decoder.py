@@ -29,6 +29,7 @@ from decision_server.layers import (
     linear_weight_bytes,
 )
 from decision_server.segments import NEW, SegmentLayout
+from decision_server.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -543,7 +544,7 @@ class SegmentPlan:
             if not (causal and (split_kernels or not seen)) and split is None:
                 own = torch.from_numpy(segment.own_allowed())
                 allowed = torch.cat((torch.ones(len(segment), seen, dtype=torch.bool), own), dim=1)
-                mask = allowed.to(device)[None, None]
+                mask = to_device(allowed, device, torch.bool)[None, None]
             runs.append(_SegmentRun(segment.start, segment.end, past, causal, split, mask))
         flex = FlexSegments.of(layout, past_length, device) if kernel == "flex" else None
         return cls(tuple(runs), kernel, past_length, flex)
@@ -623,7 +624,7 @@ class SegmentRows:
         wanted = list(keep)
         if bucket and wanted:
             wanted += wanted[-1:] * (gemm_rows(len(wanted)) - len(wanted))
-        index = torch.tensor(wanted, dtype=torch.long, device=device)
+        index = to_device(wanted, device, torch.long)
         if plan.flex is not None:
             return cls(
                 index, plan, (), FlexSegments.of(layout, plan.past_length, device, rows=wanted) if wanted else None
@@ -641,9 +642,9 @@ class SegmentRows:
             groups.append(
                 (
                     number,
-                    torch.tensor(slots, dtype=torch.long, device=device),
-                    torch.tensor(local, dtype=torch.long, device=device),
-                    mask.to(device)[None, None],
+                    to_device(slots, device, torch.long),
+                    to_device(local, device, torch.long),
+                    to_device(mask, device, torch.bool)[None, None],
                 )
             )
         return cls(index, plan, tuple(groups))
@@ -1084,7 +1085,7 @@ class DecoderLM(nn.Module):
             if mask is not None and hidden.device.type == "cpu":
                 layer_mask = TreeAfterPast.of(mask, past_length, hidden.dtype) or mask
             if keep is not None:
-                index = torch.tensor(list(keep), dtype=torch.long, device=hidden.device)
+                index = to_device(list(keep), hidden.device, torch.long)
                 rows = KeptRows.of(index, mask, past_length, tokens, self.bucket_rows)
         last = len(self.layers) - 1
         new: list[LayerKV] = []

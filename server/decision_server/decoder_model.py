@@ -21,6 +21,7 @@ from decision_server.layers import resolve_matmul, vocab_parallel_score_tensors,
 from decision_server.model_base import LaunchedPass, LoadedModel, ScoredPass, ScoreRequest
 from decision_server.prefix_cache import free_memory_bytes
 from decision_server.segments import NEW, PAST, AttentionSegment, KeyRange, SegmentLayout
+from decision_server.transfer import to_device
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +125,13 @@ class DecoderModel(LoadedModel):
         device = self.device
         pieces = _LogitPieces.of(request)
         with torch.inference_mode():
-            ids = torch.tensor(request.token_ids, dtype=torch.long, device=device)
+            ids = to_device(request.token_ids, device, torch.long)
             positions = (
-                torch.tensor(request.position_ids, dtype=torch.long, device=device)
+                to_device(request.position_ids, device, torch.long)
                 if request.position_ids is not None
                 else torch.arange(len(request.token_ids), device=device)
             )
-            indices = torch.tensor(pieces.indices, dtype=torch.long, device=device)
+            indices = to_device(pieces.indices, device, torch.long)
             past = None
             if request.past is not None:
                 past_keys, past_values = request.past

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .segments import PAST, SegmentLayout, causal_rows
+from .transfer import to_device
 
 # FlexAttention's tile: queries and keys are cut in blocks of this many rows.
 BLOCK = 128
@@ -102,7 +103,7 @@ class FlexSegments:
         partial, full = _block_lists(query_tokens, segment_of, starts, own_start, low, high, is_tree, keys)
 
         def tensor(array: np.ndarray, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
+            return to_device(array, device, dtype)
 
         mask_mod = _mask_mod(
             query_token=tensor(query_tokens),

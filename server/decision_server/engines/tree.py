@@ -31,6 +31,7 @@ from decision_server.model_base import LaunchedPass, LoadedModel, ScoredPass, Sc
 from decision_server.prefix_cache import CachedPrefix, KeyValues, PrefixCache, Segment
 from decision_server.segments import NEW, PAST, AttentionSegment, SegmentLayout, causal_rows, ranges
 from decision_server.sequences import common_prefix
+from decision_server.transfer import to_device
 
 # Unique prompt tokens of one chunk (the router's default batch, `--max-batch-prefill-tokens`, so a batch is one
 # chunk; the shard passes its device's budget, `batch_budget.py`). Models that take a dense (T, T) mask (those that
@@ -487,22 +488,12 @@ class _NodeKeyValues:
                 keys.append(part_keys[:, :, first : first + high - low])
                 values.append(part_values[:, :, first : first + high - low])
             else:
-                gather = _to_device(run, part_keys.device)
+                gather = to_device(run, part_keys.device, torch.long)
                 keys.append(part_keys.index_select(2, gather))
                 values.append(part_values.index_select(2, gather))
         if len(keys) == 1:
             return keys[0], values[0]
         return torch.cat(keys, dim=2), torch.cat(values, dim=2)
-
-
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """`array` on `device`, without waiting for the device: on CUDA a copy from pageable host memory waits for all
-    the work queued before it (a pass still in flight while `_remember` selects its keys), one from pinned memory
-    does not."""
-    tensor = torch.from_numpy(array)
-    if device.type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _concat_past(first: KeyValues | None, second: KeyValues | None) -> KeyValues | None:
