@@ -97,7 +97,8 @@ for graphs in auto off; do
     || echo "host_overhead --cuda-graphs $graphs failed" | tee -a "$LOG"
 done
 
-# in_flight_ms: the host work that runs while the pass is on the device; in_flight_syncs: waits for the device in it (0).
+# in_flight_ms: the host work that runs while the pass is on the device; launch_syncs and in_flight_syncs: waits for
+# the device inside a launch and while a pass is in flight (both should be 0).
 echo "== 3c. the shard's host work per batch around its forward (bench/host_batch.py: 64 x 8 x 512, on this GPU)" | tee -a "$LOG"
 timeout 120 python3 bench/host_batch.py --runs 3 2>&1 | tail -1 | tee -a "$LOG" || echo "host_batch failed" | tee -a "$LOG"
 echo "== 4. decision-bench, --num-shard 1, bfloat16, Qwen3-0.6B shape (bench/gpu-workloads.sh)" | tee -a "$LOG"
