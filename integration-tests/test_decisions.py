@@ -173,7 +173,11 @@ def test_a_decision_replays_through_v1_score(http: httpx2.Client) -> None:
     first = items[0]
     raw = http.post("/v1/score", json={"query": first[:5], "items": [first[5:]], "label_token_ids": labels[0]}).json()
     lps = body["token_logprobs"][0]
-    assert all(math.isclose(s, math.exp(lp), rel_tol=1e-5) for s, lp in zip(raw["scores"][0], lps)), (raw, lps)
+    # Two reads of the same tokens through passes of other shapes (which cached prefix each continues from depends on
+    # what the tests before it left in the shared server's cache). Each is held to transformers within 1e-5 in log
+    # space by the exactness tests, so they may differ by up to 2e-5: a clean-clone CI on a 2-core AMD EPYC without
+    # AVX-512 saw 1.14e-5 here (the test alone passes at 1e-5), where this compared them to 1e-5 in relative terms.
+    assert all(abs(math.log(s) - lp) <= 2e-5 for s, lp in zip(raw["scores"][0], lps)), (raw, lps)
 
 
 def test_v1_score_refusals_name_the_item(http: httpx2.Client, server_info: dict[str, Any]) -> None:
